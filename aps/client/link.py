@@ -1,0 +1,144 @@
+"""One client connection to one pserver: request ids, in-flight futures, handshake.
+
+A link is a single TCP connection. Many requests may be in flight; replies are matched by
+request id, so a reply that arrives after its caller gave up (timeout, cancel) is simply dropped
+and the connection stays in sync. When the connection dies every waiter fails with
+:class:`ConnectionLost` whose ``__cause__`` is the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .. import wire
+from ..errors import ConnectionLost, RemoteProtocolError, ServerError
+from ..wire.auth import auth_mac
+
+
+class _LinkProtocol(asyncio.Protocol):
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.link.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.link._data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link._lost(exc)
+
+    def pause_writing(self) -> None:
+        self.link._writable.clear()
+
+    def resume_writing(self) -> None:
+        self.link._writable.set()
+
+
+class Link:
+    """A connected, handshaken connection to one pserver."""
+
+    def __init__(self, address: str, max_frame: int) -> None:
+        self.address = address
+        self.max_frame = max_frame
+        self.transport: asyncio.Transport | None = None
+        self.decoder = wire.FrameDecoder(max_frame)
+        self.waiters: dict[int, asyncio.Future[wire.Message]] = {}
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.closed = False
+        self.close_reason: BaseException | None = None
+        self.server_index = -1
+        self.num_servers = 0
+
+    @classmethod
+    async def open(
+        cls, address: str, client_id: int, trainer_id: int, token: str | None, max_frame: int, first_request_id: int
+    ) -> Link:
+        """Connect and handshake (hello, then auth when the server asks for a token)."""
+        host, _, port = address.rpartition(":")
+        link = cls(address, max_frame)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: _LinkProtocol(link), host.strip("[]"), int(port))
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to pserver {address}: {exc.strerror or exc}") from exc
+        try:
+            hello = await link.request(wire.Hello(client_id=client_id, trainer_id=trainer_id), first_request_id)
+            assert isinstance(hello, wire.HelloReply)
+            link.server_index, link.num_servers = hello.server_index, hello.num_servers
+            link.max_frame = min(max_frame, hello.max_frame)
+            if hello.auth_required:
+                if token is None:
+                    raise ServerError(9, f"pserver {address} requires a token and none was given", server=address)
+                await link.request(wire.Auth(mac=auth_mac(token, hello.nonce, client_id)), first_request_id + 1)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    async def request(self, msg: wire.Message, request_id: int, flags: int = 0) -> wire.Message:
+        """Send one request and wait for its reply (no timeout here: the caller owns the budget)."""
+        if self.closed or self.transport is None:
+            raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
+        if not self._writable.is_set():
+            await self._writable.wait()
+            if self.closed:
+                raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
+        future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
+        self.waiters[request_id] = future
+        parts = wire.encode(msg, request_id, flags, self.max_frame)
+        try:
+            if len(parts) == 1:
+                self.transport.write(parts[0])
+            else:
+                self.transport.writelines(parts)
+            return await future
+        finally:
+            self.waiters.pop(request_id, None)
+
+    def _data_received(self, data: bytes) -> None:
+        self.decoder.receive_data(data)
+        while True:
+            try:
+                frame = self.decoder.next_frame()
+                if frame is None:
+                    return
+                msg = wire.decode(frame)
+            except RemoteProtocolError as exc:
+                self._fail(exc)
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            future = self.waiters.get(frame.request_id)
+            if future is None or future.done():
+                continue  # its caller gave up (timeout / cancel); nothing to resynchronise
+            if isinstance(msg, wire.Error):
+                future.set_exception(
+                    ServerError(msg.code, msg.message, retriable=bool(msg.retriable), server=self.address)
+                )
+            else:
+                future.set_result(msg)
+
+    def _lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("closed by the pserver"))
+
+    def _fail(self, reason: BaseException) -> None:
+        self.closed = True
+        self.close_reason = reason
+        self._writable.set()
+        for future in self.waiters.values():
+            if not future.done():
+                err = ConnectionLost(f"connection to pserver {self.address} lost: {reason}")
+                err.__cause__ = reason
+                future.set_exception(err)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self._fail(ConnectionResetError("closed by the client"))
+
+    def info(self) -> dict[str, Any]:
+        return {"address": self.address, "inflight": len(self.waiters), "closed": self.closed}

@@ -1,0 +1,420 @@
+"""PSClient: the public async API over one or many pservers.
+
+Splits ids by owning shard and dense tensors by block, chunks anything larger than a frame,
+keeps many requests in flight on one connection per pserver, and retries with reconnect and
+backoff. Every call has one timeout budget covering all of its parts and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .. import wire
+from ..errors import ApsError, ConfigError, ConnectionLost, RequestTimeout, ServerError
+from ..sharding import DenseBlock, dense_blocks, split_ids
+from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from .link import Link
+
+T = TypeVar("T")
+#: bytes kept free in a frame for the header and small fields when sizing chunks
+_FRAME_SLACK = 4096
+
+
+class PSClient:
+    """Client of a parameter-server cluster. Create with :func:`aps.connect`."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        token: str | None = None,
+        timeout: float | None = 30.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        trainer_id: int = -1,
+        max_frame: int = wire.DEFAULT_MAX_FRAME,
+    ) -> None:
+        if isinstance(addresses, str):
+            addresses = [a for a in addresses.split(",") if a]
+        if not addresses:
+            raise ConfigError("connect() needs at least one pserver address")
+        for address in addresses:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"pserver address must be host:port, got {address!r}")
+        if retries < 0:
+            raise ConfigError("retries must be >= 0")
+        self.addresses = list(addresses)
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.trainer_id = trainer_id
+        self.max_frame = max_frame
+        self.client_id = int.from_bytes(os.urandom(8), "little") or 1
+        self._links: list[Link | None] = [None] * len(self.addresses)
+        self._connecting: list[asyncio.Future[Link] | None] = [None] * len(self.addresses)
+        self._next_request = 1
+        self._specs: dict[str, TableSpec] = {}
+        self._closed = False
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.addresses)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def open(self) -> PSClient:
+        """Connect to every pserver (concurrently) and check they agree on the cluster layout."""
+        links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]), None)
+        for k, link in enumerate(links):
+            if link.num_servers != self.num_servers or link.server_index != k:
+                await self.aclose()
+                raise ConfigError(
+                    f"pserver {link.address} says it is server {link.server_index} of {link.num_servers}, "
+                    f"but it is number {k} of the {self.num_servers} addresses given: order or count is wrong"
+                )
+        return self
+
+    def __await__(self) -> Any:
+        return self.open().__await__()
+
+    async def __aenter__(self) -> PSClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for link in self._links:
+            if link is not None:
+                link.close()
+        self._links = [None] * self.num_servers
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _request_id(self, count: int = 1) -> int:
+        rid = self._next_request
+        self._next_request += count
+        return rid
+
+    async def _link(self, k: int) -> Link:
+        link = self._links[k]
+        if link is not None and not link.closed:
+            return link
+        pending = self._connecting[k]
+        if pending is None:
+            pending = self._connecting[k] = asyncio.ensure_future(
+                Link.open(self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2))
+            )
+        try:
+            link = await asyncio.shield(pending)
+        finally:
+            if pending.done():
+                self._connecting[k] = None
+        self._links[k] = link
+        return link
+
+    async def _call(self, k: int, msg: wire.Message, flags: int = 0) -> wire.Message:
+        """One request to server k, retried on lost connections and retriable server errors.
+
+        The request id stays the same across attempts, so the server drops a replayed push it
+        has already applied and answers with the first reply.
+        """
+        if self._closed:
+            raise ConfigError("this client is closed")
+        request_id = self._request_id()
+        for attempt in range(self.retries + 1):
+            try:
+                link = await self._link(k)
+                return await link.request(msg, request_id, flags)
+            except ConnectionLost:
+                if attempt == self.retries:
+                    raise
+            except ServerError as exc:
+                if not exc.retriable or attempt == self.retries:
+                    raise
+            await asyncio.sleep(self.backoff * (2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _budget(self, work: Awaitable[T], timeout: float | None | bool = True) -> T:
+        """Run ``work`` under one timeout budget (the client's default unless given)."""
+        limit = self.timeout if timeout is True else timeout
+        if limit is None or limit is False:
+            return await work
+        try:
+            async with asyncio.timeout(float(limit)):
+                return await work
+        except TimeoutError:
+            raise RequestTimeout(f"call did not finish within {limit} s") from None
+
+    @staticmethod
+    async def _gather(calls: Sequence[Awaitable[T]]) -> list[T]:
+        """Run calls concurrently; on the first failure cancel the rest and raise that failure."""
+        if len(calls) == 1:
+            return [await calls[0]]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def _frame_budget(self) -> int:
+        limit = min([self.max_frame] + [link.max_frame for link in self._links if link is not None])
+        return max(1024, limit - _FRAME_SLACK)
+
+    # ----------------------------------------------------------------- tables
+
+    async def create_table(self, spec: TableSpec, timeout: float | None | bool = True) -> None:
+        """Create a table on every pserver; idempotent for an identical spec.
+
+        A table with this name but a different spec raises :class:`ServerError` (TABLE_EXISTS).
+        """
+        if not isinstance(spec, (SparseTable, DenseTable)):
+            raise ConfigError(f"create_table needs a SparseTable or DenseTable, got {spec!r}")
+        msg = wire.CreateTable(spec_json=json.dumps(spec_to_dict(spec)))
+        await self._budget(self._gather([self._call(k, msg) for k in range(self.num_servers)]), timeout)
+        self._specs[spec.name] = spec
+
+    async def table_spec(self, name: str) -> TableSpec:
+        """The spec of an existing table (asked from server 0 once, then cached)."""
+        spec = self._specs.get(name)
+        if spec is None:
+            reply = await self._budget(self._call(0, wire.TableInfo(table=name)))
+            assert isinstance(reply, wire.TextReply)
+            spec = spec_from_dict(json.loads(reply.text))
+            self._specs[name] = spec
+        return spec
+
+    async def _sparse_spec(self, name: str) -> SparseTable:
+        spec = await self.table_spec(name)
+        if not isinstance(spec, SparseTable):
+            raise ConfigError(f"table {name!r} is dense; use the dense calls")
+        return spec
+
+    async def _dense_spec(self, name: str) -> DenseTable:
+        spec = await self.table_spec(name)
+        if not isinstance(spec, DenseTable):
+            raise ConfigError(f"table {name!r} is sparse; use the sparse calls")
+        return spec
+
+    # ----------------------------------------------------------------- sparse
+
+    def _ids(self, spec: SparseTable, ids: Any) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
+            raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= spec.rows):
+            bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
+            raise ConfigError(f"table {spec.name!r}: id {bad} not in [0, {spec.rows})")
+        return arr
+
+    def _rows(self, spec: SparseTable, ids: np.ndarray, values: Any) -> np.ndarray:
+        arr = np.asarray(values)
+        if arr.shape != (len(ids), spec.dim):
+            raise ConfigError(f"table {spec.name!r}: values must have shape ({len(ids)}, {spec.dim}), got {arr.shape}")
+        if arr.dtype.kind != "f":
+            raise ConfigError(f"table {spec.name!r}: values must be floating point, got {arr.dtype}")
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def _chunks(self, n: int, row_bytes: int) -> list[slice]:
+        per = max(1, self._frame_budget() // row_bytes)
+        return [slice(i, min(n, i + per)) for i in range(0, n, per)] or [slice(0, 0)]
+
+    async def pull_sparse(self, table: str, ids: Any, timeout: float | None | bool = True) -> np.ndarray:
+        """Rows for ``ids`` as float32 [len(ids), dim], in the caller's order (repeats allowed)."""
+        spec = await self._sparse_spec(table)
+        ids = self._ids(spec, ids)
+        return await self._budget(self._pull_sparse(spec, ids), timeout)
+
+    async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
+        order, grouped, slices = split_ids(ids, self.num_servers)
+        calls, targets = [], []
+        for k, part in enumerate(slices):
+            shard_ids = ids[order[part]] if self.num_servers > 1 else ids
+            for chunk in self._chunks(len(shard_ids), spec.dim * 4 + 8):
+                if chunk.stop > chunk.start:
+                    calls.append(self._call(k, wire.PullSparse(table=spec.name, ids=shard_ids[chunk])))
+                    targets.append((part, chunk))
+        replies = await self._gather(calls)
+        if len(replies) == 1 and len(ids) and self.num_servers == 1:
+            return replies[0].values  # type: ignore[attr-defined,no-any-return]
+        out = np.empty((len(ids), spec.dim), dtype=np.float32)
+        for (part, chunk), reply in zip(targets, replies):
+            rows = order[part][chunk]
+            out[rows] = reply.values  # type: ignore[attr-defined]
+        return out
+
+    async def _push_rows(
+        self, table: str, ids: Any, values: Any, delta: bool, flags: int, timeout: float | None | bool
+    ) -> None:
+        spec = await self._sparse_spec(table)
+        ids = self._ids(spec, ids)
+        values = self._rows(spec, ids, values)
+        order, _, slices = split_ids(ids, self.num_servers)
+        cls = wire.PushSparseDelta if delta else wire.PushSparseGrad
+        calls = []
+        for k, part in enumerate(slices):
+            rows = order[part] if self.num_servers > 1 else slice(None)
+            shard_ids, shard_values = ids[rows], values[rows]
+            chunks = self._chunks(len(shard_ids), spec.dim * 4 + 8)
+            if delta and len(shard_ids) == 0:
+                continue
+            for i, chunk in enumerate(chunks):
+                last = wire.Flag.FINAL if i == len(chunks) - 1 else 0
+                msg = cls(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk])
+                calls.append(self._call(k, msg, flags | last))
+        await self._budget(self._gather(calls), timeout)
+
+    async def push_sparse_grad(
+        self, table: str, ids: Any, grads: Any, *, sync: bool = False, timeout: float | None | bool = True
+    ) -> None:
+        """Push gradients; each pserver applies the table's optimizer to its rows.
+
+        A repeated id counts every occurrence (gradients are summed before the update). With
+        ``sync=True`` the call returns once every trainer pushed this step and the averaged
+        gradient was applied (sync mode).
+        """
+        await self._push_rows(table, ids, grads, False, wire.Flag.SYNC if sync else 0, timeout)
+
+    async def push_sparse_delta(self, table: str, ids: Any, deltas: Any, timeout: float | None | bool = True) -> None:
+        """``param += delta`` for each row (GEO-SGD); repeated ids are summed."""
+        await self._push_rows(table, ids, deltas, True, 0, timeout)
+
+    async def pull_sparse_changed(self, table: str, timeout: float | None | bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Rows changed on the servers by other clients since this client's previous call.
+
+        The first call registers this client and returns nothing. Returns (ids, rows).
+        """
+        spec = await self._sparse_spec(table)
+        max_rows = max(1, self._frame_budget() // (spec.dim * 4 + 8))
+
+        async def drain(k: int) -> list[wire.ChangedReply]:
+            replies = []
+            while True:
+                reply = await self._call(k, wire.PullSparseChanged(table=table, max_rows=max_rows))
+                assert isinstance(reply, wire.ChangedReply)
+                replies.append(reply)
+                if not reply.more:
+                    return replies
+
+        per_server = await self._budget(self._gather([drain(k) for k in range(self.num_servers)]), timeout)
+        replies = [r for rs in per_server for r in rs]
+        ids = np.concatenate([r.ids for r in replies]) if replies else np.zeros(0, np.int64)
+        values = np.concatenate([r.values.reshape(-1, spec.dim) for r in replies]) if replies else np.zeros((0, spec.dim), np.float32)
+        return ids, values
+
+    # ----------------------------------------------------------------- dense
+
+    def _dense_parts(self, spec: DenseTable) -> list[tuple[DenseBlock, int, int]]:
+        """(block, offset, count) pieces each of which fits in one frame."""
+        per = max(1, self._frame_budget() // 4)
+        parts = []
+        for block in dense_blocks(spec.name, spec.size, self.num_servers):
+            for offset in range(0, block.size, per):
+                parts.append((block, offset, min(per, block.size - offset)))
+        return parts
+
+    async def pull_dense(self, table: str, timeout: float | None | bool = True) -> np.ndarray:
+        """The whole dense table as float32 with the table's shape."""
+        spec = await self._dense_spec(table)
+        parts = self._dense_parts(spec)
+        calls = [
+            self._call(b.server, wire.PullDense(table=table, block=b.index, offset=off, count=cnt)) for b, off, cnt in parts
+        ]
+        replies = await self._budget(self._gather(calls), timeout)
+        out = np.empty(spec.size, dtype=np.float32)
+        for (block, offset, count), reply in zip(parts, replies):
+            out[block.start + offset : block.start + offset + count] = reply.values  # type: ignore[attr-defined]
+        return out.reshape(spec.shape)
+
+    async def _push_dense(self, table: str, values: Any, delta: bool, flags: int, timeout: float | None | bool) -> None:
+        spec = await self._dense_spec(table)
+        arr = np.asarray(values)
+        if arr.size != spec.size or (arr.shape != spec.shape and arr.ndim != 1):
+            raise ConfigError(f"table {table!r}: values must have shape {spec.shape}, got {arr.shape}")
+        if arr.dtype.kind != "f":
+            raise ConfigError(f"table {table!r}: values must be floating point, got {arr.dtype}")
+        flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+        cls = wire.PushDenseDelta if delta else wire.PushDenseGrad
+        calls = []
+        for block, offset, count in self._dense_parts(spec):
+            last = wire.Flag.FINAL if offset + count == block.size else 0
+            piece = flat[block.start + offset : block.start + offset + count]
+            calls.append(self._call(block.server, cls(table=table, block=block.index, offset=offset, values=piece), flags | last))
+        await self._budget(self._gather(calls), timeout)
+
+    async def push_dense_grad(self, table: str, grad: Any, *, sync: bool = False, timeout: float | None | bool = True) -> None:
+        """Push a gradient of the whole dense table; the pservers apply its optimizer."""
+        await self._push_dense(table, grad, False, wire.Flag.SYNC if sync else 0, timeout)
+
+    async def push_dense_delta(self, table: str, delta: Any, timeout: float | None | bool = True) -> None:
+        """``param += delta`` on the whole dense table (GEO-SGD)."""
+        await self._push_dense(table, delta, True, 0, timeout)
+
+    # ----------------------------------------------------------------- coordination
+
+    async def barrier(self, name: str, count: int = 0, timeout: float | None | bool = True) -> None:
+        """Wait until ``count`` clients (default: the cluster's trainers) reached barrier ``name``.
+
+        Counted on server 0. Raises RequestTimeout if the others do not arrive in time; a
+        barrier never silently passes.
+        """
+        await self._budget(self._call(0, wire.Barrier(name=name, count=count)), timeout)
+
+    async def save(self, path: str, timeout: float | None | bool = None) -> None:
+        """Every pserver writes its shard under ``path`` (a directory on the pservers' disks)."""
+        await self._budget(self._gather([self._call(k, wire.Save(path=path)) for k in range(self.num_servers)]), timeout)
+
+    async def load(self, path: str, timeout: float | None | bool = None) -> None:
+        """Every pserver replaces its tables with those of a checkpoint (re-sharded as needed)."""
+        await self._budget(self._gather([self._call(k, wire.Load(path=path)) for k in range(self.num_servers)]), timeout)
+        self._specs.clear()
+
+    async def stats(self, timeout: float | None | bool = True) -> dict[str, Any]:
+        """Per-pserver statistics keyed by address: tables, requests, bytes, per-op latency."""
+        replies = await self._budget(self._gather([self._call(k, wire.Stats()) for k in range(self.num_servers)]), timeout)
+        return {addr: json.loads(r.text) for addr, r in zip(self.addresses, replies)}  # type: ignore[attr-defined]
+
+    async def ping(self, timeout: float | None | bool = True) -> None:
+        await self._budget(self._gather([self._call(k, wire.Ping()) for k in range(self.num_servers)]), timeout)
+
+    async def worker_done(self, trainer_id: int | None = None, timeout: float | None | bool = True) -> None:
+        """Tell every pserver this trainer finished; they exit when all trainers have."""
+        tid = self.trainer_id if trainer_id is None else trainer_id
+        if tid < 0:
+            raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
+        await self._budget(self._gather([self._call(k, wire.WorkerDone(trainer_id=tid)) for k in range(self.num_servers)]), timeout)
+
+
+def connect(
+    addresses: Sequence[str] | str,
+    token: str | None = None,
+    timeout: float | None = 30.0,
+    *,
+    retries: int = 3,
+    trainer_id: int = -1,
+    max_frame: int = wire.DEFAULT_MAX_FRAME,
+    backoff: float = 0.1,
+) -> PSClient:
+    """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
+
+    Use as ``async with aps.connect([...]) as ps:`` or ``ps = await aps.connect([...])``.
+    """
+    return PSClient(
+        addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff
+    )
+
+
+__all__ = ["PSClient", "connect", "ApsError"]

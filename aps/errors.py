@@ -1,0 +1,85 @@
+"""One exception tree for everything aps raises.
+
+Callers catch :class:`ApsError` for "anything from aps", or a narrower class when they can act on
+it: retry on :class:`ConnectionLost` / :class:`RequestTimeout`, fix their input on
+:class:`ConfigError` / :class:`DataError`, read ``code`` on :class:`ServerError`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ApsError(Exception):
+    """Base of every error aps raises on purpose."""
+
+
+class ProtocolError(ApsError):
+    """The byte stream broke the wire protocol."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to send something the protocol cannot express (our caller's bug)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that are not a valid frame or message (the peer's bug, or garbage)."""
+
+
+class ConnectionLost(ApsError):
+    """The connection to a pserver closed or could not be opened; ``__cause__`` has the reason."""
+
+
+class RequestTimeout(ApsError):
+    """A call did not finish within its timeout budget (all retries included)."""
+
+
+class ConfigError(ApsError):
+    """A setting, table spec or argument is invalid; raised before anything is sent."""
+
+
+class DataError(ApsError):
+    """An input record could not be parsed; says which file and line."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
+        where = f"{file}:{line}: " if file is not None and line is not None else (f"{file}: " if file else "")
+        super().__init__(where + message)
+        self.file = file
+        self.line = line
+
+
+class ErrorCode(IntEnum):
+    """Codes a pserver puts in an error reply (stable: they are part of the wire protocol)."""
+
+    INTERNAL = 1
+    BAD_REQUEST = 2
+    UNKNOWN_TABLE = 3
+    TABLE_EXISTS = 4
+    SHAPE_MISMATCH = 5
+    ID_OUT_OF_RANGE = 6
+    UNKNOWN_OPCODE = 7
+    AUTH_REQUIRED = 8
+    AUTH_FAILED = 9
+    SHUTTING_DOWN = 10
+    IO_ERROR = 11
+    TOO_LARGE = 12
+
+
+#: codes for which repeating the same request may succeed (the client retries these)
+RETRIABLE_CODES = frozenset({ErrorCode.SHUTTING_DOWN})
+
+
+class ServerError(ApsError):
+    """A pserver refused or failed a request; ``code`` is an :class:`ErrorCode`."""
+
+    def __init__(self, code: int, message: str, retriable: bool = False, server: str | None = None) -> None:
+        try:
+            name = ErrorCode(code).name
+        except ValueError:
+            name = f"CODE_{code}"
+        prefix = f"[{server}] " if server else ""
+        super().__init__(f"{prefix}{name}: {message}")
+        self.code = code
+        self.message = message
+        self.retriable = retriable
+        self.server = server

@@ -1,0 +1,328 @@
+"""The pserver's request logic: validate a message, run it against the tables, build the reply.
+
+No sockets here (connection.py moves the bytes). Handlers are plain methods returning the reply,
+or a coroutine when the request has to wait (barriers, sync rounds), so the common pull/push path
+runs without creating a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import structlog
+
+from .. import wire
+from ..errors import ApsError, ConfigError, ErrorCode, ServerError
+from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from .checkpoint import load_shards, save_shard
+from .config import ServerConfig
+from .coordination import Barriers, SyncRounds
+from .stats import ServerStats
+from .tables import DenseShard, SparseShard, make_shard
+
+log = structlog.get_logger("aps.server")
+
+Reply = wire.Message | Awaitable[wire.Message]
+Shard = SparseShard | DenseShard
+
+
+class ReplayCache:
+    """Recent mutating request ids per client, so a retried push is not applied twice."""
+
+    def __init__(self, window: int, max_clients: int = 4096) -> None:
+        self.window = window
+        self.max_clients = max_clients
+        self._clients: OrderedDict[int, OrderedDict[int, Any]] = OrderedDict()
+
+    def get(self, client_id: int, request_id: int) -> Any:
+        seen = self._clients.get(client_id)
+        return None if seen is None else seen.get(request_id)
+
+    def put(self, client_id: int, request_id: int, reply: Any) -> None:
+        seen = self._clients.get(client_id)
+        if seen is None:
+            seen = self._clients[client_id] = OrderedDict()
+            if len(self._clients) > self.max_clients:
+                self._clients.popitem(last=False)
+        else:
+            self._clients.move_to_end(client_id)
+        seen[request_id] = reply
+        if len(seen) > self.window:
+            seen.popitem(last=False)
+
+
+class ServerCore:
+    """State and request handlers of one pserver."""
+
+    def __init__(self, config: ServerConfig, on_all_done: Callable[[], None]) -> None:
+        self.config = config
+        self.tables: dict[str, Shard] = {}
+        self.specs: dict[str, TableSpec] = {}
+        self.stats = ServerStats()
+        self.replays = ReplayCache(config.dedup_window)
+        self.barriers = Barriers()
+        self.sync_rounds = SyncRounds(config.num_trainers)
+        self.done_trainers: set[int] = set()
+        self._on_all_done = on_all_done
+        self._changed_leftover: dict[tuple[int, str], np.ndarray] = {}
+        self.extra: dict[str, Any] = {}
+        if config.init_model:
+            self._load(config.init_model)
+
+    # ----------------------------------------------------------------- dispatch
+
+    def handle(self, client_id: int, msg: wire.Message, flags: int) -> Reply:
+        """Run one request; raise ServerError for a refusal."""
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {int(msg.OP)} is not served after the handshake")
+        return handler(self, client_id, msg, flags)
+
+    def fail_waiters(self, error: BaseException) -> None:
+        self.barriers.fail_all(error)
+        self.sync_rounds.fail_all(error)
+
+    # ----------------------------------------------------------------- tables
+
+    def _create_table(self, client_id: int, msg: wire.CreateTable, flags: int) -> wire.Message:
+        try:
+            spec = spec_from_dict(json.loads(msg.spec_json))
+        except (ValueError, ConfigError) as exc:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
+        if not isinstance(spec, (SparseTable, DenseTable)):
+            raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
+        existing = self.specs.get(spec.name)
+        if existing is not None:
+            if existing != spec:
+                raise ServerError(
+                    ErrorCode.TABLE_EXISTS,
+                    f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}",
+                )
+            return wire.Ok(op=wire.Op.CREATE_TABLE)
+        self.tables[spec.name] = make_shard(spec, self.config.server_index, self.config.num_servers)
+        self.specs[spec.name] = spec
+        log.info("table created", table=spec.name, kind=spec.kind, bytes=self.tables[spec.name].nbytes)
+        return wire.Ok(op=wire.Op.CREATE_TABLE)
+
+    def _table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:
+        spec = self._spec(msg.table)
+        return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(spec_to_dict(spec)).encode())
+
+    def _spec(self, name: str) -> TableSpec:
+        spec = self.specs.get(name)
+        if spec is None:
+            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
+        return spec
+
+    def _sparse(self, name: str) -> SparseShard:
+        shard = self.tables.get(name)
+        if shard is None:
+            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
+        if not isinstance(shard, SparseShard):
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is dense, not sparse")
+        return shard
+
+    def _dense(self, name: str) -> DenseShard:
+        shard = self.tables.get(name)
+        if shard is None:
+            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
+        if not isinstance(shard, DenseShard):
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is sparse, not dense")
+        return shard
+
+    def _local_ids(self, shard: SparseShard, ids: np.ndarray) -> np.ndarray:
+        """Global ids -> this server's local rows, refusing ids that are not ours or out of range."""
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
+        n, k = self.config.num_servers, self.config.server_index
+        if len(ids):
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= shard.spec.rows:
+                bad = lo if lo < 0 else hi
+                raise ServerError(
+                    ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {bad} not in [0, {shard.spec.rows})"
+                )
+            if n > 1 and np.any(ids % n != k):
+                raise ServerError(ErrorCode.BAD_REQUEST, f"ids sent to server {k} of {n} that it does not own")
+        return ids // n if n > 1 else ids
+
+    def _check_rows(self, shard: SparseShard, ids: np.ndarray, values: np.ndarray) -> None:
+        if values.dtype != np.float32 or values.shape != (len(ids), shard.spec.dim):
+            raise ServerError(
+                ErrorCode.SHAPE_MISMATCH,
+                f"table {shard.spec.name!r}: values must be float32 [{len(ids)}, {shard.spec.dim}], "
+                f"got {values.dtype} {list(values.shape)}",
+            )
+
+    # ----------------------------------------------------------------- sparse
+
+    def _pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
+        shard = self._sparse(msg.table)
+        return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=shard.pull(self._local_ids(shard, msg.ids)))
+
+    def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
+        shard = self._sparse(msg.table)
+        local = self._local_ids(shard, msg.ids)
+        self._check_rows(shard, msg.ids, msg.values)
+        final = bool(flags & wire.Flag.FINAL)
+        if flags & wire.Flag.SYNC:
+            scale = 1.0 / self.config.num_trainers
+
+            def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
+                assert ids is not None
+                shard.push_grad(ids, values, scale=scale, advance_step=True, client=None)
+
+            done = self.sync_rounds.add((msg.table,), client_id, local, msg.values, final, apply)
+            return _after(done, wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD))
+        shard.push_grad(local, msg.values, advance_step=final, client=client_id)
+        return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+
+    def _push_sparse_delta(self, client_id: int, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
+        shard = self._sparse(msg.table)
+        local = self._local_ids(shard, msg.ids)
+        self._check_rows(shard, msg.ids, msg.values)
+        shard.push_delta(local, msg.values, client=client_id)
+        return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
+
+    def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:
+        shard = self._sparse(msg.table)
+        key = (client_id, msg.table)
+        local = self._changed_leftover.pop(key, None)
+        fresh = shard.changed(client_id)
+        local = fresh if local is None else np.union1d(local, fresh)
+        limit = msg.max_rows or len(local)
+        if len(local) > limit:
+            self._changed_leftover[key] = local[limit:]
+            local = local[:limit]
+        n, k = self.config.num_servers, self.config.server_index
+        return wire.ChangedReply(
+            ids=local * n + k, values=shard.pull(local), more=int(key in self._changed_leftover)
+        )
+
+    # ----------------------------------------------------------------- dense
+
+    def _pull_dense(self, client_id: int, msg: wire.PullDense, flags: int) -> wire.Message:
+        values = self._dense(msg.table).pull(msg.block, msg.offset, msg.count)
+        return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values)
+
+    def _check_dense_values(self, msg: wire.PushDenseGrad | wire.PushDenseDelta) -> None:
+        if msg.values.dtype != np.float32 or msg.values.ndim != 1:
+            raise ServerError(
+                ErrorCode.SHAPE_MISMATCH, f"dense values must be a 1-d float32 array, got {msg.values.dtype} {msg.values.shape}"
+            )
+
+    def _push_dense_grad(self, client_id: int, msg: wire.PushDenseGrad, flags: int) -> Reply:
+        shard = self._dense(msg.table)
+        self._check_dense_values(msg)
+        final = bool(flags & wire.Flag.FINAL)
+        if flags & wire.Flag.SYNC:
+            shard.pull(msg.block, msg.offset, len(msg.values))  # validates the range before waiting
+            scale = 1.0 / self.config.num_trainers
+
+            def apply(_: np.ndarray | None, values: np.ndarray) -> None:
+                shard.push_grad(msg.block, msg.offset, values, scale=scale, advance_step=final)
+
+            key = (msg.table, msg.block, msg.offset)
+            done = self.sync_rounds.add(key, client_id, None, msg.values, True, apply)
+            return _after(done, wire.Ok(op=wire.Op.PUSH_DENSE_GRAD))
+        shard.push_grad(msg.block, msg.offset, msg.values, advance_step=final)
+        return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)
+
+    def _push_dense_delta(self, client_id: int, msg: wire.PushDenseDelta, flags: int) -> wire.Message:
+        shard = self._dense(msg.table)
+        self._check_dense_values(msg)
+        shard.push_delta(msg.block, msg.offset, msg.values)
+        return wire.Ok(op=wire.Op.PUSH_DENSE_DELTA)
+
+    # ----------------------------------------------------------------- coordination
+
+    def _barrier(self, client_id: int, msg: wire.Barrier, flags: int) -> Reply:
+        target = msg.count or self.config.num_trainers
+        return _after(self.barriers.arrive(msg.name, client_id, target), wire.Ok(op=wire.Op.BARRIER))
+
+    def _worker_done(self, client_id: int, msg: wire.WorkerDone, flags: int) -> wire.Message:
+        if msg.trainer_id >= self.config.num_trainers:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST, f"trainer id {msg.trainer_id} but this cluster has {self.config.num_trainers} trainers"
+            )
+        self.done_trainers.add(msg.trainer_id)
+        log.info("worker done", trainer=msg.trainer_id, done=len(self.done_trainers), of=self.config.num_trainers)
+        if len(self.done_trainers) >= self.config.num_trainers and self.config.exit_when_done:
+            asyncio.get_running_loop().call_soon(self._on_all_done)
+        return wire.Ok(op=wire.Op.WORKER_DONE)
+
+    def _ping(self, client_id: int, msg: wire.Ping, flags: int) -> wire.Message:
+        return wire.Ok(op=wire.Op.PING)
+
+    def _stats(self, client_id: int, msg: wire.Stats, flags: int) -> wire.Message:
+        body = {
+            "server_index": self.config.server_index,
+            "num_servers": self.config.num_servers,
+            "tables": {
+                name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec)}
+                for name, spec in self.specs.items()
+            },
+            **self.stats.as_dict(),
+        }
+        return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def _save(self, client_id: int, msg: wire.Save, flags: int) -> wire.Message:
+        try:
+            save_shard(msg.path, self.tables, self.config.server_index, self.config.num_servers, self.extra)
+        except OSError as exc:
+            raise ServerError(ErrorCode.IO_ERROR, f"save to {msg.path!r} failed: {exc}") from None
+        log.info("saved", path=os.path.abspath(msg.path), tables=len(self.tables))
+        return wire.Ok(op=wire.Op.SAVE)
+
+    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> wire.Message:
+        try:
+            self._load(msg.path)
+        except OSError as exc:
+            raise ServerError(ErrorCode.IO_ERROR, f"load from {msg.path!r} failed: {exc}") from None
+        except ApsError as exc:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"load from {msg.path!r} failed: {exc}") from None
+        return wire.Ok(op=wire.Op.LOAD)
+
+    def _load(self, path: str) -> None:
+        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
+        self.tables = dict(shards)
+        self.specs = {name: shard.spec for name, shard in shards.items()}
+        self.extra = dict(extra)
+        log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
+
+    _handlers: dict[type, Callable[..., Reply]] = {
+        wire.CreateTable: _create_table,
+        wire.TableInfo: _table_info,
+        wire.PullSparse: _pull_sparse,
+        wire.PushSparseGrad: _push_sparse_grad,
+        wire.PushSparseDelta: _push_sparse_delta,
+        wire.PullSparseChanged: _pull_sparse_changed,
+        wire.PullDense: _pull_dense,
+        wire.PushDenseGrad: _push_dense_grad,
+        wire.PushDenseDelta: _push_dense_delta,
+        wire.Barrier: _barrier,
+        wire.WorkerDone: _worker_done,
+        wire.Ping: _ping,
+        wire.Stats: _stats,
+        wire.Save: _save,
+        wire.Load: _load_msg,
+    }
+
+
+async def _after(done: Awaitable[None], reply: wire.Message) -> wire.Message:
+    await done
+    return reply
+
+
+def _size(spec: TableSpec) -> dict[str, Any]:
+    if isinstance(spec, SparseTable):
+        return {"rows": spec.rows, "dim": spec.dim}
+    return {"shape": list(spec.shape), "size": spec.size}

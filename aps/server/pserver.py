@@ -1,0 +1,138 @@
+"""The pserver as an embeddable object: start, serve, stop gracefully.
+
+Shutdown runs in phases (stop accepting, drain in-flight requests, close connections), whether it
+was asked for by :meth:`PServer.aclose`, by the last trainer's worker_done, or by a signal the
+CLI turned into an ``aclose`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from ..errors import ConfigError, ErrorCode, ServerError
+from .config import ServerConfig
+from .connection import ServerConnection
+from .core import ServerCore
+
+log = structlog.get_logger("aps.server")
+
+
+class PServer:
+    """One parameter server: owns a shard of every table and serves it over TCP."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.core = ServerCore(config, on_all_done=self._all_trainers_done)
+        self.connections: set[ServerConnection] = set()
+        self.inflight: set[asyncio.Task[Any]] = set()
+        self.closing = False
+        self._server: asyncio.base_events.Server | None = None
+        self._closed: asyncio.Event | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self.port = config.port
+        self.host = config.host
+        self.exit_reason = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> PServer:
+        loop = asyncio.get_running_loop()
+        self._closed = asyncio.Event()
+        try:
+            self._server = await loop.create_server(
+                lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}") from exc
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info(
+            "pserver listening",
+            address=self.address,
+            index=self.config.server_index,
+            servers=self.config.num_servers,
+            trainers=self.config.num_trainers,
+        )
+        return self
+
+    async def wait_closed(self) -> None:
+        """Return once the server has shut down (trainers done, aclose, or signal)."""
+        assert self._closed is not None, "start() first"
+        await self._closed.wait()
+
+    def _all_trainers_done(self) -> None:
+        self.exit_reason = "all trainers sent worker_done"
+        self.request_close()
+
+    def request_close(self) -> None:
+        """Begin a graceful shutdown without waiting for it (safe from callbacks and signal handlers)."""
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._shutdown())
+
+    async def aclose(self) -> None:
+        """Stop accepting, finish in-flight requests (bounded by drain_timeout), close."""
+        self.request_close()
+        assert self._close_task is not None
+        await asyncio.shield(self._close_task)
+
+    async def _shutdown(self) -> None:
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        # requests that wait on other trainers (barriers, sync rounds) would never finish now
+        self.core.fail_waiters(ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
+        if self.inflight:
+            _, pending = await asyncio.wait(set(self.inflight), timeout=self.config.drain_timeout)
+            for task in pending:
+                task.cancel()
+        # let the replies already written reach the socket before closing it
+        for conn in list(self.connections):
+            conn.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+        log.info("pserver stopped", address=self.address, reason=self.exit_reason or "closed")
+        assert self._closed is not None
+        self._closed.set()
+
+    async def __aenter__(self) -> PServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    num_trainers: int = 1,
+    *,
+    server_index: int = 0,
+    num_servers: int = 1,
+    token: str | None = None,
+    init_model: str | None = None,
+    **options: Any,
+) -> PServer:
+    """Start a pserver inside the running event loop and return it once it is listening.
+
+    ``server.port`` is the bound port (useful with ``port=0``); ``await server.aclose()`` stops it;
+    ``await server.wait_closed()`` waits until it stops by itself (every trainer done).
+    """
+    config = ServerConfig(
+        host=host,
+        port=port,
+        server_index=server_index,
+        num_servers=num_servers,
+        num_trainers=num_trainers,
+        token=token,
+        init_model=init_model,
+        **options,
+    )
+    return await PServer(config).start()

@@ -1,0 +1,75 @@
+"""Request counters and latency histograms for the stats op."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_BUCKETS = 64  # log2 buckets of nanoseconds: bucket b holds [2^b, 2^(b+1))
+
+
+@dataclass
+class OpStats:
+    """Count, bytes and a log2 latency histogram of one opcode."""
+
+    count: int = 0
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    total_ns: int = 0
+    histogram: np.ndarray = field(default_factory=lambda: np.zeros(_BUCKETS, dtype=np.int64))
+
+    def record(self, elapsed_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
+        self.count += 1
+        self.errors += int(error)
+        self.bytes_in += bytes_in
+        self.bytes_out += bytes_out
+        self.total_ns += elapsed_ns
+        self.histogram[min(_BUCKETS - 1, max(0, elapsed_ns).bit_length())] += 1
+
+    def quantile_us(self, q: float) -> float:
+        """Upper edge of the bucket holding quantile ``q`` (a factor-2 resolution estimate)."""
+        if not self.count:
+            return 0.0
+        rank = math.ceil(q * self.count)
+        bucket = int(np.searchsorted(np.cumsum(self.histogram), rank))
+        return (1 << bucket) / 1000.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "errors": self.errors,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "mean_us": round(self.total_ns / self.count / 1000.0, 3) if self.count else 0.0,
+            "p50_us": self.quantile_us(0.5),
+            "p99_us": self.quantile_us(0.99),
+        }
+
+
+class ServerStats:
+    """Per-op statistics of one pserver."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, OpStats] = {}
+        self.connections = 0
+        self.connections_total = 0
+
+    def record(self, op: str, elapsed_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
+        stats = self.ops.get(op)
+        if stats is None:
+            stats = self.ops[op] = OpStats()
+        stats.record(elapsed_ns, bytes_in, bytes_out, error)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "connections": self.connections,
+            "connections_total": self.connections_total,
+            "requests": sum(s.count for s in self.ops.values()),
+            "bytes_in": sum(s.bytes_in for s in self.ops.values()),
+            "bytes_out": sum(s.bytes_out for s in self.ops.values()),
+            "ops": {name: s.as_dict() for name, s in sorted(self.ops.items())},
+        }

@@ -1,0 +1,152 @@
+"""Frame header and the incremental (sans-IO) frame decoder.
+
+A frame is a fixed 24-byte little-endian header followed by ``length`` payload bytes::
+
+    0  2s  magic     b"AP"
+    2  u8  version   PROTOCOL_VERSION
+    3  u8  opcode    see messages.Op
+    4  u16 flags     Flag bits
+    6  u16 reserved  must be 0
+    8  u64 request   id chosen by the client, echoed in the reply
+    16 u32 length    payload bytes that follow
+    20 u32 reserved  must be 0
+
+The decoder checks the header - including ``length`` against the configured maximum - before a
+single payload byte is buffered, so a peer cannot make us allocate a huge body by lying.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntFlag
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+
+MAGIC = b"AP"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<2sBBHHQII")
+HEADER_SIZE = HEADER.size  # 24
+#: default largest payload accepted (and produced) by either side; bigger arrays are chunked
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+#: payloads longer than this are received straight into their own buffer instead of the shared one
+_DIRECT_BODY = 256 * 1024
+
+
+class Flag(IntFlag):
+    """Bits of the header's flags field."""
+
+    NONE = 0
+    REPLY = 1  # set on every server -> client frame
+    FINAL = 2  # last chunk of a logical push: the optimizer step counter advances after it
+    SYNC = 4  # sync-mode push: held until every trainer has pushed, then applied once
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame: header fields plus its payload (a writable, 8-byte aligned buffer)."""
+
+    opcode: int
+    flags: int
+    request_id: int
+    payload: bytearray
+
+
+def encode_header(opcode: int, flags: int, request_id: int, length: int, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """The 24 header bytes; refuses (locally) what the peer would refuse."""
+    if length > max_frame:
+        raise LocalProtocolError(f"payload of {length} bytes exceeds the max frame of {max_frame}")
+    if not 0 <= request_id < 1 << 64:
+        raise LocalProtocolError(f"request id {request_id} does not fit in 64 bits")
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, opcode, flags, 0, request_id, length, 0)
+
+
+class FrameDecoder:
+    """Bytes in, frames out. Feed with :meth:`receive_data`, drain with :meth:`next_frame`.
+
+    Never touches a socket. Raises :class:`RemoteProtocolError` on a bad header; after that the
+    stream is unusable (there is no way to find the next frame boundary) and must be closed.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0
+        self._pending: tuple[int, int, int] | None = None  # header of the body being filled
+        self._body: bytearray | None = None
+        self._filled = 0
+        self._broken = False
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the peer."""
+        if self._body is not None:
+            need = len(self._body) - self._filled
+            take = min(need, len(data))
+            self._body[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            if take < len(data):
+                self._buf += data[take:]
+        else:
+            self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos + self._filled
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None when more bytes are needed."""
+        if self._broken:
+            raise RemoteProtocolError("stream is broken by an earlier protocol error")
+        if self._body is not None:
+            if self._filled < len(self._body):
+                return None
+            assert self._pending is not None
+            opcode, flags, request_id = self._pending
+            frame = Frame(opcode, flags, request_id, self._body)
+            self._body, self._pending, self._filled = None, None, 0
+            return frame
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            self._compact()
+            return None
+        magic, version, opcode, flags, reserved, request_id, length, reserved2 = HEADER.unpack_from(buf, pos)
+        self._check_header(magic, version, reserved, reserved2, length)
+        start = pos + HEADER_SIZE
+        available = len(buf) - start
+        if available >= length:
+            payload = bytearray(memoryview(buf)[start : start + length])
+            self._pos = start + length
+            if self._pos == len(buf):
+                self._buf.clear()
+                self._pos = 0
+            return Frame(opcode, flags, request_id, payload)
+        if length < _DIRECT_BODY:
+            self._compact()
+            return None
+        # a large body: give it its own buffer now and copy later chunks straight into it
+        body = bytearray(length)
+        body[:available] = memoryview(buf)[start:]
+        self._buf = bytearray()
+        self._pos = 0
+        self._body, self._pending, self._filled = body, (opcode, flags, request_id), available
+        return None
+
+    def _check_header(self, magic: bytes, version: int, reserved: int, reserved2: int, length: int) -> None:
+        problem = None
+        if magic != MAGIC:
+            problem = f"bad magic {magic!r} (not an aps peer?)"
+        elif version != PROTOCOL_VERSION:
+            problem = f"protocol version {version}, this side speaks {PROTOCOL_VERSION}"
+        elif reserved or reserved2:
+            problem = "reserved header fields are not zero"
+        elif length > self.max_frame:
+            problem = f"declared payload of {length} bytes exceeds the max frame of {self.max_frame}"
+        if problem is not None:
+            self._broken = True
+            raise RemoteProtocolError(problem)
+
+    def _compact(self) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0

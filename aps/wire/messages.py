@@ -1,0 +1,338 @@
+"""The messages of the aps protocol and their encoding to / decoding from frames.
+
+Each message class lists its fields in ``FIELDS`` as ``(name, kind)``; the payload is those fields
+in that order (see codec.py for the kinds). A request and its reply share an opcode; replies have
+``Flag.REPLY`` set. Any request may be answered by an :class:`Error` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+from .codec import PayloadReader, PayloadWriter
+from .frame import DEFAULT_MAX_FRAME, HEADER_SIZE, Flag, Frame, encode_header
+
+_EMPTY_F32 = np.zeros((0, 0), dtype=np.float32)
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+class Op(IntEnum):
+    HELLO = 1
+    AUTH = 2
+    CREATE_TABLE = 3
+    TABLE_INFO = 4
+    PULL_SPARSE = 5
+    PUSH_SPARSE_GRAD = 6
+    PUSH_SPARSE_DELTA = 7
+    PULL_SPARSE_CHANGED = 8
+    PULL_DENSE = 9
+    PUSH_DENSE_GRAD = 10
+    PUSH_DENSE_DELTA = 11
+    BARRIER = 12
+    SAVE = 13
+    LOAD = 14
+    STATS = 15
+    WORKER_DONE = 16
+    PING = 17
+    ERROR = 255
+
+
+class Message:
+    """Base of every message; subclasses are dataclasses with OP and FIELDS."""
+
+    OP: ClassVar[Op]
+    FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: requests that change server state; the server remembers their ids to drop replays
+    MUTATES: ClassVar[bool] = False
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+@dataclass(slots=True)
+class Hello(Message):
+    OP = Op.HELLO
+    FIELDS = (("client_id", "u64"), ("trainer_id", "i64"))
+    client_id: int = 0
+    trainer_id: int = -1  # -1: not a trainer (a library user)
+
+
+@dataclass(slots=True)
+class Auth(Message):
+    OP = Op.AUTH
+    FIELDS = (("mac", "bytes"),)
+    mac: bytes = b""
+
+
+@dataclass(slots=True)
+class CreateTable(Message):
+    OP = Op.CREATE_TABLE
+    FIELDS = (("spec_json", "str"),)
+    spec_json: str = ""
+
+
+@dataclass(slots=True)
+class TableInfo(Message):
+    OP = Op.TABLE_INFO
+    FIELDS = (("table", "str"),)
+    table: str = ""
+
+
+@dataclass(slots=True)
+class PullSparse(Message):
+    OP = Op.PULL_SPARSE
+    FIELDS = (("table", "str"), ("ids", "arr"))
+    table: str = ""
+    ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+
+
+@dataclass(slots=True)
+class PushSparseGrad(Message):
+    OP = Op.PUSH_SPARSE_GRAD
+    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"))
+    MUTATES = True
+    table: str = ""
+    ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+
+
+@dataclass(slots=True)
+class PushSparseDelta(Message):
+    OP = Op.PUSH_SPARSE_DELTA
+    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"))
+    MUTATES = True
+    table: str = ""
+    ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+
+
+@dataclass(slots=True)
+class PullSparseChanged(Message):
+    OP = Op.PULL_SPARSE_CHANGED
+    FIELDS = (("table", "str"), ("max_rows", "u64"))
+    table: str = ""
+    max_rows: int = 0
+
+
+@dataclass(slots=True)
+class PullDense(Message):
+    OP = Op.PULL_DENSE
+    FIELDS = (("table", "str"), ("block", "u32"), ("offset", "u64"), ("count", "u64"))
+    table: str = ""
+    block: int = 0
+    offset: int = 0
+    count: int = 0
+
+
+@dataclass(slots=True)
+class PushDenseGrad(Message):
+    OP = Op.PUSH_DENSE_GRAD
+    FIELDS = (("table", "str"), ("block", "u32"), ("offset", "u64"), ("values", "arr"))
+    MUTATES = True
+    table: str = ""
+    block: int = 0
+    offset: int = 0
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+
+
+@dataclass(slots=True)
+class PushDenseDelta(Message):
+    OP = Op.PUSH_DENSE_DELTA
+    FIELDS = (("table", "str"), ("block", "u32"), ("offset", "u64"), ("values", "arr"))
+    MUTATES = True
+    table: str = ""
+    block: int = 0
+    offset: int = 0
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+
+
+@dataclass(slots=True)
+class Barrier(Message):
+    OP = Op.BARRIER
+    FIELDS = (("name", "str"), ("count", "u32"))
+    name: str = ""
+    count: int = 0  # participants; 0 means the server's number of trainers
+
+
+@dataclass(slots=True)
+class Save(Message):
+    OP = Op.SAVE
+    FIELDS = (("path", "str"),)
+    path: str = ""
+
+
+@dataclass(slots=True)
+class Load(Message):
+    OP = Op.LOAD
+    FIELDS = (("path", "str"),)
+    MUTATES = True
+    path: str = ""
+
+
+@dataclass(slots=True)
+class Stats(Message):
+    OP = Op.STATS
+
+
+@dataclass(slots=True)
+class WorkerDone(Message):
+    OP = Op.WORKER_DONE
+    FIELDS = (("trainer_id", "u32"),)
+    trainer_id: int = 0
+
+
+@dataclass(slots=True)
+class Ping(Message):
+    OP = Op.PING
+
+
+# ----------------------------------------------------------------------------- replies
+
+
+@dataclass(slots=True)
+class Ok(Message):
+    """Empty success reply (OP is the request's; set per instance)."""
+
+    op: int = 0
+
+
+@dataclass(slots=True)
+class HelloReply(Message):
+    OP = Op.HELLO
+    FIELDS = (
+        ("server_index", "u32"),
+        ("num_servers", "u32"),
+        ("max_frame", "u32"),
+        ("auth_required", "u8"),
+        ("nonce", "bytes"),
+    )
+    server_index: int = 0
+    num_servers: int = 1
+    max_frame: int = DEFAULT_MAX_FRAME
+    auth_required: int = 0
+    nonce: bytes = b""
+
+
+@dataclass(slots=True)
+class TextReply(Message):
+    """A JSON document (table spec, stats); never on the hot path."""
+
+    FIELDS = (("text", "bytes"),)
+    op: int = 0
+    text: bytes = b""
+
+
+@dataclass(slots=True)
+class ArrayReply(Message):
+    FIELDS = (("values", "arr"),)
+    op: int = 0
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+
+
+@dataclass(slots=True)
+class ChangedReply(Message):
+    OP = Op.PULL_SPARSE_CHANGED
+    FIELDS = (("ids", "arr"), ("values", "arr"), ("more", "u8"))
+    ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+    more: int = 0
+
+
+@dataclass(slots=True)
+class Error(Message):
+    OP = Op.ERROR
+    FIELDS = (("code", "u16"), ("retriable", "u8"), ("message", "str"))
+    code: int = 0
+    retriable: int = 0
+    message: str = ""
+
+
+REQUESTS: dict[int, type[Message]] = {
+    cls.OP: cls
+    for cls in (
+        Hello, Auth, CreateTable, TableInfo, PullSparse, PushSparseGrad, PushSparseDelta,
+        PullSparseChanged, PullDense, PushDenseGrad, PushDenseDelta, Barrier, Save, Load, Stats,
+        WorkerDone, Ping,
+    )
+}
+
+#: which reply class answers each request opcode
+REPLIES: dict[int, type[Message]] = {op: Ok for op in REQUESTS}
+REPLIES.update(
+    {
+        Op.HELLO: HelloReply,
+        Op.TABLE_INFO: TextReply,
+        Op.STATS: TextReply,
+        Op.PULL_SPARSE: ArrayReply,
+        Op.PULL_DENSE: ArrayReply,
+        Op.PULL_SPARSE_CHANGED: ChangedReply,
+    }
+)
+
+
+def message_op(msg: Message) -> int:
+    op = getattr(msg, "op", None)
+    return int(op) if op else int(msg.OP)
+
+
+def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAULT_MAX_FRAME) -> list[Any]:
+    """Encode a message into a list of buffers (header first) ready for ``writelines``."""
+    writer = PayloadWriter()
+    for name, kind in msg.FIELDS:
+        writer.write(kind, getattr(msg, name))
+    parts = writer.finish()
+    if isinstance(msg, (Ok, TextReply, ArrayReply, HelloReply, ChangedReply)):
+        flags |= Flag.REPLY
+    header = encode_header(message_op(msg), flags, request_id, writer.size, max_frame)
+    if parts and isinstance(parts[0], bytes):
+        parts[0] = header + parts[0]
+    else:
+        parts.insert(0, header)
+    return parts
+
+
+def encode_bytes(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """Like :func:`encode`, joined into one bytes object (tests, small messages)."""
+    return b"".join(bytes(p) for p in encode(msg, request_id, flags, max_frame))
+
+
+def payload_size(msg: Message) -> int:
+    """Encoded payload size without building it (used to plan chunking)."""
+    writer = PayloadWriter()
+    for name, kind in msg.FIELDS:
+        writer.write(kind, getattr(msg, name))
+    return writer.size
+
+
+def decode(frame: Frame) -> Message:
+    """Turn a frame into a message; raises RemoteProtocolError on an unknown op or bad payload."""
+    is_reply = bool(frame.flags & Flag.REPLY)
+    if frame.opcode == Op.ERROR:
+        cls: type[Message] = Error
+    else:
+        table = REPLIES if is_reply else REQUESTS
+        found = table.get(frame.opcode)
+        if found is None:
+            raise RemoteProtocolError(f"unknown opcode {frame.opcode}")
+        cls = found
+    reader = PayloadReader(frame.payload)
+    values = {name: reader.read(kind) for name, kind in cls.FIELDS}
+    reader.done()
+    if cls in (Ok, TextReply, ArrayReply):
+        values["op"] = frame.opcode
+    return cls(**values)
+
+
+def field_names(cls: type[Message]) -> list[str]:
+    return [f.name for f in fields(cls)]  # type: ignore[arg-type]
+
+
+__all__ = [
+    "HEADER_SIZE", "Op", "Message", "REQUESTS", "REPLIES", "encode", "encode_bytes", "decode",
+    "payload_size", "LocalProtocolError",
+] + [cls.__name__ for cls in REQUESTS.values()] + ["Ok", "HelloReply", "TextReply", "ArrayReply", "ChangedReply", "Error"]
