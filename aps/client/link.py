@@ -21,8 +21,7 @@ class _LinkProtocol(asyncio.Protocol):
         self.link = link
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.link.transport = transport
+        self.link.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.link._data_received(data)

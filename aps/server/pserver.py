@@ -8,6 +8,7 @@ CLI turned into an ``aclose`` call.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import structlog
@@ -48,7 +49,8 @@ class PServer:
                 lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True
             )
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}") from exc
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}") from exc
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info(

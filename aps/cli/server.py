@@ -1,0 +1,111 @@
+"""aps-server: run one parameter server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import structlog
+
+from ..cluster import cluster_from_env, parse_addresses
+from ..errors import ApsError, ConfigError
+from ..log import setup_logging
+from ..server import PServer, ServerConfig
+from ..wire import DEFAULT_MAX_FRAME
+from .common import add_logging_flags, on_signals, run_main
+
+DESCRIPTION = """\
+Run one aps parameter server (pserver). It owns shard INDEX of every table, applies the
+optimizers, and exits by itself once every trainer has sent worker_done. SIGTERM or Ctrl-C stop
+it gracefully (stop accepting, finish in-flight requests, exit 0).
+
+Settings come from flags or from the environment (flags win). Environment names: APS_HOST /
+POD_IP, APS_PORT / PADDLE_PORT, APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST (its position in
+that list gives the index), APS_SERVER_INDEX, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TOKEN.
+"""
+
+EPILOG = """\
+examples:
+  aps-server --port 7164 --trainers 2 --pservers 127.0.0.1:7164,127.0.0.1:7165
+  aps-server --port 7165 --index 1 --servers 2 --trainers 2 --init-model model/epoch_3
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aps-server", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1, or POD_IP)")
+    parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one (default 0, or PADDLE_PORT)")
+    parser.add_argument("--pservers", help="host:port of every pserver, comma-separated, in index order")
+    parser.add_argument("--index", type=int, help="this server's index (default: its position in --pservers, else 0)")
+    parser.add_argument("--servers", type=int, help="number of pservers (default: length of --pservers, else 1)")
+    parser.add_argument("--trainers", type=int, help="number of trainers that will connect (default 1)")
+    parser.add_argument("--token", help="shared secret clients must prove (HMAC challenge); or APS_TOKEN")
+    parser.add_argument("--init-model", metavar="PATH", help="warm start from a checkpoint saved by any number of pservers")
+    parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
+    parser.add_argument("--no-exit-when-done", action="store_true", help="keep serving after every trainer sent worker_done")
+    parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
+    add_logging_flags(parser)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    cluster, own = cluster_from_env()
+    pservers = parse_addresses(args.pservers) if args.pservers else cluster.pservers
+    host = args.host or own["host"] or "127.0.0.1"
+    port = args.port if args.port is not None else (own["port"] or 0)
+    index = args.index if args.index is not None else own["server_index"]
+    if index is None:
+        index = pservers.index(f"{host}:{port}") if f"{host}:{port}" in pservers else 0
+        if pservers and f"{host}:{port}" not in pservers and len(pservers) > 1:
+            raise ConfigError(f"{host}:{port} is not in the pserver list; pass --index")
+    servers = args.servers or (len(pservers) if pservers else 1)
+    trainers = args.trainers or cluster.num_trainers
+    return ServerConfig(
+        host=str(host),
+        port=int(port),  # type: ignore[arg-type]
+        server_index=int(index),  # type: ignore[arg-type]
+        num_servers=servers,
+        num_trainers=trainers,
+        token=args.token or own["token"],  # type: ignore[arg-type]
+        max_frame=args.max_frame,
+        init_model=args.init_model,
+        exit_when_done=not args.no_exit_when_done,
+    )
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    log = structlog.get_logger("aps.server")
+    config = config_from_args(args)
+    server = PServer(config)
+    await server.start()
+    if args.port_file:
+        with open(args.port_file + ".tmp", "w") as f:
+            f.write(f"{server.port}\n")
+        os.replace(args.port_file + ".tmp", args.port_file)
+
+    def stop(sig: signal.Signals) -> None:
+        log.info("signal received, stopping", signal=sig.name)
+        server.exit_reason = f"signal {sig.name}"
+        server.request_close()
+
+    on_signals(stop)
+    await server.wait_closed()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(json=args.log_json, level=args.log_level, role="pserver")
+    try:
+        return run_main(_amain(args))
+    except ApsError as exc:
+        print(f"aps-server: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

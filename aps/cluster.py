@@ -1,0 +1,107 @@
+"""Who is in the cluster and who am I: from CLI flags or environment variables.
+
+Both aps's own variables and PaddlePaddle's names are read, so launch scripts written for Fleet
+keep working. Environment is read only when :func:`cluster_from_env` is called, never at import.
+
+==========================  ===============================  ==========================================
+aps                         Paddle                           meaning
+==========================  ===============================  ==========================================
+APS_ROLE                    TRAINING_ROLE                    ``pserver`` or ``trainer`` (PSERVER/TRAINER)
+APS_PSERVERS                PADDLE_PSERVERS_IP_PORT_LIST     comma-separated host:port of every pserver
+APS_HOST                    POD_IP                           this pserver's host
+APS_PORT                    PADDLE_PORT                      this pserver's port
+APS_SERVER_INDEX            (position of POD_IP:PORT)        this pserver's index
+APS_TRAINERS                PADDLE_TRAINERS_NUM              number of trainers
+APS_TRAINER_ID              PADDLE_TRAINER_ID                this trainer's index
+APS_TOKEN                   -                                shared secret for the handshake
+==========================  ===============================  ==========================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+ENV_NAMES: dict[str, tuple[str, ...]] = {
+    "role": ("APS_ROLE", "TRAINING_ROLE"),
+    "pservers": ("APS_PSERVERS", "PADDLE_PSERVERS_IP_PORT_LIST"),
+    "host": ("APS_HOST", "POD_IP"),
+    "port": ("APS_PORT", "PADDLE_PORT"),
+    "server_index": ("APS_SERVER_INDEX",),
+    "trainers": ("APS_TRAINERS", "PADDLE_TRAINERS_NUM"),
+    "trainer_id": ("APS_TRAINER_ID", "PADDLE_TRAINER_ID"),
+    "token": ("APS_TOKEN",),
+}
+
+
+def env_value(key: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The first of the aps / Paddle variables for ``key`` that is set and non-empty."""
+    env = os.environ if env is None else env
+    for name in ENV_NAMES[key]:
+        value = env.get(name)
+        if value:
+            return value
+    return None
+
+
+def parse_addresses(text: str) -> list[str]:
+    addresses = [a.strip() for a in text.split(",") if a.strip()]
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"pserver address must be host:port, got {address!r}")
+    return addresses
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The pservers (in index order) and the number of trainers."""
+
+    pservers: list[str] = field(default_factory=list)
+    num_trainers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_trainers < 1:
+            raise ConfigError(f"number of trainers must be >= 1, got {self.num_trainers}")
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.pservers)
+
+    def server_index_of(self, host: str, port: int) -> int:
+        """Index of ``host:port`` in the pserver list (Paddle derives it the same way)."""
+        wanted = f"{host}:{port}"
+        if wanted not in self.pservers:
+            raise ConfigError(f"{wanted} is not in the pserver list {','.join(self.pservers)}")
+        return self.pservers.index(wanted)
+
+
+def _int(value: str | None, what: str, default: int | None = None) -> int | None:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{what} must be an integer, got {value!r}") from None
+
+
+def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[ClusterSpec, dict[str, object]]:
+    """Cluster spec plus this process's own settings (role, host, port, indexes, token) from env."""
+    pservers = parse_addresses(env_value("pservers", env) or "")
+    trainers = _int(env_value("trainers", env), "number of trainers", 1)
+    assert trainers is not None
+    role = (env_value("role", env) or "").lower() or None
+    if role not in (None, "pserver", "trainer"):
+        raise ConfigError(f"role must be pserver or trainer, got {role!r}")
+    own = {
+        "role": role,
+        "host": env_value("host", env),
+        "port": _int(env_value("port", env), "port"),
+        "server_index": _int(env_value("server_index", env), "server index"),
+        "trainer_id": _int(env_value("trainer_id", env), "trainer id"),
+        "token": env_value("token", env),
+    }
+    return ClusterSpec(pservers, trainers), own

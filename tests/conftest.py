@@ -1,0 +1,82 @@
+"""Shared fixtures: paths, free ports, and starting real aps processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return int(path.read_text().strip())
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening")
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} not written within {timeout}s")
+
+
+class Processes:
+    """Starts bin/ programs as real child processes and makes sure none outlives the test."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, program: str, *args: str, log_name: str | None = None, **kwargs) -> subprocess.Popen:
+        log = open(self.tmp / (log_name or f"{program}.{len(self.procs)}.log"), "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.update(kwargs.pop("env", {}))
+        proc = subprocess.Popen(
+            [sys.executable, str(BIN / program), *args], stdout=log, stderr=subprocess.STDOUT, env=env, **kwargs
+        )
+        self.procs.append(proc)
+        return proc
+
+    def start_servers(self, n: int, trainers: int, *extra: str) -> list[str]:
+        """n pservers on free ports; returns their addresses in index order."""
+        ports = [free_port() for _ in range(n)]
+        addresses = [f"127.0.0.1:{p}" for p in ports]
+        files = []
+        for k, port in enumerate(ports):
+            pf = self.tmp / f"port.{k}.{time.monotonic_ns()}"
+            files.append(pf)
+            self.start(
+                "aps-server", "--port", str(port), "--pservers", ",".join(addresses), "--trainers", str(trainers),
+                "--port-file", str(pf), *extra, log_name=f"pserver.{k}.{len(self.procs)}.log",
+            )
+        for pf, proc in zip(files, self.procs[-n:]):
+            wait_port_file(pf, proc)
+        return addresses
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.cleanup()
