@@ -365,13 +365,16 @@ class PSClient:
 
     # ----------------------------------------------------------------- coordination
 
-    async def barrier(self, name: str, count: int = 0, timeout: float | None | bool = True) -> None:
+    async def barrier(self, name: str, count: int = 0, value: int = 0, timeout: float | None | bool = True) -> int:
         """Wait until ``count`` clients (default: the cluster's trainers) reached barrier ``name``.
 
-        Counted on server 0. Raises RequestTimeout if the others do not arrive in time; a
-        barrier never silently passes.
+        Returns the sum of every participant's ``value`` (trainers use it to agree, e.g. "does
+        anyone still have data?"). Counted on server 0; a retried arrival counts once. Raises
+        RequestTimeout if the others do not arrive in time: a barrier never silently passes.
         """
-        await self._budget(self._call(0, wire.Barrier(name=name, count=count)), timeout)
+        reply = await self._budget(self._call(0, wire.Barrier(name=name, count=count, value=value)), timeout)
+        assert isinstance(reply, wire.BarrierReply)
+        return reply.total
 
     async def save(self, path: str, timeout: float | None | bool = None) -> None:
         """Every pserver writes its shard under ``path`` (a directory on the pservers' disks)."""

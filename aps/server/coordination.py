@@ -14,8 +14,8 @@ from ..errors import ErrorCode, ServerError
 @dataclass
 class _BarrierState:
     target: int
-    arrived: set[int] = field(default_factory=set)
-    done: asyncio.Future[None] | None = None
+    arrived: dict[int, int] = field(default_factory=dict)
+    done: asyncio.Future[int] | None = None
 
 
 class Barriers:
@@ -24,17 +24,18 @@ class Barriers:
     def __init__(self) -> None:
         self._pending: dict[str, _BarrierState] = {}
 
-    def arrive(self, name: str, client_id: int, target: int) -> asyncio.Future[None]:
+    def arrive(self, name: str, client_id: int, target: int, value: int = 0) -> asyncio.Future[int]:
+        """Join barrier ``name``; the future resolves to the sum of every participant's value."""
         state = self._pending.get(name)
         if state is None:
             state = self._pending[name] = _BarrierState(target, done=asyncio.get_running_loop().create_future())
         elif state.target != target:
             raise ServerError(ErrorCode.BAD_REQUEST, f"barrier {name!r} expects {state.target} participants, got {target}")
         assert state.done is not None
-        state.arrived.add(client_id)
+        state.arrived[client_id] = value
         if len(state.arrived) >= state.target:
             del self._pending[name]
-            state.done.set_result(None)
+            state.done.set_result(sum(state.arrived.values()))
         return state.done
 
     def fail_all(self, error: BaseException) -> None:

@@ -244,7 +244,12 @@ class ServerCore:
 
     def _barrier(self, client_id: int, msg: wire.Barrier, flags: int) -> Reply:
         target = msg.count or self.config.num_trainers
-        return _after(self.barriers.arrive(msg.name, client_id, target), wire.Ok(op=wire.Op.BARRIER))
+        done = self.barriers.arrive(msg.name, client_id, target, msg.value)
+
+        async def reply() -> wire.Message:
+            return wire.BarrierReply(total=await done)
+
+        return reply()
 
     def _worker_done(self, client_id: int, msg: wire.WorkerDone, flags: int) -> wire.Message:
         if msg.trainer_id >= self.config.num_trainers:

@@ -161,7 +161,10 @@ class PayloadReader:
         start = self._need(nbytes, "array data")
         self._need(_pad(self.pos), "array padding")
         if count == 0:
-            return np.empty(shape, dtype=dtype)
+            try:
+                return np.empty(shape, dtype=dtype)
+            except ValueError as exc:  # e.g. shape (0, 2**62): numpy refuses the other dimension
+                raise RemoteProtocolError(f"array shape {shape} is too big") from exc
         return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def done(self) -> None:

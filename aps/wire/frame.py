@@ -92,7 +92,8 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buf) - self._pos + self._filled
+        header = HEADER_SIZE if self._body is not None else 0  # the header of a large body in progress
+        return len(self._buf) - self._pos + self._filled + header
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""

@@ -154,9 +154,10 @@ class PushDenseDelta(Message):
 @dataclass(slots=True)
 class Barrier(Message):
     OP = Op.BARRIER
-    FIELDS = (("name", "str"), ("count", "u32"))
+    FIELDS = (("name", "str"), ("count", "u32"), ("value", "i64"))
     name: str = ""
     count: int = 0  # participants; 0 means the server's number of trainers
+    value: int = 0  # summed over the participants and returned to each (a tiny allreduce)
 
 
 @dataclass(slots=True)
@@ -244,6 +245,13 @@ class ChangedReply(Message):
 
 
 @dataclass(slots=True)
+class BarrierReply(Message):
+    OP = Op.BARRIER
+    FIELDS = (("total", "i64"),)
+    total: int = 0
+
+
+@dataclass(slots=True)
 class Error(Message):
     OP = Op.ERROR
     FIELDS = (("code", "u16"), ("retriable", "u8"), ("message", "str"))
@@ -271,6 +279,7 @@ REPLIES.update(
         Op.PULL_SPARSE: ArrayReply,
         Op.PULL_DENSE: ArrayReply,
         Op.PULL_SPARSE_CHANGED: ChangedReply,
+        Op.BARRIER: BarrierReply,
     }
 )
 
@@ -286,7 +295,7 @@ def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAU
     for name, kind in msg.FIELDS:
         writer.write(kind, getattr(msg, name))
     parts = writer.finish()
-    if isinstance(msg, (Ok, TextReply, ArrayReply, HelloReply, ChangedReply)):
+    if isinstance(msg, (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierReply)):
         flags |= Flag.REPLY
     header = encode_header(message_op(msg), flags, request_id, writer.size, max_frame)
     if parts and isinstance(parts[0], bytes):
@@ -335,4 +344,4 @@ def field_names(cls: type[Message]) -> list[str]:
 __all__ = [
     "HEADER_SIZE", "Op", "Message", "REQUESTS", "REPLIES", "encode", "encode_bytes", "decode",
     "payload_size", "LocalProtocolError",
-] + [cls.__name__ for cls in REQUESTS.values()] + ["Ok", "HelloReply", "TextReply", "ArrayReply", "ChangedReply", "Error"]
+] + [cls.__name__ for cls in REQUESTS.values()] + ["Ok", "HelloReply", "TextReply", "ArrayReply", "ChangedReply", "BarrierReply", "Error"]

@@ -1,0 +1,256 @@
+"""Server-side optimizer kernels and learning-rate schedules.
+
+The pserver applies exactly the optimizer in the table's spec — there is no other code path, so
+"SGD asked, Adam applied" cannot happen — and computes the learning rate from the spec's decay
+schedule and the shard's own step counter, so a schedule can never apply on the trainer but not
+on the server.
+
+Kernels are numba-compiled (``cache=True``) loops over raw arrays: no Python per row. Sparse
+kernels first group a push by row id (stable sort, then contiguous segments), sum each row's
+gradients in float64 and apply the optimizer once per distinct row, touching the optimizer state
+of those rows only. Arithmetic is float64; storage is float32 (int64 for Adam's per-row step).
+
+Adam follows Paddle's form::
+
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+    p -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t))
+
+with ``t`` per row for sparse tables (lazy Adam: only touched rows advance) and ``t = step + 1``
+for a dense block, ``step`` being that block's count of completed applications.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..specs import SGD, Adagrad, Adam, Optimizer
+
+# ---------------------------------------------------------------- schedule and state layout
+
+
+def learning_rate(opt: Optimizer, step: int) -> float:
+    """The learning rate for the application that follows ``step`` completed ones."""
+    if opt.decay is None:
+        return float(opt.lr)
+    return float(opt.lr) * opt.decay.factor(step)
+
+
+def state_names(opt: Optimizer) -> tuple[str, ...]:
+    """Names of the optimizer-state arrays a table keeps next to its values (fixed order)."""
+    if isinstance(opt, SGD):
+        return ()
+    if isinstance(opt, Adagrad):
+        return ("acc",)
+    if isinstance(opt, Adam):
+        return ("m", "v")
+    raise TypeError(f"unknown optimizer {opt!r}")
+
+
+def new_sparse_state(opt: Optimizer, rows: int, dim: int) -> dict[str, np.ndarray]:
+    """Fresh optimizer state for ``rows`` x ``dim`` sparse rows (Adam adds a per-row ``t``)."""
+    state: dict[str, np.ndarray] = {}
+    for name in state_names(opt):
+        fill = opt.initial_accumulator if isinstance(opt, Adagrad) else 0.0
+        state[name] = np.full((rows, dim), fill, dtype=np.float32)
+    if isinstance(opt, Adam):
+        state["t"] = np.zeros(rows, dtype=np.int64)
+    return state
+
+
+def new_dense_state(opt: Optimizer, size: int) -> dict[str, np.ndarray]:
+    """Fresh optimizer state for one dense block of ``size`` elements (Adam's t is the block step)."""
+    state: dict[str, np.ndarray] = {}
+    for name in state_names(opt):
+        fill = opt.initial_accumulator if isinstance(opt, Adagrad) else 0.0
+        state[name] = np.full(size, fill, dtype=np.float32)
+    return state
+
+
+# ---------------------------------------------------------------- sparse kernels
+
+
+@njit(cache=True, nogil=True)
+def _segment_sum(ids: np.ndarray, order: np.ndarray, start: int, grads: np.ndarray, acc: np.ndarray) -> int:
+    """Sum into ``acc`` the grads of the run of equal ids beginning at ``order[start]``.
+
+    Returns the index one past the run. Summation follows push order (the sort is stable), so
+    the result does not depend on how the ids were split across shards.
+    """
+    n = ids.shape[0]
+    row = ids[order[start]]
+    acc[:] = 0.0
+    j = start
+    while j < n and ids[order[j]] == row:
+        src = order[j]
+        for c in range(acc.shape[0]):
+            acc[c] += grads[src, c]
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
+def _sgd_rows(values, ids, grads, scale, lr):
+    order = np.argsort(ids, kind="mergesort")
+    g = np.empty(values.shape[1], np.float64)
+    i = 0
+    while i < ids.shape[0]:
+        row = ids[order[i]]
+        i = _segment_sum(ids, order, i, grads, g)
+        for c in range(g.shape[0]):
+            values[row, c] = values[row, c] - lr * (g[c] * scale)
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_rows(values, accum, ids, grads, scale, lr, eps):
+    order = np.argsort(ids, kind="mergesort")
+    g = np.empty(values.shape[1], np.float64)
+    i = 0
+    while i < ids.shape[0]:
+        row = ids[order[i]]
+        i = _segment_sum(ids, order, i, grads, g)
+        for c in range(g.shape[0]):
+            gc = g[c] * scale
+            a = np.float64(accum[row, c]) + gc * gc
+            accum[row, c] = a
+            values[row, c] = values[row, c] - lr * gc / (np.sqrt(a) + eps)
+
+
+@njit(cache=True, nogil=True)
+def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps):
+    order = np.argsort(ids, kind="mergesort")
+    g = np.empty(values.shape[1], np.float64)
+    i = 0
+    while i < ids.shape[0]:
+        row = ids[order[i]]
+        i = _segment_sum(ids, order, i, grads, g)
+        t[row] += 1
+        corr2 = np.sqrt(1.0 - beta2 ** t[row])
+        lr_t = lr * corr2 / (1.0 - beta1 ** t[row])
+        for c in range(g.shape[0]):
+            gc = g[c] * scale
+            mc = beta1 * m[row, c] + (1.0 - beta1) * gc
+            vc = beta2 * v[row, c] + (1.0 - beta2) * gc * gc
+            m[row, c] = mc
+            v[row, c] = vc
+            values[row, c] = values[row, c] - lr_t * mc / (np.sqrt(vc) + eps * corr2)
+
+
+@njit(cache=True, nogil=True)
+def _add_rows(values, ids, deltas):
+    order = np.argsort(ids, kind="mergesort")
+    d = np.empty(values.shape[1], np.float64)
+    i = 0
+    while i < ids.shape[0]:
+        row = ids[order[i]]
+        i = _segment_sum(ids, order, i, deltas, d)
+        for c in range(d.shape[0]):
+            values[row, c] = values[row, c] + d[c]
+
+
+def apply_sparse(
+    opt: Optimizer,
+    values: np.ndarray,
+    state: dict[str, np.ndarray],
+    local_ids: np.ndarray,
+    grads: np.ndarray,
+    scale: float,
+    step: int,
+) -> None:
+    """One optimizer application on the rows ``local_ids`` (duplicates summed first).
+
+    Arrays must already be validated: values float32[rows, dim], ids int64[n] in range,
+    grads float32[n, dim]. ``step`` is the shard's count of completed applications (for decay).
+    """
+    lr = learning_rate(opt, step)
+    if isinstance(opt, SGD):
+        _sgd_rows(values, local_ids, grads, float(scale), lr)
+    elif isinstance(opt, Adagrad):
+        _adagrad_rows(values, state["acc"], local_ids, grads, float(scale), lr, float(opt.epsilon))
+    elif isinstance(opt, Adam):
+        _adam_rows(
+            values, state["m"], state["v"], state["t"], local_ids, grads, float(scale), lr,
+            float(opt.beta1), float(opt.beta2), float(opt.epsilon),
+        )
+    else:
+        raise TypeError(f"unknown optimizer {opt!r}")
+
+
+def add_rows(values: np.ndarray, local_ids: np.ndarray, deltas: np.ndarray) -> None:
+    """``values[id] += delta`` for every pushed row, duplicates summed (GEO's server side)."""
+    _add_rows(values, local_ids, deltas)
+
+
+# ---------------------------------------------------------------- dense kernels
+
+
+@njit(cache=True, nogil=True)
+def _sgd_flat(p, g, scale, lr):
+    for i in range(p.shape[0]):
+        p[i] = p[i] - lr * (np.float64(g[i]) * scale)
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_flat(p, accum, g, scale, lr, eps):
+    for i in range(p.shape[0]):
+        gi = np.float64(g[i]) * scale
+        a = np.float64(accum[i]) + gi * gi
+        accum[i] = a
+        p[i] = p[i] - lr * gi / (np.sqrt(a) + eps)
+
+
+@njit(cache=True, nogil=True)
+def _adam_flat(p, m, v, g, scale, lr_t, beta1, beta2, eps_t):
+    for i in range(p.shape[0]):
+        gi = np.float64(g[i]) * scale
+        mi = beta1 * m[i] + (1.0 - beta1) * gi
+        vi = beta2 * v[i] + (1.0 - beta2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] - lr_t * mi / (np.sqrt(vi) + eps_t)
+
+
+@njit(cache=True, nogil=True)
+def _add_flat(p, d):
+    for i in range(p.shape[0]):
+        p[i] = p[i] + d[i]
+
+
+def apply_dense(
+    opt: Optimizer,
+    values: np.ndarray,
+    state: dict[str, np.ndarray],
+    offset: int,
+    grads: np.ndarray,
+    scale: float,
+    step: int,
+) -> None:
+    """One optimizer application on ``values[offset:offset + len(grads)]`` of a dense block.
+
+    ``step`` is the block's count of completed applications: it sets the decayed lr and Adam's
+    ``t = step + 1``. Chunks of one logical push share the same ``step``.
+    """
+    lo, hi = offset, offset + grads.shape[0]
+    p = values[lo:hi]
+    lr = learning_rate(opt, step)
+    if isinstance(opt, SGD):
+        _sgd_flat(p, grads, float(scale), lr)
+    elif isinstance(opt, Adagrad):
+        _adagrad_flat(p, state["acc"][lo:hi], grads, float(scale), lr, float(opt.epsilon))
+    elif isinstance(opt, Adam):
+        t = step + 1
+        corr2 = math.sqrt(1.0 - opt.beta2**t)
+        lr_t = lr * corr2 / (1.0 - opt.beta1**t)
+        _adam_flat(
+            p, state["m"][lo:hi], state["v"][lo:hi], grads, float(scale), lr_t,
+            float(opt.beta1), float(opt.beta2), float(opt.epsilon) * corr2,
+        )
+    else:
+        raise TypeError(f"unknown optimizer {opt!r}")
+
+
+def add_dense(values: np.ndarray, offset: int, deltas: np.ndarray) -> None:
+    """``values[offset:offset + n] += deltas`` (GEO's server side for dense tables)."""
+    _add_flat(values[offset : offset + deltas.shape[0]], deltas)

@@ -1,0 +1,337 @@
+"""Table storage on one pserver: a shard of a sparse table, or some blocks of a dense one.
+
+Pure data structures — no asyncio, no sockets — so the server's network layer stays a thin
+dispatcher and everything here is testable with plain arrays.
+
+Every request is validated before any byte of state changes (dtype, shape, id range), and a bad
+request raises :class:`~aps.errors.ServerError` with the code the wire reply will carry and a
+message naming the table and the offending id or shape. A half-applied push is therefore
+impossible: either the whole push is applied or none of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import numpy as np
+
+from ..errors import ErrorCode, ServerError
+from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
+from ..specs import DenseTable, SparseTable, TableSpec
+from . import optim
+from .init_kernels import init_dense, init_sparse_rows, table_seed
+
+
+def _bad(code: ErrorCode, table: str, message: str) -> ServerError:
+    return ServerError(code, f"table {table!r}: {message}")
+
+
+def _check_ids(table: str, ids: object, limit: int, shard: int, num_shards: int) -> np.ndarray:
+    """Local row ids as a contiguous int64[n], all in ``[0, limit)``."""
+    if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
+        kind = ids.dtype if isinstance(ids, np.ndarray) else type(ids).__name__
+        raise _bad(ErrorCode.BAD_REQUEST, table, f"ids must be an int64 array, got {kind}")
+    if ids.ndim != 1:
+        raise _bad(ErrorCode.SHAPE_MISMATCH, table, f"ids must be 1-D, got shape {ids.shape}")
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        bad = lo if lo < 0 else (hi if hi >= limit else None)
+        if bad is not None:
+            raise _bad(
+                ErrorCode.ID_OUT_OF_RANGE, table,
+                f"local id {bad} (global id {shard + num_shards * bad}) is outside [0, {limit}) "
+                f"on shard {shard} of {num_shards}",
+            )
+    return np.ascontiguousarray(ids)
+
+
+def _check_float32(table: str, values: object, what: str) -> np.ndarray:
+    """``values`` as a contiguous float32 array (any shape)."""
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32:
+        kind = values.dtype if isinstance(values, np.ndarray) else type(values).__name__
+        raise _bad(ErrorCode.BAD_REQUEST, table, f"{what} must be a float32 array, got {kind}")
+    return np.ascontiguousarray(values)
+
+
+def _check_values(table: str, values: object, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``values`` as a contiguous float32 array of exactly ``shape``."""
+    arr = _check_float32(table, values, what)
+    if arr.shape != shape:
+        raise _bad(ErrorCode.SHAPE_MISMATCH, table, f"{what} shape {arr.shape} does not match expected {shape}")
+    return arr
+
+
+def _check_scale(table: str, scale: float) -> float:
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise _bad(ErrorCode.BAD_REQUEST, table, f"scale must be finite, got {scale}")
+    return scale
+
+
+def _load_arrays(table: str, target: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
+    """Copy ``arrays`` into ``target`` after checking names, shapes and dtypes all match."""
+    if set(arrays) != set(target):
+        raise _bad(ErrorCode.BAD_REQUEST, table, f"state arrays {sorted(arrays)} do not match {sorted(target)}")
+    for name, dst in target.items():
+        src = arrays[name]
+        if src.shape != dst.shape or src.dtype != dst.dtype:
+            raise _bad(
+                ErrorCode.SHAPE_MISMATCH, table,
+                f"state {name!r} is {src.dtype}{list(src.shape)}, expected {dst.dtype}{list(dst.shape)}",
+            )
+    for name, dst in target.items():
+        dst[...] = arrays[name]
+
+
+class SparseShard:
+    """Rows ``shard, shard + n, shard + 2n, ...`` of a sparse table, plus optimizer state.
+
+    ``step`` counts completed optimizer applications on this shard (it drives lr decay).
+    Change tracking (GEO): each tracked client has a bitmap of rows changed by *other* clients
+    since its last :meth:`changed` call.
+    """
+
+    def __init__(self, spec: SparseTable, shard: int, num_shards: int, *, initialise: bool = True) -> None:
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} is not in [0, {num_shards})")
+        self.spec = spec
+        self.shard = shard
+        self.num_shards = num_shards
+        self.local_rows = sparse_local_rows(spec.rows, shard, num_shards)
+        if initialise:
+            self.values = init_sparse_rows(
+                spec.init, table_seed(spec.name, spec.seed), self.global_ids(), spec.dim
+            )
+        else:  # about to be overwritten by a checkpoint: skip the hashing work
+            self.values = np.zeros((self.local_rows, spec.dim), dtype=np.float32)
+        self.state = optim.new_sparse_state(spec.optimizer, self.local_rows, spec.dim)
+        self.step = 0
+        self._dirty: dict[int, np.ndarray] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def global_ids(self, local_ids: np.ndarray | None = None) -> np.ndarray:
+        """Global row ids of ``local_ids`` (all local rows by default)."""
+        if local_ids is None:
+            local_ids = np.arange(self.local_rows, dtype=np.int64)
+        return self.shard + self.num_shards * np.asarray(local_ids, dtype=np.int64)
+
+    # ------------------------------------------------------------ data path
+
+    def pull(self, local_ids: np.ndarray) -> np.ndarray:
+        """A copy of the rows ``local_ids``, float32[n, dim]."""
+        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        return np.take(self.values, ids, axis=0)
+
+    def push_grad(
+        self,
+        local_ids: np.ndarray,
+        grads: np.ndarray,
+        *,
+        scale: float = 1.0,
+        advance_step: bool = True,
+        client: int | None = None,
+    ) -> None:
+        """Apply the table's optimizer to ``grads * scale`` (duplicate ids summed first).
+
+        ``advance_step=False`` lets a client split one logical push into chunks that all use the
+        same learning rate; the last chunk advances the step.
+        """
+        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        g = _check_values(self.name, grads, (ids.shape[0], self.spec.dim), "grads")
+        scale = _check_scale(self.name, scale)
+        optim.apply_sparse(self.spec.optimizer, self.values, self.state, ids, g, scale, self.step)
+        if advance_step:
+            self.step += 1
+        self._mark(ids, client)
+
+    def push_delta(self, local_ids: np.ndarray, deltas: np.ndarray, *, client: int | None = None) -> None:
+        """``param += delta`` per row, duplicates summed; no optimizer, no step (GEO mode)."""
+        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        d = _check_values(self.name, deltas, (ids.shape[0], self.spec.dim), "deltas")
+        optim.add_rows(self.values, ids, d)
+        self._mark(ids, client)
+
+    # ------------------------------------------------------------ change tracking (GEO)
+
+    def track(self, client_id: int) -> None:
+        """Start recording, for ``client_id``, rows that other clients change (idempotent)."""
+        client_id = int(client_id)
+        if client_id not in self._dirty:
+            self._dirty[client_id] = np.zeros(self.local_rows, dtype=np.bool_)
+
+    def changed(self, client_id: int) -> np.ndarray:
+        """Local ids changed by others since the last call, int64 sorted; clears them.
+
+        The first call registers the client and returns nothing: a new client pulls full rows
+        anyway, so it only needs changes from now on.
+        """
+        client_id = int(client_id)
+        bitmap = self._dirty.get(client_id)
+        if bitmap is None:
+            self.track(client_id)
+            return np.empty(0, dtype=np.int64)
+        ids = np.flatnonzero(bitmap).astype(np.int64, copy=False)
+        bitmap[ids] = False
+        return ids
+
+    def _mark(self, ids: np.ndarray, client: int | None) -> None:
+        """Mark ``ids`` dirty for every tracked client except the one that pushed them.
+
+        A push without a client id is a change nobody has seen, so every tracked client gets it.
+        """
+        if not ids.size:
+            return
+        for other, bitmap in self._dirty.items():
+            if client is None or other != client:
+                bitmap[ids] = True
+
+    # ------------------------------------------------------------ bookkeeping
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: values, optimizer state and change-tracking bitmaps."""
+        return int(
+            self.values.nbytes
+            + sum(a.nbytes for a in self.state.values())
+            + sum(b.nbytes for b in self._dirty.values())
+        )
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """``{"values": ..., <optimizer state>...}``, row-indexed on axis 0 (live arrays, not copies)."""
+        return {"values": self.values, **self.state}
+
+    def load_state(self, arrays: dict[str, np.ndarray], step: int | None = None) -> None:
+        """Overwrite values and optimizer state (same names and shapes as :meth:`state_arrays`)."""
+        _load_arrays(self.name, self.state_arrays(), arrays)
+        if step is not None:
+            self.step = int(step)
+
+
+class DenseShard:
+    """The blocks of a dense table that one pserver owns, each with its own optimizer state.
+
+    Blocks are independent: each has its own step counter (lr decay, Adam's ``t``), so a block's
+    updates never depend on which other blocks share its server.
+    """
+
+    def __init__(self, spec: DenseTable, blocks: list[DenseBlock], *, initialise: bool = True) -> None:
+        self.spec = spec
+        self.blocks: dict[int, DenseBlock] = {}
+        self.values: dict[int, np.ndarray] = {}
+        self.state: dict[int, dict[str, np.ndarray]] = {}
+        self.steps: dict[int, int] = {}
+        seed = table_seed(spec.name, spec.seed)
+        for block in blocks:
+            if block.index in self.blocks:
+                raise ValueError(f"table {spec.name!r}: block {block.index} given twice")
+            if not 0 <= block.start < block.stop <= spec.size:
+                raise ValueError(f"table {spec.name!r}: block {block} outside [0, {spec.size})")
+            self.blocks[block.index] = block
+            self.values[block.index] = (
+                init_dense(spec.init, seed, block.start, block.stop)
+                if initialise
+                else np.zeros(block.size, dtype=np.float32)
+            )
+            self.state[block.index] = optim.new_dense_state(spec.optimizer, block.size)
+            self.steps[block.index] = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def _block(self, block_index: int, offset: int, count: int) -> DenseBlock:
+        """The block, after checking ``[offset, offset + count)`` lies inside it."""
+        block = self.blocks.get(int(block_index))
+        if block is None:
+            raise _bad(
+                ErrorCode.ID_OUT_OF_RANGE, self.name,
+                f"block {block_index} is not held here (held: {sorted(self.blocks)})",
+            )
+        if offset < 0 or count < 0 or offset + count > block.size:
+            raise _bad(
+                ErrorCode.ID_OUT_OF_RANGE, self.name,
+                f"range [{offset}, {offset + count}) is outside block {block.index} of size {block.size}",
+            )
+        return block
+
+    def _check_flat(self, values: object, what: str) -> np.ndarray:
+        arr = _check_float32(self.name, values, what)
+        if arr.ndim != 1:
+            raise _bad(ErrorCode.SHAPE_MISMATCH, self.name, f"{what} must be 1-D, got shape {arr.shape}")
+        return arr
+
+    # ------------------------------------------------------------ data path
+
+    def pull(self, block_index: int, offset: int, count: int) -> np.ndarray:
+        """A copy of elements ``[offset, offset + count)`` of a block, float32[count]."""
+        offset, count = int(offset), int(count)
+        block = self._block(block_index, offset, count)
+        return self.values[block.index][offset : offset + count].copy()
+
+    def push_grad(
+        self,
+        block_index: int,
+        offset: int,
+        values: np.ndarray,
+        *,
+        scale: float = 1.0,
+        advance_step: bool = True,
+    ) -> None:
+        """Apply the optimizer to a (sub-)range of a block; chunks pass ``advance_step=False``."""
+        g = self._check_flat(values, "grads")
+        block = self._block(block_index, int(offset), g.shape[0])
+        scale = _check_scale(self.name, scale)
+        i = block.index
+        optim.apply_dense(self.spec.optimizer, self.values[i], self.state[i], int(offset), g, scale, self.steps[i])
+        if advance_step:
+            self.steps[i] += 1
+
+    def push_delta(self, block_index: int, offset: int, values: np.ndarray) -> None:
+        """``param += delta`` on a (sub-)range of a block (GEO mode)."""
+        d = self._check_flat(values, "deltas")
+        block = self._block(block_index, int(offset), d.shape[0])
+        optim.add_dense(self.values[block.index], int(offset), d)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: values and optimizer state of every block."""
+        return int(
+            sum(v.nbytes for v in self.values.values())
+            + sum(a.nbytes for s in self.state.values() for a in s.values())
+        )
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """``{"b{index}.values": ..., "b{index}.<state>": ...}`` for every block (live arrays)."""
+        out: dict[str, np.ndarray] = {}
+        for i in sorted(self.blocks):
+            out[f"b{i}.values"] = self.values[i]
+            for name, arr in self.state[i].items():
+                out[f"b{i}.{name}"] = arr
+        return out
+
+    def load_state(self, arrays: dict[str, np.ndarray], steps: dict[int, int] | None = None) -> None:
+        """Overwrite every block's values and state (names as in :meth:`state_arrays`)."""
+        _load_arrays(self.name, self.state_arrays(), arrays)
+        if steps is not None:
+            if set(steps) != set(self.blocks):
+                raise _bad(ErrorCode.BAD_REQUEST, self.name, f"steps for blocks {sorted(steps)}, held {sorted(self.blocks)}")
+            self.steps = {int(k): int(v) for k, v in steps.items()}
+
+
+Shard = Union[SparseShard, DenseShard]
+
+
+def make_shard(spec: TableSpec, shard: int, num_shards: int, *, initialise: bool = True) -> Shard:
+    """Server ``shard``'s part of table ``spec`` in a cluster of ``num_shards`` pservers."""
+    if isinstance(spec, SparseTable):
+        return SparseShard(spec, shard, num_shards, initialise=initialise)
+    if isinstance(spec, DenseTable):
+        blocks = [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard]
+        return DenseShard(spec, blocks, initialise=initialise)
+    raise TypeError(f"unknown table spec {spec!r}")
