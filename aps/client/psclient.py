@@ -72,7 +72,7 @@ class PSClient:
 
     async def open(self) -> PSClient:
         """Connect to every pserver (concurrently) and check they agree on the cluster layout."""
-        links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]), None)
+        links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]))
         for k, link in enumerate(links):
             if link.num_servers != self.num_servers or link.server_index != k:
                 await self.aclose()
@@ -111,9 +111,7 @@ class PSClient:
             return link
         pending = self._connecting[k]
         if pending is None:
-            pending = self._connecting[k] = asyncio.ensure_future(
-                Link.open(self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2))
-            )
+            pending = self._connecting[k] = asyncio.ensure_future(self._open_link(k))
         try:
             link = await asyncio.shield(pending)
         finally:
@@ -121,6 +119,17 @@ class PSClient:
                 self._connecting[k] = None
         self._links[k] = link
         return link
+
+    async def _open_link(self, k: int) -> Link:
+        """Connect and handshake, bounded: a peer that accepts TCP but never answers must not
+        wedge every later call to this server on one shared, never-finishing connect."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await Link.open(
+                    self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2)
+                )
+        except TimeoutError:
+            raise ConnectionLost(f"pserver {self.addresses[k]} did not answer the handshake within {self.timeout} s") from None
 
     async def _call(self, k: int, msg: wire.Message, flags: int = 0) -> wire.Message:
         """One request to server k, retried on lost connections and retriable server errors.
@@ -262,6 +271,10 @@ class PSClient:
         spec = await self._sparse_spec(table)
         ids = self._ids(spec, ids)
         values = self._rows(spec, ids, values)
+        if not delta and len(ids) > self._chunks(len(ids), spec.dim * 4 + 8)[0].stop:
+            # it will be chunked: a repeated id must still get one optimizer update with the summed
+            # gradient, not one per chunk (which differs for Adagrad / Adam)
+            ids, values = _sum_duplicates(ids, values)
         order, _, slices = split_ids(ids, self.num_servers)
         cls = wire.PushSparseDelta if delta else wire.PushSparseGrad
         calls = []
@@ -399,6 +412,18 @@ class PSClient:
         if tid < 0:
             raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
         await self._budget(self._gather([self._call(k, wire.WorkerDone(trainer_id=tid)) for k in range(self.num_servers)]), timeout)
+
+
+def _sum_duplicates(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row per distinct id, the rows of repeated ids summed."""
+    if len(ids) == 0:
+        return ids, values
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    if len(starts) == len(ids):
+        return ids, values
+    return sorted_ids[starts], np.add.reduceat(values[order], starts, axis=0)
 
 
 def connect(

@@ -1,0 +1,153 @@
+"""aps-trainer: run one trainer of a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
+from ..errors import ApsError, ConfigError
+from ..log import setup_logging
+from ..models import BUILTIN, load_model_class, parse_model_args
+from ..trainer import Strategy, Trainer, TrainOptions
+from ..trainer.strategy import MERGES, MODES
+from .common import add_logging_flags, on_signals, run_main
+
+DESCRIPTION = """\
+Run one aps trainer: read this trainer's share of the input files, train the model with a pool
+of compute worker processes, and exchange parameters with the pservers in the chosen mode:
+
+  sync        every step, all trainers' gradients are averaged and applied once (barrier)
+  async       gradients are merged and pushed as they come; params pulled per batch
+  half_async  workers of one trainer step together; trainers are asynchronous
+  geo         workers train locally (SGD); every --k-steps the deltas are exchanged
+
+Settings come from flags or the environment (flags win): APS_PSERVERS /
+PADDLE_PSERVERS_IP_PORT_LIST, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TRAINER_ID /
+PADDLE_TRAINER_ID, APS_TOKEN, APS_MODE, APS_WORKERS / CPU_NUM, APS_K_STEPS, and Paddle's
+FLAGS_communicator_* names for the communicator knobs.
+"""
+
+EPILOG = f"""\
+built-in models: {', '.join(sorted(BUILTIN))}; or --model package.module:Class or file.py:Class
+examples:
+  aps-trainer --pservers 127.0.0.1:7164,127.0.0.1:7165 --trainers 2 --trainer-id 0 \\
+      --model word2vec --data data/word2vec/train --mode geo --epochs 1
+  aps-trainer --model my_model.py:MyModel --model-arg batch_size=64 --data part-*.txt
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aps-trainer", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    c = p.add_argument_group("cluster")
+    c.add_argument("--pservers", help="host:port of every pserver, comma-separated, in index order")
+    c.add_argument("--trainers", type=int, help="number of trainers (default 1)")
+    c.add_argument("--trainer-id", type=int, help="this trainer's index (default 0)")
+    c.add_argument("--token", help="shared secret of the pservers (or APS_TOKEN)")
+    m = p.add_argument_group("model and data")
+    m.add_argument("--model", required=True, help="built-in name, module:Class or file.py:Class")
+    m.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model constructor argument (repeatable)")
+    m.add_argument("--data", nargs="+", required=True, metavar="PATH", help="input files, directories or globs")
+    m.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+    m.add_argument("--pipe-command", help="run each file through this command (e.g. a DataGenerator script)")
+    m.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
+    m.add_argument("--chunk-bytes", type=int, default=1 << 20, help="bytes read per chunk (default 1 MiB)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the workers' random numbers")
+    s = p.add_argument_group("mode and communicator")
+    s.add_argument("--mode", choices=MODES, help="default async (or APS_MODE)")
+    s.add_argument("--workers", type=int, help="compute worker processes (default: CPU count, or CPU_NUM)")
+    s.add_argument("--k-steps", type=int, help="geo: exchange deltas every K trainer steps (default 400)")
+    s.add_argument("--max-merge-var-num", type=int, help="async: merge at most N batches per push (default workers)")
+    s.add_argument("--send-queue-size", type=int, help="async: batches queued before workers wait (default workers)")
+    s.add_argument("--min-send-grad-num-before-recv", type=int, help="async: pull dense params every N pushes (default workers)")
+    s.add_argument("--thread-pool-size", type=int, help="concurrent table pushes (default 5)")
+    s.add_argument("--merge", choices=MERGES, help="how gradients are merged (default auto: see docs/modes.md)")
+    s.add_argument("--rpc-retry-times", type=int, help="retries per request (default 3)")
+    s.add_argument("--rpc-timeout", type=float, help="seconds per call, retries included (default 120)")
+    o = p.add_argument_group("output")
+    o.add_argument("--save-dir", default="model", help="trainer 0 saves DIR/epoch_N after each epoch (default model)")
+    o.add_argument("--no-save", action="store_true", help="do not save after epochs")
+    o.add_argument("--print-period", type=float, default=10.0, help="seconds between progress reports (default 10)")
+    o.add_argument("--metrics", help="JSON-lines file for progress numbers (default log/trainer.ID.metrics.jsonl)")
+    add_logging_flags(p)
+    return p
+
+
+def _strategy(args: argparse.Namespace) -> Strategy:
+    return Strategy.from_env(
+        mode=args.mode,
+        workers=args.workers,
+        k_steps=args.k_steps,
+        max_merge_var_num=args.max_merge_var_num,
+        send_queue_size=args.send_queue_size,
+        min_send_grad_num_before_recv=args.min_send_grad_num_before_recv,
+        thread_pool_size=args.thread_pool_size,
+        merge=args.merge,
+        rpc_retry_times=args.rpc_retry_times,
+        rpc_timeout=args.rpc_timeout,
+    )
+
+
+def make_trainer(args: argparse.Namespace) -> Trainer:
+    cluster, own = cluster_from_env()
+    pservers = parse_addresses(args.pservers) if args.pservers else cluster.pservers
+    if not pservers:
+        raise ConfigError("no pservers: pass --pservers host:port,... or set APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST")
+    trainers = args.trainers or cluster.num_trainers
+    trainer_id = args.trainer_id if args.trainer_id is not None else (own["trainer_id"] or 0)
+    model = load_model_class(args.model)(**parse_model_args(args.model_arg))
+    metrics = args.metrics or os.path.join("log", f"trainer.{trainer_id}.metrics.jsonl")
+    Path(metrics).parent.mkdir(parents=True, exist_ok=True)
+    options = TrainOptions(
+        save_dir=None if args.no_save else args.save_dir,
+        print_period=args.print_period,
+        metrics_path=metrics,
+        chunk_bytes=args.chunk_bytes,
+        pipe_command=args.pipe_command,
+        skip_bad_lines=args.skip_bad_lines,
+        seed=args.seed,
+        token=args.token or own["token"],  # type: ignore[arg-type]
+    )
+    return Trainer(model, _strategy(args), ClusterSpec(pservers, trainers), int(trainer_id), options)  # type: ignore[arg-type]
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    log = structlog.get_logger("aps.trainer")
+    trainer = make_trainer(args)
+    task = asyncio.ensure_future(trainer.atrain(args.data, args.epochs))
+    stopped: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        log.warning("signal received, stopping", signal=sig.name)
+        stopped.append(sig)
+        task.cancel()
+
+    on_signals(stop)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if stopped:
+            return 128 + int(stopped[0])
+        raise
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(json=args.log_json, level=args.log_level, role="trainer")
+    try:
+        return run_main(_amain(args))
+    except ConfigError as exc:
+        print(f"aps-trainer: error: {exc}", file=sys.stderr)
+        return 2
+    except ApsError as exc:
+        print(f"aps-trainer: training failed: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,115 @@
+"""The model plug-in contract.
+
+A model says three things and the runtime does the rest (files, workers, modes, pservers):
+
+1. :meth:`Model.tables` - its sparse and dense tables;
+2. :meth:`Model.batches` - how a chunk of input lines becomes batches (runs in a worker process,
+   should parse with numba);
+3. :meth:`Model.compute` - a batch's loss and gradients, given the parameters (a numba kernel).
+
+Gradients are of the loss *as the model defines it* (say so in its docstring: mean or sum over
+the batch); the runtime never rescales them, so a learning rate means the same locally and on
+the pservers.
+
+A model object is pickled once to start each worker process, so keep only settings in it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..specs import DenseTable, SparseTable, TableSpec
+from .reader import Chunk
+
+
+@dataclass
+class Batch:
+    """What a model's ``batches`` yields.
+
+    ``sparse_ids[table]`` are the *unique* row ids the batch reads or updates; the runtime pulls
+    exactly those rows before ``compute`` and expects gradients for exactly those rows. ``data``
+    is anything else the model needs (index arrays, labels), untouched by the runtime.
+    """
+
+    sparse_ids: dict[str, np.ndarray]
+    examples: int
+    data: Any = None
+
+
+@dataclass
+class Params:
+    """Parameters as the worker sees them: full sparse tables indexed by global id, dense tensors."""
+
+    sparse: dict[str, np.ndarray]
+    dense: dict[str, np.ndarray]
+
+
+@dataclass
+class Grads:
+    """Gradient buffers, zeroed by the runtime before each ``compute``.
+
+    ``sparse[table][i]`` is the gradient of row ``batch.sparse_ids[table][i]``;
+    ``dense[table]`` has the table's shape.
+    """
+
+    sparse: dict[str, np.ndarray] = field(default_factory=dict)
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerContext:
+    """Facts a model may use while making batches: who and where this worker is."""
+
+    trainer_id: int
+    worker_id: int
+    num_trainers: int
+    num_workers: int
+    rng: np.random.Generator
+    skip_bad_lines: bool = False
+    bad_lines: int = 0
+
+
+class Model(ABC):
+    """Base class of model plug-ins (word2vec, a user's own)."""
+
+    #: a short name used in logs and metrics
+    name: str = "model"
+
+    @abstractmethod
+    def tables(self) -> list[TableSpec]:
+        """Every table this model trains (created idempotently by every trainer)."""
+
+    @abstractmethod
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        """Turn whole lines of input into batches; raise DataError(file, line) on a bad line."""
+
+    @abstractmethod
+    def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
+        """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""
+
+    def max_batch_ids(self, table: str) -> int:
+        """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers."""
+        spec = self.table(table)
+        assert isinstance(spec, SparseTable)
+        return spec.rows
+
+    def table(self, name: str) -> TableSpec:
+        for spec in self.tables():
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def sparse_tables(self) -> list[SparseTable]:
+        return [t for t in self.tables() if isinstance(t, SparseTable)]
+
+    def dense_tables(self) -> list[DenseTable]:
+        return [t for t in self.tables() if isinstance(t, DenseTable)]
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth logging at start."""
+        return {"model": self.name}

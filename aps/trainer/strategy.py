@@ -1,0 +1,96 @@
+"""How a trainer talks to the pservers: the mode and Paddle's communicator knobs.
+
+Semantics of the modes are in docs/modes.md. Defaults follow Paddle: the merge/queue/recv knobs
+default to the number of compute workers, geo pushes every 400 trainer steps, RPC retries 3.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..errors import ConfigError
+
+MODES = ("sync", "async", "half_async", "geo")
+MERGES = ("auto", "sum", "average")
+
+#: environment variables accepted for each field (aps name first, then Paddle's FLAGS_* name)
+ENV: dict[str, tuple[str, ...]] = {
+    "mode": ("APS_MODE",),
+    "k_steps": ("APS_K_STEPS", "FLAGS_geo_sgd_need_push_nums"),
+    "max_merge_var_num": ("APS_MAX_MERGE_VAR_NUM", "FLAGS_communicator_max_merge_var_num"),
+    "send_queue_size": ("APS_SEND_QUEUE_SIZE", "FLAGS_communicator_send_queue_size"),
+    "min_send_grad_num_before_recv": ("APS_MIN_SEND_GRAD_NUM_BEFORE_RECV", "FLAGS_communicator_min_send_grad_num_before_recv"),
+    "thread_pool_size": ("APS_THREAD_POOL_SIZE", "FLAGS_communicator_thread_pool_size"),
+    "merge": ("APS_MERGE",),
+    "rpc_retry_times": ("APS_RPC_RETRY_TIMES", "FLAGS_rpc_retry_times"),
+    "rpc_timeout": ("APS_RPC_TIMEOUT",),
+    "workers": ("APS_WORKERS", "CPU_NUM"),
+}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Mode and communicator settings of a trainer. ``None`` knobs mean "Paddle's default"."""
+
+    mode: str = "async"
+    k_steps: int = 400
+    max_merge_var_num: int | None = None
+    send_queue_size: int | None = None
+    min_send_grad_num_before_recv: int | None = None
+    thread_pool_size: int = 5
+    merge: str = "auto"
+    rpc_retry_times: int = 3
+    rpc_timeout: float = 120.0
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.merge not in MERGES:
+            raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+        for name in ("k_steps", "max_merge_var_num", "send_queue_size", "min_send_grad_num_before_recv", "thread_pool_size", "workers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.rpc_retry_times < 0 or self.rpc_timeout <= 0:
+            raise ConfigError("rpc_retry_times must be >= 0 and rpc_timeout > 0")
+
+    def resolved(self, cpu_count: int | None = None) -> Strategy:
+        """A copy with every ``None`` knob replaced by its default (which depends on workers)."""
+        workers = self.workers or cpu_count or os.cpu_count() or 1
+        return replace(
+            self,
+            workers=workers,
+            max_merge_var_num=self.max_merge_var_num or workers,
+            send_queue_size=self.send_queue_size or workers,
+            min_send_grad_num_before_recv=self.min_send_grad_num_before_recv or workers,
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Strategy:
+        """Fields from APS_* / Paddle FLAGS_* variables, then ``overrides`` (non-None) on top."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)}
+        for name, names in ENV.items():
+            for var in names:
+                raw = env.get(var)
+                if raw:
+                    values[name] = _convert(name, raw, str(types[name]))
+                    break
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _convert(name: str, raw: str, type_name: str) -> Any:
+    try:
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    return raw

@@ -1,0 +1,205 @@
+"""Trainer orchestration: tables, workers, epochs, monitor, saving, and a clean stop.
+
+``aps.Trainer(model, strategy, cluster).train(files, epochs)`` is the whole program behind
+``aps-trainer``; it can equally run inside an existing asyncio application (:meth:`atrain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..client import PSClient
+from ..cluster import ClusterSpec
+from ..errors import ConfigError
+from ..specs import SGD
+from .communicator import Communicator
+from .files import assign_to_workers, expand_inputs, split_files
+from .ipc import Record
+from .model import Model
+from .monitor import Monitor, terminal
+from .pool import WorkerPool
+from .shared import Attached, SharedArrays
+from .strategy import Strategy
+from .worker import WorkerSpec
+
+log = structlog.get_logger("aps.trainer")
+
+
+@dataclass
+class TrainOptions:
+    """Settings of a training run that are not about the network."""
+
+    save_dir: str | None = "model"
+    print_period: float = 10.0
+    metrics_path: str | None = None
+    chunk_bytes: int = 1 << 20
+    queue_chunks: int = 4
+    pipe_command: str | None = None
+    skip_bad_lines: bool = False
+    seed: int = 0
+    token: str | None = None
+    live_line: bool = True
+
+
+@dataclass
+class TrainResult:
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.epochs[-1]["loss"] if self.epochs else None
+
+
+class Trainer:
+    """One trainer of a cluster: ``trainer_id`` of ``cluster.num_trainers``."""
+
+    def __init__(
+        self,
+        model: Model,
+        strategy: Strategy,
+        cluster: ClusterSpec,
+        trainer_id: int = 0,
+        options: TrainOptions | None = None,
+    ) -> None:
+        if not cluster.pservers:
+            raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
+        if not 0 <= trainer_id < cluster.num_trainers:
+            raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
+        self.model = model
+        self.strategy = strategy.resolved()
+        self.cluster = cluster
+        self.trainer_id = trainer_id
+        self.options = options or TrainOptions()
+        if self.strategy.mode == "geo":
+            for spec in model.tables():
+                if not isinstance(spec.optimizer, SGD):
+                    raise ConfigError(
+                        f"geo mode trains locally with SGD, but table {spec.name!r} declares "
+                        f"{type(spec.optimizer).__name__}; use SGD or another mode"
+                    )
+
+    def train(self, files: list[str], epochs: int = 1) -> TrainResult:
+        """Blocking wrapper around :meth:`atrain` (runs its own event loop)."""
+        return asyncio.run(self.atrain(files, epochs))
+
+    async def atrain(self, files: list[str], epochs: int = 1) -> TrainResult:
+        if epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {epochs}")
+        mine = split_files(expand_inputs(files), self.trainer_id, self.cluster.num_trainers)
+        assert self.strategy.workers is not None
+        per_worker = assign_to_workers(mine, self.strategy.workers)
+        if len(mine) < self.strategy.workers:
+            log.warning(
+                "fewer files than workers: some workers will idle", files=len(mine), workers=self.strategy.workers
+            )
+        if not mine:
+            log.warning("this trainer got no files", trainer=self.trainer_id)
+        log.info(
+            "trainer starting",
+            trainer=self.trainer_id,
+            trainers=self.cluster.num_trainers,
+            pservers=",".join(self.cluster.pservers),
+            mode=self.strategy.mode,
+            workers=self.strategy.workers,
+            files=len(mine),
+            **self.model.describe(),
+        )
+        result = TrainResult(files=mine)
+        shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=self.strategy.mode != "geo")
+        pool: WorkerPool | None = None
+        ps = PSClient(
+            self.cluster.pservers,
+            token=self.options.token,
+            timeout=self.strategy.rpc_timeout,
+            retries=self.strategy.rpc_retry_times,
+            trainer_id=self.trainer_id,
+        )
+        try:
+            await ps.open()
+            for spec in self.model.tables():
+                await ps.create_table(spec)
+            attached = Attached(shared.layout)
+            specs = [
+                WorkerSpec(
+                    worker_id=w,
+                    trainer_id=self.trainer_id,
+                    num_trainers=self.cluster.num_trainers,
+                    num_workers=self.strategy.workers,
+                    mode=self.strategy.mode,
+                    files=per_worker[w],
+                    layout=shared.layout,
+                    model=self.model,
+                    chunk_bytes=self.options.chunk_bytes,
+                    queue_chunks=self.options.queue_chunks,
+                    pipe_command=self.options.pipe_command,
+                    skip_bad_lines=self.options.skip_bad_lines,
+                    seed=self.options.seed,
+                )
+                for w in range(self.strategy.workers)
+            ]
+            comm: Communicator | None = None
+
+            async def on_record(w: int, rec: Record) -> None:
+                assert comm is not None
+                await comm.handle(w, rec)
+
+            pool = WorkerPool(specs, on_record)
+            comm = Communicator(
+                ps, self.model, self.strategy, attached, pool.send, self.trainer_id, self.cluster.num_trainers
+            )
+            await comm.start()
+            started = time.monotonic()
+            await pool.start()
+            log.info("workers ready", workers=len(pool), seconds=round(time.monotonic() - started, 2))
+            monitor = Monitor(
+                attached.stats,
+                self.options.print_period,
+                self.trainer_id,
+                Path(self.options.metrics_path) if self.options.metrics_path else None,
+                terminal() if self.options.live_line else None,
+            )
+            for epoch in range(epochs):
+                result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))
+            await pool.stop()
+            await comm.stop()
+            await ps.worker_done()
+            log.info("trainer finished", trainer=self.trainer_id, epochs=epochs, final_loss=result.final_loss)
+            return result
+        finally:
+            if pool is not None:
+                pool.kill()
+            await ps.aclose()
+            shared.close()
+
+    async def _epoch(self, epoch: int, pool: WorkerPool, comm: Communicator, ps: PSClient, monitor: Monitor) -> dict[str, Any]:
+        monitor.start_epoch()
+        comm.begin_epoch(epoch, set(range(len(pool))))
+        run = asyncio.ensure_future(pool.run_epoch(epoch))
+        try:
+            while not run.done():
+                await asyncio.wait({run}, timeout=self.options.print_period)
+                comm.check()
+                if not run.done():
+                    monitor.report(epoch)
+            run.result()
+        finally:
+            run.cancel()
+        await comm.end_epoch()
+        comm.check()
+        await ps.barrier(f"aps.epoch.{epoch}", timeout=self.strategy.rpc_timeout)
+        if self.strategy.mode == "geo":
+            await comm.geo_sync()  # take in what the other trainers sent before the barrier
+        extra: dict[str, Any] = {"mode": self.strategy.mode}
+        if self.options.save_dir and self.trainer_id == 0:
+            path = os.path.abspath(os.path.join(self.options.save_dir, f"epoch_{epoch}"))
+            await ps.save(path)
+            extra["saved"] = path
+        return monitor.end_epoch(epoch, extra)
