@@ -92,6 +92,17 @@ class Model(ABC):
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""
 
+    def local_sgd(
+        self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]
+    ) -> float | None:
+        """Optional fused geo step: apply ``param -= lr * grad`` for the batch in place and set
+        ``dirty[table][id] = 1`` for every row written (after writing it); return the summed loss.
+
+        Must compute exactly what :meth:`compute` followed by the SGD update computes; it only
+        saves the gradient buffers. Models that do not override it get that two-step path.
+        """
+        return None
+
     def max_batch_ids(self, table: str) -> int:
         """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers."""
         spec = self.table(table)

@@ -75,6 +75,7 @@ class Worker:
             self.local_sparse = {t.name: np.zeros((0, t.dim), np.float32) for t in self.model.sparse_tables()}
             self.local_dense = {t.name: np.zeros(t.shape, np.float32) for t in self.model.dense_tables()}
         self.step = 0
+        self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
 
     # ----------------------------------------------------------------- main loop
 
@@ -153,6 +154,12 @@ class Worker:
         return opt.lr * opt.decay.factor(trainer_steps * self.spec.num_trainers)
 
     def _train_geo(self, batch: Batch) -> float:
+        if self.fused_sgd:
+            lrs = {t.name: self._lr(t.name) for t in self.model.tables()}
+            loss = self.model.local_sgd(batch, self.params, lrs, self.shared.dirty)
+            if loss is None:
+                raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
+            return float(loss)
         grads = self._grads_geo(batch)
         loss = self.model.compute(batch, self.params, grads)
         for name, ids in batch.sparse_ids.items():

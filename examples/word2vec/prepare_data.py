@@ -1,0 +1,291 @@
+"""Prepare word2vec training data: text → dictionary → subsampled id files → analogy set.
+
+The steps of the reference's ``preprocess.py`` (``--build_dict``, ``--filter_corpus`` with
+``--downsample``, ``--data_resplit``) in one command, plus getting a corpus and the analogy test
+set. Every step is skipped when its outputs exist and were made with the same settings, so a
+rerun is instant; ``--force`` redoes everything. Layout of ``OUT`` (default ``data/word2vec``)::
+
+    text/                 the corpus as plain text (debian: <source>.txt, SOURCES.md, copyright/)
+    dict.txt              "word count", one line per id; line 1 is <UNK> (id 0), then by count
+    word_to_id.txt        "word id"
+    train/part-00000 ...  one sentence of space-separated ids per line, balanced by tokens
+    questions-words.txt   the analogy test set (19,544 questions in 14 sections)
+    meta.json             sizes, token counts, per-file counts, settings, timings
+    cache/                downloaded .deb files or tarball
+
+From Python: ``prepare("data/word2vec", source="debian")`` returns the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:  # imported from elsewhere: debian_text sits next to this file
+    sys.path.insert(0, str(_HERE))
+
+import debian_text  # noqa: E402  (after the path fix above)
+
+from aps.errors import ConfigError, DataError  # noqa: E402  (debian_text made aps importable)
+from aps.models.word2vec import preprocess as pp  # noqa: E402
+
+ANALOGY_MEMBER = "gensim/test/test_data/questions-words.txt"
+ONE_BILLION_DIR = "training-monolingual.tokenized.shuffled/"
+ONE_BILLION_URL = ("http://www.statmt.org/lm-benchmark/"
+                   "1-billion-word-language-modeling-benchmark-r13output.tar.gz")
+
+
+class PrepareError(RuntimeError):
+    """A corpus or the analogy set could not be obtained; the message says what to do instead."""
+
+
+def download(url: str, cache_dir: Path, log: Callable[[str], None]) -> Path:
+    """Fetch ``url`` into ``cache_dir`` (kept for reruns), via a ``.part`` file so a cut transfer is never used."""
+    target = cache_dir / (Path(urllib.parse.urlparse(url).path).name or "download")
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response, open(part, "wb") as f:
+            size, done, shown = int(response.headers.get("Content-Length") or 0), 0, -1
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+                done += len(chunk)
+                if size and (pct := 100 * done // size) // 5 != shown:
+                    shown = pct // 5
+                    log(f"  {target.name}: {pct}% of {size / 1e6:,.0f} MB")
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        part.unlink(missing_ok=True)
+        raise PrepareError(f"cannot download {url} ({exc}); fetch it another way and pass --source PATH") from exc
+    part.replace(target)
+    return target
+
+
+def extract_one_billion(tarball: Path, text_dir: Path, log: Callable[[str], None]) -> list[Path]:
+    """Copy the training files (``training-monolingual.tokenized.shuffled/*``) out of the tarball.
+
+    Streams the archive once (``.tar`` or ``.tar.gz``); a hidden ``.complete`` marker says the
+    extraction finished, so an interrupted one is redone rather than trusted.
+    """
+    marker = text_dir / ".complete"
+    if not marker.exists():
+        text_dir.mkdir(parents=True, exist_ok=True)
+        count = 0
+        with tarfile.open(tarball, "r|*") as tar:
+            for member in tar:
+                if member.isfile() and ONE_BILLION_DIR in member.name:
+                    src = tar.extractfile(member)
+                    with src, open(text_dir / Path(member.name).name, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                    count += 1
+                    if count % 10 == 0:
+                        log(f"  extracted {count} files")
+        if count == 0:
+            raise PrepareError(f"{tarball} has no {ONE_BILLION_DIR} files: is it the 1B-word benchmark?")
+        marker.touch()
+    return pp.list_text_files(text_dir)
+
+
+def corpus_files(source: str, out: Path, force: bool, debian_sources: list[str] | None,
+                 log: Callable[[str], None]) -> tuple[list[Path], dict[str, Any]]:
+    """The text files to train on, and a description of where they came from for meta.json."""
+    if source == "debian":
+        text_dir = out / "text"
+        if force and text_dir.exists():
+            shutil.rmtree(text_dir)
+        log(f"text: Debian packages → {text_dir}")
+        results = debian_text.fetch_debian_text(text_dir, out / "cache" / "debian", debian_sources, force, log)
+        return [text_dir / r.file for r in results], {
+            "kind": "debian", "sources": [asdict(r) for r in results], "notes": str(text_dir / "SOURCES.md")}
+    if source.startswith(("http://", "https://")):
+        log(f"text: downloading {source}")
+        tarball = download(source, out / "cache", log)
+        return extract_one_billion(tarball, out / "text", log), {"kind": "1b-words", "url": source}
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = pp.list_text_files(path)
+        if not files:
+            raise PrepareError(f"{path} holds no text files")
+        log(f"text: {len(files)} files under {path}")
+        return files, {"kind": "directory", "path": str(path.resolve())}
+    if path.is_file() and path.name.endswith((".tar", ".tar.gz", ".tgz")):
+        log(f"text: extracting {path}")
+        if force and (out / "text").exists():
+            shutil.rmtree(out / "text")
+        return extract_one_billion(path, out / "text", log), {"kind": "1b-words", "path": str(path.resolve())}
+    raise PrepareError(f"--source {source!r} is neither 'debian', a directory, a .tar(.gz) file nor a URL")
+
+
+def find_analogy(target: Path, analogy: str | None, log: Callable[[str], None]) -> None:
+    """Copy questions-words.txt: from ``analogy``, the installed gensim, or gensim's wheel on PyPI.
+
+    gensim ships the set as test data; ``pip download`` of its wheel (no dependencies, nothing
+    installed) is the fallback when gensim is not importable here.
+    """
+    if analogy:
+        shutil.copyfile(analogy, target)
+        return
+    spec = importlib.util.find_spec("gensim")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "test" / "test_data" / "questions-words.txt"
+        if candidate.is_file():
+            shutil.copyfile(candidate, target)
+            return
+    log("analogy: gensim not installed, taking questions-words.txt from its wheel (pip download)")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "gensim", "--no-deps",
+                                 "--only-binary=:all:", "-q", "-d", tmp], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("gensim-*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise PrepareError(f"cannot get gensim's wheel ({result.stderr.strip()[-300:]}); pass --analogy PATH")
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            target.write_bytes(wheel.read(ANALOGY_MEMBER))
+
+
+def analogy_coverage(path: Path, dictionary: pp.Dictionary) -> dict[str, int]:
+    """How many analogy questions have all four (lower-cased) words in the vocabulary."""
+    questions = covered = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        words = line.lower().split()
+        if len(words) == 4 and not line.startswith(":"):
+            questions += 1
+            covered += all(w in dictionary for w in words)
+    return {"questions": questions, "in_vocab": covered}
+
+
+def prepare(out_dir: str | Path = "data/word2vec", source: str = "debian", *, min_count: int = 5,
+            sample: float = 1e-3, num_files: int = 16, seed: int = 0, shuffle: bool = True,
+            analogy: str | None = None, debian_sources: list[str] | None = None, force: bool = False,
+            log: Callable[[str], None] = print) -> Path:
+    """Run every step into ``out_dir`` and return it; see the module docstring for the layout."""
+    if num_files < 1 or min_count < 1 or sample < 0:
+        raise ConfigError("need num_files >= 1, min_count >= 1 and sample >= 0")
+    started = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "meta.json"
+    old = {} if force or not meta_path.exists() else json.loads(meta_path.read_text())
+    meta: dict[str, Any] = {"format": 1, "seconds": {}}
+
+    def step_done(name: str, t0: float) -> None:
+        meta["seconds"][name] = round(time.perf_counter() - t0, 2)
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+
+    t0 = time.perf_counter()
+    files, meta["source"] = corpus_files(source, out, force, debian_sources, log)
+    meta["text_files"] = [{"name": f.name, "bytes": f.stat().st_size} for f in files]
+    step_done("text", t0)
+
+    t0 = time.perf_counter()
+    dict_params = {"source": meta["source"].get("path", meta["source"].get("url", "debian")),
+                   "text_files": meta["text_files"], "min_count": min_count}
+    dict_files = (out / "dict.txt", out / "word_to_id.txt")
+    rebuilt = not (all(p.exists() for p in dict_files) and old.get("dict_params") == dict_params)
+    if rebuilt:
+        log(f"dict: counting words (min_count={min_count})")
+        dictionary = pp.build_dictionary(files, min_count)
+        dictionary.save(*dict_files)
+    else:
+        dictionary = pp.Dictionary.load(dict_files[0])
+        dictionary.min_count = min_count
+    meta.update(dict_params=dict_params, vocab_size=len(dictionary), min_count=min_count,
+                unk_count=int(dictionary.counts[pp.UNK_ID]), total_tokens=dictionary.total)
+    log(f"dict: {len(dictionary):,} ids (<UNK> = id 0 holds {meta['unk_count']:,} tokens), "
+        f"{dictionary.total:,} tokens{'' if rebuilt else ' (cached)'}")
+    step_done("dict", t0)
+
+    t0 = time.perf_counter()
+    train_params = {"sample": sample, "seed": seed, "num_files": num_files, "shuffle": shuffle,
+                    "max_sentence_len": pp.MAX_SENTENCE_LEN}
+    train_dir = out / "train"
+    if rebuilt or old.get("train_params") != train_params or not train_dir.is_dir():
+        ids_tmp, train_tmp = out / ".ids.tmp", out / ".train.tmp"
+        for d in (ids_tmp, train_tmp):
+            shutil.rmtree(d, ignore_errors=True)
+        log(f"ids: subsampling with sample={sample}, seed={seed}")
+        stats = pp.convert_corpus(files, ids_tmp, dictionary, sample=sample, seed=seed, progress=lambda f, s: log(
+            f"  {f.name:<28} {s.tokens_in:>12,} → {s.tokens_out:>11,} tokens in {s.lines_out:,} lines"))
+        split = pp.resplit(ids_tmp, train_tmp, num_files, balance="tokens", shuffle=shuffle, seed=seed)
+        shutil.rmtree(train_dir, ignore_errors=True)
+        train_tmp.replace(train_dir)
+        shutil.rmtree(ids_tmp)
+        meta.update(tokens_after_downsampling=stats.tokens_out, lines_in=stats.lines_in, lines=stats.lines_out,
+                    files=[{"name": f.path.name, "lines": f.lines, "tokens": f.tokens, "bytes": f.bytes} for f in split])
+    else:
+        meta.update({k: old[k] for k in ("tokens_after_downsampling", "lines_in", "lines", "files")})
+    meta["train_params"] = train_params
+    sizes = [f["tokens"] for f in meta["files"]]
+    log(f"train: {meta['tokens_after_downsampling']:,} tokens in {meta['lines']:,} lines → {num_files} files "
+        f"of {min(sizes):,}..{max(sizes):,} tokens in {train_dir}")
+    step_done("train", t0)
+
+    t0 = time.perf_counter()
+    questions = out / "questions-words.txt"
+    if force or not questions.exists() or analogy:
+        find_analogy(questions, analogy, log)
+    meta["analogy"] = {"file": questions.name, **analogy_coverage(questions, dictionary)}
+    log(f"analogy: {meta['analogy']['in_vocab']:,} of {meta['analogy']['questions']:,} questions "
+        "have all four words in the vocabulary")
+    step_done("analogy", t0)
+    meta["seconds"]["total"] = round(time.perf_counter() - started, 2)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Prepare word2vec data like PaddlePaddle's example: build the dictionary, convert\n"
+                    "text to ids with word2vec subsampling, resplit into balanced files, fetch the analogy\n"
+                    "test set. Steps whose outputs exist with the same settings are skipped.",
+        epilog="examples:  %(prog)s                      # Debian text into data/word2vec, 16 files\n"
+               "           %(prog)s --source ~/corpus    # any directory of text files\n"
+               "           %(prog)s --source 1b.tar.gz --num-files 1024 --out data/1b",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", default="debian",
+                        help="'debian' (free English text from Debian packages; the default), a directory of "
+                             "text files, or a path or URL of the 1B-word benchmark tarball (" + ONE_BILLION_URL + ")")
+    parser.add_argument("--out", default="data/word2vec", help="output directory (default: %(default)s)")
+    parser.add_argument("--min-count", type=int, default=5, help="rarer words become <UNK>, id 0 (default: %(default)s)")
+    parser.add_argument("--sample", type=float, default=1e-3,
+                        help="subsampling threshold, 0 keeps every token (default: %(default)s)")
+    parser.add_argument("--num-files", type=int, default=16,
+                        help="training files; use a multiple of trainers x workers (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of subsampling and shuffling (default: %(default)s)")
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                        help="keep corpus order: files become contiguous runs of lines (default: shuffle)")
+    parser.add_argument("--analogy", metavar="PATH", help="questions-words.txt to use instead of gensim's copy")
+    parser.add_argument("--debian-sources", metavar="NAMES", help="comma-separated subset of: "
+                        + ", ".join(s.name for s in debian_text.SOURCES) + " (default: all but kjv_bible)")
+    parser.add_argument("--force", action="store_true", help="redo every step, re-extracting the text")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        out = prepare(args.out, args.source, min_count=args.min_count, sample=args.sample,
+                      num_files=args.num_files, seed=args.seed, shuffle=args.shuffle, analogy=args.analogy,
+                      debian_sources=args.debian_sources.split(",") if args.debian_sources else None,
+                      force=args.force)
+    except (PrepareError, debian_text.FetchError, ConfigError, DataError) as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and "cache" not in p.relative_to(out).parts)
+    print(f"done in {time.perf_counter() - started:.1f}s: {out} holds {size / 1e6:,.1f} MB (cache not counted)")
+
+
+if __name__ == "__main__":
+    main()
