@@ -1,0 +1,29 @@
+"""Models that misbehave on purpose, for fault tests of the trainer runtime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+from aps.trainer import Batch, Chunk, WorkerContext
+from tests.trainer.linreg_model import LinReg
+
+
+class SlowLinReg(LinReg):
+    """Sleeps in every batch so a test can signal the trainer mid-epoch."""
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        for batch in super().batches(chunk, ctx):
+            time.sleep(0.2)
+            yield batch
+
+
+class CrashingLinReg(LinReg):
+    """Worker 0 of trainer 0 kills itself with SIGKILL on its first batch."""
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        if ctx.worker_id == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield from super().batches(chunk, ctx)
