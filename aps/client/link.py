@@ -86,9 +86,9 @@ class Link:
             await self._writable.wait()
             if self.closed:
                 raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
+        parts = wire.encode(msg, request_id, flags, self.max_frame)  # may raise LocalProtocolError: register after
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self.waiters[request_id] = future
-        parts = wire.encode(msg, request_id, flags, self.max_frame)
         try:
             if len(parts) == 1:
                 self.transport.write(parts[0])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from .. import wire
-from ..errors import RETRIABLE_CODES, ErrorCode, RemoteProtocolError, ServerError
+from ..errors import RETRIABLE_CODES, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
 
 if TYPE_CHECKING:
@@ -196,7 +196,13 @@ class ServerConnection(asyncio.Protocol):
     def _send(self, msg: wire.Message, request_id: int) -> int:
         if self.closed or self.transport is None:
             return 0
-        parts = wire.encode(msg, request_id, max_frame=self.config.max_frame)
+        try:
+            parts = wire.encode(msg, request_id, max_frame=self.config.max_frame)
+        except LocalProtocolError as exc:  # e.g. a pull whose reply does not fit in a frame
+            if isinstance(msg, wire.Error):
+                raise
+            error = wire.Error(code=int(ErrorCode.TOO_LARGE), retriable=0, message=f"reply not sent: {exc}")
+            parts = wire.encode(error, request_id, max_frame=self.config.max_frame)
         if len(parts) == 1:
             self.transport.write(parts[0])
             return len(parts[0])

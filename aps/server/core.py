@@ -20,6 +20,7 @@ import structlog
 from .. import wire
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..wire.messages import message_op
 from .checkpoint import load_shards, save_shard
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
@@ -81,7 +82,7 @@ class ServerCore:
         """Run one request; raise ServerError for a refusal."""
         handler = self._handlers.get(type(msg))
         if handler is None:
-            raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {int(msg.OP)} is not served after the handshake")
+            raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {message_op(msg)} is not served after the handshake")
         return handler(self, client_id, msg, flags)
 
     def fail_waiters(self, error: BaseException) -> None:
