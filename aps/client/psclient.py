@@ -72,7 +72,11 @@ class PSClient:
 
     async def open(self) -> PSClient:
         """Connect to every pserver (concurrently) and check they agree on the cluster layout."""
-        links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]))
+        try:
+            links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]))
+        except BaseException:
+            await self.aclose()  # no half-open client: close the links that did open
+            raise
         for k, link in enumerate(links):
             if link.num_servers != self.num_servers or link.server_index != k:
                 await self.aclose()

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("aps.server")
 
+_HANDSHAKE_MAX_FRAME = 4096
+
 
 class ServerConnection(asyncio.Protocol):
     """asyncio protocol for one accepted connection."""
@@ -30,7 +32,9 @@ class ServerConnection(asyncio.Protocol):
         self.server = server
         self.core = server.core
         self.config = server.config
-        self.decoder = wire.FrameDecoder(self.config.max_frame)
+        # until the handshake is done only small frames are accepted, so an unauthenticated
+        # peer cannot make us allocate a max-size body
+        self.decoder = wire.FrameDecoder(min(self.config.max_frame, _HANDSHAKE_MAX_FRAME))
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.client_id: int | None = None
@@ -158,6 +162,8 @@ class ServerConnection(asyncio.Protocol):
                 self._send_error(request_id, ServerError(ErrorCode.BAD_REQUEST, "duplicate hello"))
                 return False
             self.client_id = msg.client_id
+            if self.config.token is None:
+                self.decoder.max_frame = self.config.max_frame
             self._send(
                 wire.HelloReply(
                     server_index=self.config.server_index,
@@ -181,6 +187,7 @@ class ServerConnection(asyncio.Protocol):
                 self._refuse(request_id, ServerError(ErrorCode.AUTH_FAILED, "bad token"))
                 return False
             self.authenticated = True
+            self.decoder.max_frame = self.config.max_frame
             self._send(wire.Ok(op=wire.Op.AUTH), request_id)
             return True
         if not self.authenticated:

@@ -17,6 +17,7 @@ from ..errors import ConfigError, ErrorCode, ServerError
 from .config import ServerConfig
 from .connection import ServerConnection
 from .core import ServerCore
+from .warmup import warm_up_kernels
 
 log = structlog.get_logger("aps.server")
 
@@ -44,6 +45,7 @@ class PServer:
     async def start(self) -> PServer:
         loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
+        warm_up_kernels()
         try:
             self._server = await loop.create_server(
                 lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True
