@@ -305,7 +305,10 @@ class Communicator:
             scale = 1.0 / self.num_trainers
             for t in self.sparse_tables:
                 dirty = self.shared.dirty[t.name]
-                ids = np.flatnonzero(dirty).astype(np.int64)
+                # workers keep setting flags meanwhile: scan a snapshot. A row written after the
+                # snapshot keeps (or gets again) its flag, because workers write rows first and
+                # set flags after, and deltas are read only after the clear below.
+                ids = np.flatnonzero(dirty.copy()).astype(np.int64)
                 dirty[ids] = 0
                 if len(ids):
                     delta = np.empty((len(ids), t.dim), dtype=np.float32)
