@@ -1,0 +1,12 @@
+"""Trainer runtime: data input, compute workers, the communicator's modes, orchestration."""
+
+from .datagen import DataGenerator
+from .model import Batch, Grads, Model, Params, WorkerContext
+from .reader import Chunk
+from .strategy import Strategy
+from .trainer import Trainer, TrainOptions, TrainResult
+
+__all__ = [
+    "Batch", "Chunk", "DataGenerator", "Grads", "Model", "Params", "Strategy", "Trainer", "TrainOptions",
+    "TrainResult", "WorkerContext",
+]
