@@ -18,7 +18,7 @@ test: venv
 	$(PY) -m pytest -q tests
 
 demo: venv
-	$(PY) examples/demo.py
+	$(PY) examples/word2vec/demo.py
 
 bench: venv
 	$(PY) bench/ps_throughput.py

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import ApsError, ConfigError, ConnectionLost, RequestTimeout, ServerError
-from ..sharding import DenseBlock, dense_blocks, split_ids
+from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from .link import Link
 
@@ -146,7 +146,9 @@ class PSClient:
         request_id = self._request_id()
         for attempt in range(self.retries + 1):
             try:
-                link = await self._link(k)
+                link = self._links[k]
+                if link is None or link.closed:
+                    link = await self._link(k)
                 return await link.request(msg, request_id, flags)
             except ConnectionLost:
                 if attempt == self.retries:
@@ -210,13 +212,17 @@ class PSClient:
         return spec
 
     async def _sparse_spec(self, name: str) -> SparseTable:
-        spec = await self.table_spec(name)
+        spec = self._specs.get(name)
+        if spec is None:
+            spec = await self.table_spec(name)
         if not isinstance(spec, SparseTable):
             raise ConfigError(f"table {name!r} is dense; use the dense calls")
         return spec
 
     async def _dense_spec(self, name: str) -> DenseTable:
-        spec = await self.table_spec(name)
+        spec = self._specs.get(name)
+        if spec is None:
+            spec = await self.table_spec(name)
         if not isinstance(spec, DenseTable):
             raise ConfigError(f"table {name!r} is sparse; use the sparse calls")
         return spec
@@ -227,10 +233,10 @@ class PSClient:
         arr = np.asarray(ids)
         if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
             raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
-        arr = arr.astype(np.int64, copy=False)
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= spec.rows):
-            bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-            raise ConfigError(f"table {spec.name!r}: id {bad} not in [0, {spec.rows})")
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        bad = first_bad_id(arr, spec.rows)
+        if bad >= 0:
+            raise ConfigError(f"table {spec.name!r}: id {int(arr[bad])} not in [0, {spec.rows})")
         return arr
 
     def _rows(self, spec: SparseTable, ids: np.ndarray, values: Any) -> np.ndarray:

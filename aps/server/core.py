@@ -19,6 +19,7 @@ import structlog
 
 from .. import wire
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
+from ..sharding import first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
 from .checkpoint import load_shards, save_shard
@@ -142,15 +143,14 @@ class ServerCore:
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         n, k = self.config.num_servers, self.config.server_index
-        if len(ids):
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= shard.spec.rows:
-                bad = lo if lo < 0 else hi
+        bad = first_bad_id(ids, shard.spec.rows, n, k)
+        if bad >= 0:
+            r = int(ids[bad])
+            if not 0 <= r < shard.spec.rows:
                 raise ServerError(
-                    ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {bad} not in [0, {shard.spec.rows})"
+                    ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {r} not in [0, {shard.spec.rows})"
                 )
-            if n > 1 and np.any(ids % n != k):
-                raise ServerError(ErrorCode.BAD_REQUEST, f"ids sent to server {k} of {n} that it does not own")
+            raise ServerError(ErrorCode.BAD_REQUEST, f"id {r} sent to server {k} of {n}, which does not own it")
         return ids // n if n > 1 else ids
 
     def _check_rows(self, shard: SparseShard, ids: np.ndarray, values: np.ndarray) -> None:
