@@ -494,7 +494,7 @@ class Launcher:
             if timer is not None:
                 timer.cancel()
             await self._stop_all(INTERRUPT_GRACE if self.stop_code in (130, 143, 129) else STOP_GRACE)
-            self._sweep_groups()
+            await self._sweep_groups()
         self._report(code)
         return code
 
@@ -625,8 +625,14 @@ class Launcher:
         if self.watchers:
             await asyncio.gather(*self.watchers)
 
-    def _sweep_groups(self) -> None:
-        """Kill anything a role forked and left behind after the role itself exited."""
+    async def _sweep_groups(self, grace: float = 3.0) -> None:
+        """Kill anything a role forked and left behind after the role itself exited.
+
+        Helpers of a role (e.g. multiprocessing's resource tracker) exit a moment after the role
+        does, so they get ``grace`` seconds before they count as left behind."""
+        deadline = time.monotonic() + grace
+        while any(group_alive(r) for r in self.roles) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         for role in self.roles:
             if group_alive(role):
                 signal_group(role, signal.SIGKILL)

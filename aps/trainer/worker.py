@@ -76,6 +76,8 @@ class Worker:
             self.local_dense = {t.name: np.zeros(t.shape, np.float32) for t in self.model.dense_tables()}
         self.step = 0
         self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
+        self._lrs: dict[str, float] | None = None
+        self._lrs_step = 0
 
     # ----------------------------------------------------------------- main loop
 
@@ -103,13 +105,12 @@ class Worker:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                started = time.perf_counter()
                 for batch in self.model.batches(item, self.ctx):
                     self._train(batch)
-                    await asyncio.sleep(0)  # let the reader refill the queue between batches
+                    if self.step % 16 == 0:
+                        await asyncio.sleep(0)  # let the reader refill the queue now and then
                 self.stats[STAT["bad_lines"]] = self.ctx.bad_lines
                 self.stats[STAT["heartbeat"]] = time.time()
-                del started
             await producer
         finally:
             producer.cancel()
@@ -143,19 +144,27 @@ class Worker:
             grads.dense[name] = buf
         return grads
 
-    def _lr(self, name: str) -> float:
-        spec = self.model.table(name)
-        opt = spec.optimizer
-        assert isinstance(opt, SGD)
-        if opt.decay is None:
-            return opt.lr
-        trainer_steps = int(self.shared.stats[:, STAT["steps"]].sum())
-        # geo: every trainer decays on its own steps, so decay_steps are divided by trainer_num
-        return opt.lr * opt.decay.factor(trainer_steps * self.spec.num_trainers)
+    def _geo_lrs(self) -> dict[str, float]:
+        """Local SGD learning rate of every table for this step.
+
+        Decay counts this trainer's steps (all its workers), times trainer_num: each trainer
+        only sees its own steps, so geo divides decay_steps by trainer_num. The shared step
+        count is re-read every 32 steps; between reads the schedule cannot move by more than
+        that many steps, far below any sensible decay_steps."""
+        if self._lrs is None or self.step - self._lrs_step >= 32:
+            trainer_steps = int(self.shared.stats[:, STAT["steps"]].sum())
+            lrs = {}
+            for spec in self.model.tables():
+                opt = spec.optimizer
+                assert isinstance(opt, SGD)
+                factor = 1.0 if opt.decay is None else opt.decay.factor(trainer_steps * self.spec.num_trainers)
+                lrs[spec.name] = opt.lr * factor
+            self._lrs, self._lrs_step = lrs, self.step
+        return self._lrs
 
     def _train_geo(self, batch: Batch) -> float:
+        lrs = self._geo_lrs()
         if self.fused_sgd:
-            lrs = {t.name: self._lr(t.name) for t in self.model.tables()}
             loss = self.model.local_sgd(batch, self.params, lrs, self.shared.dirty)
             if loss is None:
                 raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
@@ -163,9 +172,9 @@ class Worker:
         grads = self._grads_geo(batch)
         loss = self.model.compute(batch, self.params, grads)
         for name, ids in batch.sparse_ids.items():
-            sgd_rows(self.params.sparse[name], ids, grads.sparse[name], self._lr(name), self.shared.dirty[name])
+            sgd_rows(self.params.sparse[name], ids, grads.sparse[name], lrs[name], self.shared.dirty[name])
         for name, g in grads.dense.items():
-            self.params.dense[name] -= self._lr(name) * g
+            self.params.dense[name] -= lrs[name] * g
         return float(loss)
 
     def _train_remote(self, batch: Batch) -> float:

@@ -1,0 +1,401 @@
+"""word2vec model plug-in: kernels against a numpy reference, batching, parsing errors,
+evaluation and export. Small inputs built here; the file runs in seconds (after numba's cache)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aps.errors import ConfigError, DataError
+from aps.models import load_model_class, parse_model_args
+from aps.models.word2vec.evaluate import analogy_accuracy, normalize_rows, read_questions, read_words
+from aps.models.word2vec.export import export_word2vec
+from aps.models.word2vec.model import EMB, EMB_B, EMB_W, Word2Vec, negative_cdf
+from aps.specs import SGD, Constant, ExponentialDecay, Uniform
+from aps.trainer.kernels import sgd_rows
+from aps.trainer.model import Batch, Grads, Params, WorkerContext
+from aps.trainer.reader import Chunk
+
+VOCAB = 40
+
+
+@pytest.fixture
+def dict_path(tmp_path: Path) -> Path:
+    """<UNK> then words w1..w39 with decreasing, very different counts."""
+    path = tmp_path / "dict.txt"
+    counts = [7] + [int(5000 / k) + 1 for k in range(1, VOCAB)]
+    path.write_text("".join(f"{'<UNK>' if i == 0 else f'w{i}'} {c}\n" for i, c in enumerate(counts)))
+    return path
+
+
+def ctx(seed: int = 0, skip: bool = False) -> WorkerContext:
+    return WorkerContext(trainer_id=0, worker_id=0, num_trainers=1, num_workers=1, rng=np.random.default_rng(seed), skip_bad_lines=skip)
+
+
+def chunk(lines: list[str], first_line: int = 1, name: str = "part-7") -> Chunk:
+    data = "".join(line + "\n" for line in lines).encode()
+    return Chunk(name, first_line, data, len(lines))
+
+
+def random_params(model: Word2Vec, seed: int = 0, scale: float = 0.3) -> Params:
+    rng = np.random.default_rng(seed)
+    v, d = model.vocab_size, model.dim
+    return Params(
+        {
+            EMB: rng.normal(0, scale, (v, d)).astype(np.float32),
+            EMB_W: rng.normal(0, scale, (v, d)).astype(np.float32),
+            EMB_B: rng.normal(0, scale, (v, 1)).astype(np.float32),
+        },
+        {},
+    )
+
+
+def zero_grads(batch: Batch, model: Word2Vec) -> Grads:
+    return Grads({name: np.zeros((len(ids), model.table(name).dim), np.float32) for name, ids in batch.sparse_ids.items()})
+
+
+def reference_loss_grads(params: Params, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
+    """The reference network in float64, pair by pair, no shortcuts: summed loss and the
+    full-table gradients of the batch-mean loss."""
+    e = params.sparse[EMB].astype(np.float64)
+    w = params.sparse[EMB_W].astype(np.float64)
+    b = params.sparse[EMB_B].astype(np.float64)
+    g = {EMB: np.zeros_like(e), EMB_W: np.zeros_like(w), EMB_B: np.zeros_like(b)}
+    d = batch.data
+    n = len(d.centre)
+    loss = 0.0
+    for c, t in zip(d.centre.tolist(), d.context.tolist()):
+        h = e[c]
+        for target, label in [(t, 1.0)] + [(k, 0.0) for k in d.negatives.tolist()]:
+            s = h @ w[target] + b[target, 0]
+            loss += np.logaddexp(0.0, -s) if label else np.logaddexp(0.0, s)
+            ds = (0.5 * (1.0 + np.tanh(s / 2)) - label) / n  # sigmoid without overflow
+            g[EMB_W][target] += ds * h
+            g[EMB_B][target, 0] += ds
+            g[EMB][c] += ds * w[target]
+    return loss, g
+
+
+def first_batch(model: Word2Vec, lines: list[str], seed: int = 0) -> Batch:
+    return next(iter(model.batches(chunk(lines), ctx(seed))))
+
+
+# ---------------------------------------------------------------- kernels
+
+
+LINES = ["3 3 3 5 1 0 7", "9 2 4 4 11 12 3 8 20 21 22", "5", "", "30 31 32 33 34 35 36 37 38 39 1 2"]
+
+
+@pytest.mark.parametrize("scale", [0.3, 30.0], ids=["moderate", "saturated"])
+def test_gradients_match_numpy_reference(dict_path: Path, scale: float) -> None:
+    # "3 3 3": adjacent equal centres share a run; scale 30 pushes logits past |30| (the clipped branch)
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=3, neg_num=4, batch_size=1000)
+    batch = first_batch(model, LINES)
+    params = random_params(model, scale=scale)
+    grads = zero_grads(batch, model)
+    loss = model.compute(batch, params, grads)
+    ref_loss, ref = reference_loss_grads(params, batch)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for name in (EMB, EMB_W, EMB_B):
+        ids = batch.sparse_ids[name]
+        atol = 1e-6 * max(1.0, np.abs(ref[name]).max())
+        np.testing.assert_allclose(grads.sparse[name], ref[name][ids], rtol=2e-4, atol=atol)
+        untouched = np.setdiff1d(np.arange(model.vocab_size), ids)
+        assert not ref[name][untouched].any()  # every row with a gradient is in the batch's ids
+
+
+def test_gradients_match_finite_differences(dict_path: Path) -> None:
+    """d(mean loss)/d(param) by central differences of the float64 reference loss."""
+    model = Word2Vec(dict_path=str(dict_path), dim=6, window=2, neg_num=3, batch_size=1000)
+    batch = first_batch(model, LINES)
+    params = random_params(model, seed=3)
+    grads = zero_grads(batch, model)
+    model.compute(batch, params, grads)
+    n = batch.examples
+    rng = np.random.default_rng(1)
+    checked = 0
+    for name in (EMB, EMB_W, EMB_B):
+        ids = batch.sparse_ids[name]
+        for _ in range(6):
+            i = int(rng.integers(len(ids)))
+            col = int(rng.integers(model.table(name).dim))
+            base = params.sparse[name][ids[i], col]
+            values = []
+            for delta in (1e-3, -1e-3):
+                p64 = Params({k: v.astype(np.float64) for k, v in params.sparse.items()}, {})
+                p64.sparse[name][ids[i], col] = np.float64(base) + delta
+                values.append(reference_loss_grads(p64, batch)[0] / n)
+            numeric = (values[0] - values[1]) / 2e-3
+            assert grads.sparse[name][i, col] == pytest.approx(numeric, rel=1e-3, abs=1e-6)
+            checked += 1
+    assert checked == 18
+
+
+def test_local_sgd_equals_compute_then_sgd(dict_path: Path) -> None:
+    """The fused geo step against the runtime's generic path (compute, then sgd_rows), bit for bit."""
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=4, neg_num=3, batch_size=7)
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 15)) for k in range(20)]
+    fused = random_params(model, seed=5, scale=0.2)
+    plain = Params({k: v.copy() for k, v in fused.sparse.items()}, {})
+    dirty_f = {k: np.zeros(VOCAB, np.uint8) for k in fused.sparse}
+    dirty_p = {k: np.zeros(VOCAB, np.uint8) for k in fused.sparse}
+    lrs = {EMB: 0.5, EMB_W: 0.7, EMB_B: 0.9}
+    batches = list(model.batches(chunk(lines), ctx(2)))
+    assert len(batches) > 10
+    for batch in batches:
+        loss_f = model.local_sgd(batch, fused, lrs, dirty_f)
+        grads = zero_grads(batch, model)
+        loss_p = model.compute(batch, plain, grads)
+        for name, ids in batch.sparse_ids.items():
+            sgd_rows(plain.sparse[name], ids, grads.sparse[name], lrs[name], dirty_p[name])
+        assert loss_f == loss_p
+    for name in fused.sparse:
+        np.testing.assert_array_equal(fused.sparse[name], plain.sparse[name])
+        np.testing.assert_array_equal(dirty_f[name], dirty_p[name])
+    assert dirty_f[EMB].sum() > 10
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_windows_are_uniform_in_1_to_window_and_stay_in_line(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=4, neg_num=2, batch_size=64)
+    # distinct ids inside each line, so a centre's run of pairs is that one token's contexts
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).permutation(np.arange(1, VOCAB))[:25]) for k in range(40)]
+    batches = list(model.batches(chunk(lines), ctx(9)))
+    cen = np.concatenate([b.data.centre for b in batches]).tolist()
+    con = np.concatenate([b.data.context for b in batches]).tolist()
+    pos = 0
+    radii = []
+    for line in lines:
+        toks = [int(x) for x in line.split()]
+        for i, c in enumerate(toks):
+            got = []
+            while pos < len(cen) and cen[pos] == c:
+                got.append(con[pos])
+                pos += 1
+            matches = [r for r in range(1, 5) if got == toks[max(0, i - r) : i] + toks[i + 1 : i + 1 + r]]
+            assert matches, (i, c, got)
+            if 4 <= i < len(toks) - 4:  # away from the edges the radius is determined
+                assert len(matches) == 1
+                radii.append(matches[0])
+    assert pos == len(cen)
+    counts = np.bincount(radii, minlength=5)[1:]
+    assert counts.min() > 0.18 * len(radii), counts  # each of 1..4 about a quarter
+
+
+def test_batches_unique_ids_inverse_and_shared_negatives(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=5, neg_num=5, batch_size=50)
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 30)) for k in range(30)]
+    batches = list(model.batches(chunk(lines), ctx(4)))
+    sizes = [b.examples for b in batches]
+    assert all(s == 50 for s in sizes[:-1]) and 0 < sizes[-1] <= 50
+    for b in batches:
+        d = b.data
+        emb_ids, w_ids = b.sparse_ids[EMB], b.sparse_ids[EMB_W]
+        assert emb_ids.dtype == np.int64 and w_ids.dtype == np.int64
+        assert len(set(emb_ids.tolist())) == len(emb_ids) and len(set(w_ids.tolist())) == len(w_ids)
+        np.testing.assert_array_equal(b.sparse_ids[EMB_B], w_ids)
+        np.testing.assert_array_equal(emb_ids[d.inv_centre], d.centre)
+        np.testing.assert_array_equal(w_ids[d.inv_context], d.context)
+        np.testing.assert_array_equal(w_ids[d.inv_negatives], d.negatives)
+        assert set(emb_ids.tolist()) == set(d.centre.tolist())
+        assert set(w_ids.tolist()) == set(d.context.tolist()) | set(d.negatives.tolist())
+        assert d.negatives.shape == (5,)  # one set of negatives for every pair of the batch
+        for name in (EMB, EMB_W, EMB_B):
+            assert len(b.sparse_ids[name]) <= model.max_batch_ids(name)
+    assert (model.max_batch_ids(EMB), model.max_batch_ids(EMB_W)) == (40, 40)  # the vocabulary bounds both
+    small = Word2Vec(dict_path=str(dict_path), batch_size=20, neg_num=5)
+    assert (small.max_batch_ids(EMB), small.max_batch_ids(EMB_W), small.max_batch_ids(EMB_B)) == (20, 25, 25)
+
+
+def test_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, neg_num=5, batch_size=1)
+    lines = ["1 2"] * 4000  # 8000 one-pair batches, 40000 negatives
+    negs = np.concatenate([b.data.negatives for b in model.batches(chunk(lines), ctx(1))])
+    counts = np.array([int(line.split()[1]) for line in dict_path.read_text().splitlines()], np.float64)
+    expected = counts**0.75 / (counts**0.75).sum()
+    observed = np.bincount(negs, minlength=VOCAB) / len(negs)
+    np.testing.assert_allclose(observed, expected, atol=0.01)
+    np.testing.assert_allclose(negative_cdf(counts)[-1], 1.0)
+
+
+def test_batches_are_reproducible_from_the_worker_seed(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, batch_size=10)
+    lines = ["1 2 3 4 5 6 7 8 9 10 11 12"] * 5
+    a = [b.data.context.tolist() + b.data.negatives.tolist() for b in model.batches(chunk(lines), ctx(3))]
+    b = [b.data.context.tolist() + b.data.negatives.tolist() for b in model.batches(chunk(lines), ctx(3))]
+    c = [b.data.context.tolist() + b.data.negatives.tolist() for b in model.batches(chunk(lines), ctx(4))]
+    assert a == b and a != c
+
+
+# ---------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    "bad,what", [("x3", "not a word id"), ("-1", "not a word id"), ("40", "vocabulary size 40"), ("1" * 25, "vocabulary")]
+)
+def test_bad_token_is_a_data_error_with_file_and_line(dict_path: Path, bad: str, what: str) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4)
+    c = chunk(["1 2 3", "4 5", f"6 {bad} 7", "8 9"], first_line=10, name="data/part-3")
+    with pytest.raises(DataError) as info:
+        list(model.batches(c, ctx()))
+    assert info.value.file == "data/part-3" and info.value.line == 12
+    assert what in str(info.value) and bad[:20] in str(info.value)
+
+
+def test_skip_bad_lines_drops_and_counts_them(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, batch_size=1000)
+    c = ctx(skip=True)
+    lines = ["1 2", "3 oops 4", "5 6", "7 999", "\t8 \t9\r", ""]
+    ids, offsets = model.parse(chunk(lines), c)
+    assert ids.tolist() == [1, 2, 5, 6, 8, 9] and offsets.tolist() == [0, 2, 4, 6]
+    assert c.bad_lines == 2
+    (batch,) = list(model.batches(chunk(lines), c))
+    assert sorted(zip(batch.data.centre.tolist(), batch.data.context.tolist())) == [
+        (1, 2), (2, 1), (5, 6), (6, 5), (8, 9), (9, 8)
+    ]
+    assert c.bad_lines == 4
+
+
+def test_empty_chunk_gives_no_batches(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4)
+    assert list(model.batches(chunk(["", "5", "  "]), ctx())) == []
+
+
+# ---------------------------------------------------------------- settings and tables
+
+
+def test_tables_match_the_reference_network(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=20, lr=1.0)
+    emb, emb_w, emb_b = model.tables()
+    assert (emb.name, emb.rows, emb.dim, emb.init) == (EMB, VOCAB, 20, Uniform(-0.025, 0.025))
+    assert (emb_w.name, emb_w.rows, emb_w.dim, emb_w.init) == (EMB_W, VOCAB, 20, Constant(0.0))
+    assert (emb_b.name, emb_b.rows, emb_b.dim, emb_b.init) == (EMB_B, VOCAB, 1, Constant(0.0))
+    for t in (emb, emb_w, emb_b):
+        assert t.optimizer == SGD(1.0, ExponentialDecay(100_000, 0.999, staircase=True))
+
+
+def test_model_args_from_the_command_line(dict_path: Path) -> None:
+    cls = load_model_class("word2vec")
+    assert cls is Word2Vec
+    args = parse_model_args([f"dict_path={dict_path}", "dim=16", "lr=0.5", "batch_size=200", "decay_rate=0.9"])
+    model = cls(**args)
+    assert (model.dim, model.lr, model.batch_size, model.decay_rate) == (16, 0.5, 200, 0.9)
+    assert Word2Vec(dict_path=str(dict_path), dim="12", lr="2").dim == 12  # text works too
+    with pytest.raises(ConfigError, match="dim"):
+        Word2Vec(dict_path=str(dict_path), dim="wide")
+    with pytest.raises(ConfigError, match="window"):
+        Word2Vec(dict_path=str(dict_path), window=0)
+    with pytest.raises(ConfigError, match="not found"):
+        Word2Vec(dict_path=str(dict_path.parent / "missing.txt"))
+
+
+def test_pickled_model_is_small_and_carries_no_caches(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=8, batch_size=5)
+    batch = first_batch(model, LINES)
+    model.local_sgd(batch, random_params(model), {EMB: 0.1, EMB_W: 0.1, EMB_B: 0.1}, {k: np.zeros(VOCAB, np.uint8) for k in (EMB, EMB_W, EMB_B)})
+    assert model._cache  # the cdf and scratch buffers exist in this process
+    blob = pickle.dumps(model)
+    assert len(blob) < 4096
+    clone = pickle.loads(blob)
+    assert clone._cache == {} and clone.tables() == model.tables()
+
+
+# ---------------------------------------------------------------- evaluation and export
+
+
+def test_export_reads_back_in_gensim(tmp_path: Path) -> None:
+    gensim_models = pytest.importorskip("gensim.models")
+    rng = np.random.default_rng(0)
+    words = ["<UNK>", "the", "königin", "a", "zebra"]
+    vectors = rng.normal(0, 1, (5, 7)).astype(np.float32)
+    for binary in (False, True):
+        path = tmp_path / f"vec.{'bin' if binary else 'txt'}"
+        assert export_word2vec(vectors, words, path, binary=binary) == 4
+        kv = gensim_models.KeyedVectors.load_word2vec_format(str(path), binary=binary)
+        assert list(kv.index_to_key) == words[1:]
+        np.testing.assert_array_equal(kv.vectors, vectors[1:])
+    with pytest.raises(ConfigError, match="whitespace"):
+        export_word2vec(vectors[:2], ["<UNK>", "two words"], tmp_path / "bad.txt")
+
+
+def _analogy_fixture(tmp_path: Path) -> tuple[np.ndarray, list[str], Path]:
+    # axes: person, royal, female, capital, country, fr, it, noise
+    axes = {name: np.eye(8, dtype=np.float32)[i] for i, name in enumerate("person royal female capital country fr it noise".split())}
+    table = {
+        "<UNK>": axes["noise"],
+        "man": axes["person"],
+        "woman": axes["person"] + axes["female"],
+        "king": axes["person"] + axes["royal"],
+        "queen": axes["person"] + axes["royal"] + axes["female"],
+        "paris": axes["capital"] + axes["fr"],
+        "france": axes["country"] + axes["fr"],
+        "rome": axes["capital"] + axes["it"],
+        "italy": axes["country"] + axes["it"],
+        "rare": axes["noise"] + axes["it"],
+    }
+    words = list(table)
+    questions = tmp_path / "q.txt"
+    questions.write_text(
+        ": family\nMan Woman King Queen\nwoman man queen king\nman woman king paris\n"
+        ": capitals\nParis France Rome Italy\nparis france rome zebra\nrome italy rare france\n"
+    )
+    return np.stack([table[w] for w in words]), words, questions
+
+
+def test_analogy_accuracy_on_a_hand_built_embedding(tmp_path: Path) -> None:
+    vectors, words, questions = _analogy_fixture(tmp_path)
+    result = analogy_accuracy(vectors * 3.0, words, questions, restrict_vocab=8)  # norms do not matter
+    family, capitals = result.sections
+    # the third family question expects the wrong answer (the truth is queen)
+    assert (family.name, family.questions, family.asked, family.correct) == ("family", 3, 3, 2)
+    # zebra is unknown and rare is outside the first 8 real words: both skipped
+    assert (capitals.name, capitals.questions, capitals.asked, capitals.correct) == ("capitals", 3, 1, 1)
+    total = result.total
+    assert (total.questions, total.asked, total.correct) == (6, 4, 3)
+    assert total.accuracy == 0.75 and total.coverage == pytest.approx(4 / 6)
+    assert "| total | 6 | 4 | 3 | 75.0% |" in result.table()
+    assert analogy_accuracy(vectors, words, questions, restrict_vocab=30000).sections[1].asked == 2
+
+
+def test_analogy_accuracy_equals_gensim(tmp_path: Path) -> None:
+    gensim_models = pytest.importorskip("gensim.models")
+    rng = np.random.default_rng(7)
+    words = ["<UNK>"] + [f"w{i}" for i in range(300)]
+    vectors = rng.normal(0, 1, (len(words), 12)).astype(np.float32)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    lines = []
+    for s in range(3):
+        lines.append(f": section{s}\n")
+        for k in range(200):
+            q = rng.integers(1, 330, 4)  # ids >= 301 are unknown words
+            if k % 2 == 0 and q[:3].max() <= 250:  # half the answers are the brute-force 3CosAdd winner
+                scores = unit[1:251] @ (unit[q[1]] - unit[q[0]] + unit[q[2]])
+                scores[q[:3] - 1] = -np.inf
+                q[3] = 1 + int(scores.argmax())
+            lines.append(" ".join(f"W{i - 1}" for i in q) + "\n")
+    questions = tmp_path / "q.txt"
+    questions.write_text("".join(lines))
+    ours = analogy_accuracy(vectors, words, questions, restrict_vocab=250)
+    export_word2vec(vectors, words, tmp_path / "v.bin", binary=True)
+    kv = gensim_models.KeyedVectors.load_word2vec_format(str(tmp_path / "v.bin"), binary=True)
+    _, sections = kv.evaluate_word_analogies(str(questions), restrict_vocab=250)
+    for mine, theirs in zip(ours.sections, sections):
+        assert mine.correct == len(theirs["correct"]) and mine.asked == len(theirs["correct"]) + len(theirs["incorrect"])
+    assert ours.total.asked > 100 and ours.total.correct > 50
+
+
+def test_read_helpers(tmp_path: Path) -> None:
+    (tmp_path / "d.txt").write_text("<UNK> 3\nthe 10\ncat 2\n")
+    assert read_words(tmp_path / "d.txt") == ["<UNK>", "the", "cat"]
+    (tmp_path / "q.txt").write_text(": s\nA B C D\n\n")
+    assert read_questions(tmp_path / "q.txt") == [("s", [("a", "b", "c", "d")])]
+    (tmp_path / "bad.txt").write_text(": s\nA B C\n")
+    with pytest.raises(ConfigError, match="4 words"):
+        read_questions(tmp_path / "bad.txt")
+    rows = normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
+    np.testing.assert_allclose(rows, [[0.6, 0.8], [0.0, 0.0]])
