@@ -5,7 +5,7 @@
 2. run ``aps-local 2x2 --mode geo`` (2 pservers, 2 trainers x 2 workers),
 3. evaluate the saved embeddings on the analogy set and print accuracy and words/s.
 
-Defaults are sized to finish in a few minutes on 2 cores (dim 100, 1 epoch; the reference uses
+Defaults are sized to finish in a few minutes on 2 cores (dim 100, 1 epoch, 1 worker per trainer; the reference uses
 dim 300 and more data). Every step can be changed with flags; see --help.
 """
 
@@ -27,7 +27,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/word2vec", help="prepared corpus directory (default data/word2vec)")
     parser.add_argument("--cluster", default="2x2", help="pservers x trainers (default 2x2)")
-    parser.add_argument("--workers", type=int, default=2, help="compute workers per trainer (default 2)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="compute workers per trainer (default 1: 2 trainers x 1 worker fill 2 cores)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--k-steps", type=int, default=400, help="geo push interval in trainer steps (default 400)")
@@ -59,20 +60,18 @@ def main() -> int:
     result = analogy_accuracy(vectors, read_words(data / "dict.txt"), data / "questions-words.txt")
     print()
     print(result.table())
-    words, seconds = 0, 0.0
+    seconds = 0.0
     trainers = int(args.cluster.split("x")[1])
     for k in range(trainers):
-        for line in Path("log", f"trainer.{k}.metrics.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record["event"] == "epoch":
-                words += record["examples"]
-                seconds = max(seconds, record["seconds"])
+        epochs = [json.loads(line) for line in Path("log", f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
+        seconds = max(seconds, sum(r["seconds"] for r in epochs if r["event"] == "epoch"))
+    tokens = sum(f["tokens"] for f in json.loads((data / "meta.json").read_text())["files"]) * args.epochs
     total = result.total
     print(
         f"\nanalogy accuracy {100 * total.accuracy:.1f}% on {total.asked} of {total.questions} questions "
         f"(coverage {100 * total.coverage:.1f}%)"
     )
-    print(f"trained {words:,} words in {seconds:.1f} s of epoch time: {words / max(seconds, 1e-9):,.0f} words/s "
+    print(f"trained {tokens:,} words in {seconds:.1f} s of epoch time: {tokens / max(seconds, 1e-9):,.0f} words/s "
           f"over {trainers} trainers (whole run {wall:.0f} s incl. start-up)")
     return 0
 
