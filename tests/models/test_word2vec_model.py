@@ -59,7 +59,8 @@ def zero_grads(batch: Batch, model: Word2Vec) -> Grads:
 
 def reference_loss_grads(params: Params, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
     """The reference network in float64, pair by pair, no shortcuts: summed loss and the
-    full-table gradients of the batch-mean loss."""
+    full-table gradients of the batch-mean loss. Negatives are shared (``[K]``) or per pair
+    (``[pairs, K]``)."""
     e = params.sparse[EMB].astype(np.float64)
     w = params.sparse[EMB_W].astype(np.float64)
     b = params.sparse[EMB_B].astype(np.float64)
@@ -67,9 +68,11 @@ def reference_loss_grads(params: Params, batch: Batch) -> tuple[float, dict[str,
     d = batch.data
     n = len(d.centre)
     loss = 0.0
-    for c, t in zip(d.centre.tolist(), d.context.tolist()):
+    per_pair = d.negatives.ndim == 2
+    for p, (c, t) in enumerate(zip(d.centre.tolist(), d.context.tolist())):
         h = e[c]
-        for target, label in [(t, 1.0)] + [(k, 0.0) for k in d.negatives.tolist()]:
+        negatives = d.negatives[p] if per_pair else d.negatives
+        for target, label in [(t, 1.0)] + [(k, 0.0) for k in negatives.tolist()]:
             s = h @ w[target] + b[target, 0]
             loss += np.logaddexp(0.0, -s) if label else np.logaddexp(0.0, s)
             ds = (0.5 * (1.0 + np.tanh(s / 2)) - label) / n  # sigmoid without overflow
@@ -89,10 +92,14 @@ def first_batch(model: Word2Vec, lines: list[str], seed: int = 0) -> Batch:
 LINES = ["3 3 3 5 1 0 7", "9 2 4 4 11 12 3 8 20 21 22", "5", "", "30 31 32 33 34 35 36 37 38 39 1 2"]
 
 
+NEGATIVES = pytest.mark.parametrize("negatives", ["batch", "pair"])
+
+
+@NEGATIVES
 @pytest.mark.parametrize("scale", [0.3, 30.0], ids=["moderate", "saturated"])
-def test_gradients_match_numpy_reference(dict_path: Path, scale: float) -> None:
+def test_gradients_match_numpy_reference(dict_path: Path, scale: float, negatives: str) -> None:
     # "3 3 3": adjacent equal centres share a run; scale 30 pushes logits past |30| (the clipped branch)
-    model = Word2Vec(dict_path=str(dict_path), dim=8, window=3, neg_num=4, batch_size=1000)
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=3, neg_num=4, batch_size=1000, negatives=negatives)
     batch = first_batch(model, LINES)
     params = random_params(model, scale=scale)
     grads = zero_grads(batch, model)
@@ -107,9 +114,10 @@ def test_gradients_match_numpy_reference(dict_path: Path, scale: float) -> None:
         assert not ref[name][untouched].any()  # every row with a gradient is in the batch's ids
 
 
-def test_gradients_match_finite_differences(dict_path: Path) -> None:
+@NEGATIVES
+def test_gradients_match_finite_differences(dict_path: Path, negatives: str) -> None:
     """d(mean loss)/d(param) by central differences of the float64 reference loss."""
-    model = Word2Vec(dict_path=str(dict_path), dim=6, window=2, neg_num=3, batch_size=1000)
+    model = Word2Vec(dict_path=str(dict_path), dim=6, window=2, neg_num=3, batch_size=1000, negatives=negatives)
     batch = first_batch(model, LINES)
     params = random_params(model, seed=3)
     grads = zero_grads(batch, model)
@@ -134,9 +142,10 @@ def test_gradients_match_finite_differences(dict_path: Path) -> None:
     assert checked == 18
 
 
-def test_local_sgd_equals_compute_then_sgd(dict_path: Path) -> None:
+@NEGATIVES
+def test_local_sgd_equals_compute_then_sgd(dict_path: Path, negatives: str) -> None:
     """The fused geo step against the runtime's generic path (compute, then sgd_rows), bit for bit."""
-    model = Word2Vec(dict_path=str(dict_path), dim=8, window=4, neg_num=3, batch_size=7)
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=4, neg_num=3, batch_size=7, negatives=negatives)
     lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 15)) for k in range(20)]
     fused = random_params(model, seed=5, scale=0.2)
     plain = Params({k: v.copy() for k, v in fused.sparse.items()}, {})
@@ -210,6 +219,61 @@ def test_batches_unique_ids_inverse_and_shared_negatives(dict_path: Path) -> Non
     assert (model.max_batch_ids(EMB), model.max_batch_ids(EMB_W)) == (40, 40)  # the vocabulary bounds both
     small = Word2Vec(dict_path=str(dict_path), batch_size=20, neg_num=5)
     assert (small.max_batch_ids(EMB), small.max_batch_ids(EMB_W), small.max_batch_ids(EMB_B)) == (20, 25, 25)
+
+
+def test_per_pair_batches_unique_ids_inverse_and_own_negatives(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=5, neg_num=5, batch_size=50, negatives="pair")
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 30)) for k in range(30)]
+    batches = list(model.batches(chunk(lines), ctx(4)))
+    sizes = [b.examples for b in batches]
+    assert all(s == 50 for s in sizes[:-1]) and 0 < sizes[-1] <= 50
+    for b in batches:
+        d = b.data
+        emb_ids, w_ids = b.sparse_ids[EMB], b.sparse_ids[EMB_W]
+        assert emb_ids.dtype == np.int64 and w_ids.dtype == np.int64
+        assert len(set(emb_ids.tolist())) == len(emb_ids) and len(set(w_ids.tolist())) == len(w_ids)
+        np.testing.assert_array_equal(b.sparse_ids[EMB_B], w_ids)
+        assert d.negatives.shape == d.inv_negatives.shape == (b.examples, 5)  # one set per pair
+        np.testing.assert_array_equal(emb_ids[d.inv_centre], d.centre)
+        np.testing.assert_array_equal(w_ids[d.inv_context], d.context)
+        np.testing.assert_array_equal(w_ids[d.inv_negatives], d.negatives)
+        assert set(emb_ids.tolist()) == set(d.centre.tolist())
+        assert set(w_ids.tolist()) == set(d.context.tolist()) | set(d.negatives.ravel().tolist())
+        for name in (EMB, EMB_W, EMB_B):
+            assert len(b.sparse_ids[name]) <= model.max_batch_ids(name)
+        # different pairs draw different negatives (50 draws of 5 from a 40-word vocabulary)
+        rows = {tuple(r) for r in d.negatives.tolist()}
+        assert len(rows) > 0.9 * b.examples
+    assert (model.max_batch_ids(EMB), model.max_batch_ids(EMB_W)) == (40, 40)
+    small = Word2Vec(dict_path=str(dict_path), batch_size=3, neg_num=5, negatives="pair")
+    assert (small.max_batch_ids(EMB), small.max_batch_ids(EMB_W), small.max_batch_ids(EMB_B)) == (3, 18, 18)
+
+
+def test_per_pair_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, neg_num=5, batch_size=100, negatives="pair")
+    lines = ["1 2"] * 4000  # 8000 pairs, 40000 negatives
+    negs = np.concatenate([b.data.negatives for b in model.batches(chunk(lines), ctx(1))])
+    assert negs.shape == (8000, 5)
+    counts = np.array([int(line.split()[1]) for line in dict_path.read_text().splitlines()], np.float64)
+    expected = counts**0.75 / (counts**0.75).sum()
+    observed = np.bincount(negs.ravel(), minlength=VOCAB) / negs.size
+    np.testing.assert_allclose(observed, expected, atol=0.01)
+    # pairs of one batch do not share their draws: the first negative varies within a batch
+    assert len(set(negs[:100, 0].tolist())) > 5
+
+
+def test_guided_sampler_equals_searchsorted() -> None:
+    from aps.models.word2vec import kernels as K
+    from aps.models.word2vec.model import sample_negatives
+
+    rng = np.random.default_rng(3)
+    counts = np.concatenate([rng.integers(1, 10**6, 50), np.ones(3000), rng.integers(0, 3, 500)])
+    cdf = negative_cdf(counts)
+    u = np.concatenate([rng.random(200_000), [0.0, np.nextafter(1.0, 0.0), cdf[0], cdf[17], cdf[-1]]])
+    u = np.concatenate([u, np.arange(1 << 12) / (1 << 12)])  # bucket edges
+    out = np.empty(u.shape[0], np.int32)
+    K.sample_cdf(cdf, K.negative_guide(cdf, bits=10), u, out)
+    np.testing.assert_array_equal(out, sample_negatives(cdf, u))
 
 
 def test_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
@@ -290,6 +354,11 @@ def test_model_args_from_the_command_line(dict_path: Path) -> None:
         Word2Vec(dict_path=str(dict_path), dim="wide")
     with pytest.raises(ConfigError, match="window"):
         Word2Vec(dict_path=str(dict_path), window=0)
+    model = cls(**parse_model_args([f"dict_path={dict_path}", "negatives=pair"]))
+    assert model.negatives == "pair" and model.describe()["negatives"] == "pair"
+    assert Word2Vec(dict_path=str(dict_path)).negatives == "batch"  # the reference is the default
+    with pytest.raises(ConfigError, match="negatives"):
+        Word2Vec(dict_path=str(dict_path), negatives="word")
     with pytest.raises(ConfigError, match="not found"):
         Word2Vec(dict_path=str(dict_path.parent / "missing.txt"))
 

@@ -385,3 +385,192 @@ def local_step(
     sgd_apply(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
     sgd_apply(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
     return loss
+
+
+# ---------------------------------------------------------------- negatives per pair
+#
+# ``negatives="pair"`` (word2vec / gensim style): every pair draws its own ``K`` negatives, so
+# ``inv_n`` is ``[pairs, K]`` and a batch reads up to ``pairs * (1 + K)`` output rows. The
+# kernels below mirror :func:`index_batches` / :func:`grad_rows` / :func:`batch_grad` /
+# :func:`local_step` for that layout; the shared-negative kernels above are left untouched.
+
+
+def negative_guide(cdf: np.ndarray, bits: int = 17) -> np.ndarray:
+    """Bucket starts for :func:`sample_cdf`: ``guide[j] = searchsorted(cdf, j / 2**bits)`` for
+    ``j = 0..2**bits`` (a power of two, so ``u * 2**bits`` and ``j / 2**bits`` are exact)."""
+    n = 1 << bits
+    return np.searchsorted(cdf, np.arange(n + 1, dtype=np.float64) / n).astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def sample_cdf(cdf: np.ndarray, guide: np.ndarray, uniforms: np.ndarray, out: np.ndarray) -> None:
+    """``out = min(searchsorted(cdf, uniforms), len(cdf) - 1)`` (exactly
+    :func:`~aps.models.word2vec.model.sample_negatives`), but searching only the bucket of
+    :func:`negative_guide` that holds each uniform: a couple of probes instead of ~16 cache
+    missing ones over the whole table. ``uniforms`` and ``out`` are flat and of equal length."""
+    nbuckets = guide.shape[0] - 1
+    last = cdf.shape[0] - 1
+    for i in range(uniforms.shape[0]):
+        u = uniforms[i]
+        j = int(u * nbuckets)
+        if j >= nbuckets:
+            j = nbuckets - 1
+        lo = guide[j]
+        hi = guide[j + 1]
+        while lo < hi:  # first index in [lo, hi) with cdf >= u, else hi
+            mid = (lo + hi) >> 1
+            if cdf[mid] < u:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[i] = lo if lo < last else last
+
+
+@njit(cache=True, nogil=True)
+def index_batches_pair(
+    cen: np.ndarray,
+    ctx: np.ndarray,
+    batch: int,
+    negs: np.ndarray,
+    mark: np.ndarray,
+    uc: np.ndarray,
+    uc_off: np.ndarray,
+    uw: np.ndarray,
+    uw_off: np.ndarray,
+    inv_c: np.ndarray,
+    inv_t: np.ndarray,
+    inv_n: np.ndarray,
+) -> None:
+    """:func:`index_batches` with per-pair negatives: ``negs`` / ``inv_n`` are ``[pairs, K]``.
+
+    Batch ``b``'s ``emb_w`` rows are its distinct contexts then its distinct negatives not
+    already among them (``uw`` needs ``pairs * (1 + K)`` room in the worst case)."""
+    npairs = cen.shape[0]
+    k_neg = negs.shape[1]
+    nb = (npairs + batch - 1) // batch
+    c_tot = 0
+    w_tot = 0
+    uc_off[0] = 0
+    uw_off[0] = 0
+    for b in range(nb):
+        p0 = b * batch
+        p1 = min(npairs, p0 + batch)
+        c0 = c_tot
+        for p in range(p0, p1):
+            x = cen[p]
+            m = mark[x]
+            if m < 0:
+                m = c_tot - c0
+                mark[x] = m
+                uc[c_tot] = x
+                c_tot += 1
+            inv_c[p] = m
+        for q in range(c0, c_tot):
+            mark[uc[q]] = -1
+        w0 = w_tot
+        for p in range(p0, p1):
+            x = ctx[p]
+            m = mark[x]
+            if m < 0:
+                m = w_tot - w0
+                mark[x] = m
+                uw[w_tot] = x
+                w_tot += 1
+            inv_t[p] = m
+        for p in range(p0, p1):
+            for k in range(k_neg):
+                x = negs[p, k]
+                m = mark[x]
+                if m < 0:
+                    m = w_tot - w0
+                    mark[x] = m
+                    uw[w_tot] = x
+                    w_tot += 1
+                inv_n[p, k] = m
+        for q in range(w0, w_tot):
+            mark[uw[q]] = -1
+        uc_off[b + 1] = c_tot
+        uw_off[b + 1] = w_tot
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def grad_rows_pair(e: np.ndarray, w: np.ndarray, b: np.ndarray, inv_c: np.ndarray, inv_t: np.ndarray,
+                   inv_n: np.ndarray, g_e: np.ndarray, g_w: np.ndarray, g_b: np.ndarray) -> float:
+    """:func:`grad_rows` with per-pair negatives: pair ``p``'s negative ``k`` is
+    ``w[inv_n[p, k]]``. Same loss, same gradient of the batch mean, same overflow handling and
+    batched logs; no runs (each pair's negatives are its own)."""
+    n = inv_c.shape[0]
+    dim = e.shape[1]
+    k_neg = inv_n.shape[1]
+    scale = 1.0 / n if n > 0 else 0.0
+    loss = 0.0
+    prod = 1.0
+    pending = 0
+    for p in range(n):
+        ic = inv_c[p]
+        for k in range(k_neg + 1):
+            if k == 0:
+                it = inv_t[p]
+            else:
+                it = inv_n[p, k - 1]
+            s = b[it, 0]
+            for d in range(dim):
+                s += e[ic, d] * w[it, d]
+            # label 1 (k == 0): x = -s, dloss/ds = -e^x/(1+e^x); label 0: x = s, dloss/ds = e^x/(1+e^x)
+            x = -np.float64(s) if k == 0 else np.float64(s)
+            sign = -scale if k == 0 else scale
+            if x > 30.0:
+                loss += x
+                g = np.float32(sign)
+            elif x < -30.0:
+                g = np.float32(0.0)
+            else:
+                z = np.exp(x)
+                prod *= 1.0 + z
+                pending += 1
+                g = np.float32(sign * z / (1.0 + z))
+            if pending >= 12:
+                loss += np.log(prod)
+                prod = 1.0
+                pending = 0
+            g_b[it, 0] += g
+            for d in range(dim):
+                g_w[it, d] += g * e[ic, d]
+                g_e[ic, d] += g * w[it, d]
+    return loss + np.log(prod)
+
+
+@njit(cache=True, nogil=True)
+def batch_grad_pair(
+    emb: np.ndarray, emb_w: np.ndarray, emb_b: np.ndarray, uc: np.ndarray, uw: np.ndarray,
+    inv_c: np.ndarray, inv_t: np.ndarray, inv_n: np.ndarray,
+    scratch_e: np.ndarray, scratch_w: np.ndarray, scratch_b: np.ndarray,
+    g_e: np.ndarray, g_w: np.ndarray, g_b: np.ndarray,
+) -> float:
+    """:func:`batch_grad` for per-pair negatives (``inv_n`` is ``[pairs, K]``)."""
+    nc = uc.shape[0]
+    nw = uw.shape[0]
+    e = scratch_e[:nc]
+    w = scratch_w[:nw]
+    b = scratch_b[:nw]
+    gather(emb, emb_w, emb_b, uc, uw, e, w, b)
+    g_e[:nc] = 0.0
+    g_w[:nw] = 0.0
+    g_b[:nw] = 0.0
+    return grad_rows_pair(e, w, b, inv_c, inv_t, inv_n, g_e[:nc], g_w[:nw], g_b[:nw])
+
+
+@njit(cache=True, nogil=True)
+def local_step_pair(
+    emb: np.ndarray, emb_w: np.ndarray, emb_b: np.ndarray, uc: np.ndarray, uw: np.ndarray,
+    inv_c: np.ndarray, inv_t: np.ndarray, inv_n: np.ndarray, lr_e: float, lr_w: float, lr_b: float,
+    scratch_e: np.ndarray, scratch_w: np.ndarray, scratch_b: np.ndarray,
+    g_e: np.ndarray, g_w: np.ndarray, g_b: np.ndarray,
+    dirty_e: np.ndarray, dirty_w: np.ndarray, dirty_b: np.ndarray,
+) -> float:
+    """:func:`local_step` for per-pair negatives."""
+    loss = batch_grad_pair(emb, emb_w, emb_b, uc, uw, inv_c, inv_t, inv_n, scratch_e, scratch_w, scratch_b, g_e, g_w, g_b)
+    sgd_apply(emb, uc, g_e[: uc.shape[0]], lr_e, dirty_e)
+    sgd_apply(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
+    sgd_apply(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
+    return loss

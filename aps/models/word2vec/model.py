@@ -9,6 +9,8 @@ The network and its data pipeline are PaddlePaddle Fleet's word2vec example:
   token of the line within it is a context (a *pair* = one reference example);
 * ``neg_num`` negatives per batch, drawn from the unigram distribution of ``dict.txt`` raised
   to 0.75 and shared by every pair of the batch (the reference's ``neg_array``);
+  ``negatives="pair"`` draws ``neg_num`` of them for every pair instead (word2vec.c / gensim:
+  many more distinct negatives per epoch, much better vectors after one epoch, slower steps);
 * loss per pair ``softplus(-s_true) + sum_k softplus(s_neg_k)`` (sigmoid cross-entropy).
 
 **Loss and learning rate.** A batch is ``batch_size`` consecutive pairs and its loss is the
@@ -26,6 +28,9 @@ per-pair steps: scale ``lr`` with ``batch_size / 100`` to keep them (the usual l
   shorter, and is averaged over its own pairs.
 * Negatives are drawn once per batch (the PaddleRec reader); Fleet's generator draws them per
   line and every ``batch_size`` pairs of a line, which gives about the same sharing.
+  ``negatives="pair"`` is not the reference at all but word2vec.c's sampling (without its
+  skipping of a negative equal to the context word); with it, ``lr`` around 2.5 at
+  ``batch_size=100`` (a per-pair step of 0.025, gensim's starting rate) works best.
 * ``dim`` defaults to 100 (the reference uses 300) so that a benchmark epoch is quick; pass
   ``dim=300`` for the reference size.
 
@@ -52,6 +57,8 @@ EMB = "emb"
 EMB_W = "emb_w"
 EMB_B = "emb_b"
 
+NEGATIVES = ("batch", "pair")
+
 _PARSE_ERRORS = {
     K.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
     K.PARSE_OUT_OF_RANGE: "is not a word id of the dictionary (id >= vocabulary size {vocab})",
@@ -63,10 +70,12 @@ class PairBatch(NamedTuple):
 
     ``inv_centre[p]`` is the position of pair ``p``'s centre in ``batch.sparse_ids["emb"]``;
     ``inv_context[p]`` and ``inv_negatives[k]`` are positions in ``batch.sparse_ids["emb_w"]``
-    (the same list as ``["emb_b"]``). ``centre``/``context``/``negatives`` are the global ids
-    (for inspection and tests; the kernels use the positions). All are int32 views of per-chunk
-    arrays, so a batch stays valid after the next one is made. A NamedTuple because one is
-    built per batch and tuple construction is the cheapest.
+    (the same list as ``["emb_b"]``); with ``negatives="pair"``, ``inv_negatives`` and
+    ``negatives`` are ``[pairs, neg_num]`` and row ``p`` holds pair ``p``'s own negatives.
+    ``centre``/``context``/``negatives`` are the global ids (for inspection and tests; the
+    kernels use the positions). All are int32 views of per-chunk arrays, so a batch stays valid
+    after the next one is made. A NamedTuple because one is built per batch and tuple
+    construction is the cheapest.
     """
 
     inv_centre: np.ndarray
@@ -138,7 +147,7 @@ def _float(name: str, value: Any) -> float:
 
 
 class Word2Vec(Model):
-    """Skip-gram with shared negatives; see the module docstring for the exact semantics.
+    """Skip-gram with shared (or per-pair) negatives; see the module docstring for the exact semantics.
 
     Every argument has a default and accepts text (``--model-arg dim=300``).
     """
@@ -156,6 +165,7 @@ class Word2Vec(Model):
         decay_steps: int = 100_000,
         decay_rate: float = 0.999,
         seed: int = 0,
+        negatives: str = "batch",
     ) -> None:
         path = Path(str(dict_path)).expanduser().resolve()
         if not path.is_file():
@@ -174,6 +184,9 @@ class Word2Vec(Model):
         self.decay_steps = _int("decay_steps", decay_steps)
         self.decay_rate = _float("decay_rate", decay_rate)
         self.seed = _int("seed", seed, low=0)
+        if negatives not in NEGATIVES:
+            raise ConfigError(f"word2vec negatives must be one of {', '.join(NEGATIVES)}, got {negatives!r}")
+        self.negatives = str(negatives)
         optimizer = SGD(self.lr, ExponentialDecay(self.decay_steps, self.decay_rate, staircase=True))
         width = 0.5 / self.dim
         self._tables: tuple[SparseTable, ...] = (
@@ -201,10 +214,12 @@ class Word2Vec(Model):
 
     def max_batch_ids(self, table: str) -> int:
         """A batch reads at most one distinct centre per pair, and one context per pair plus the
-        negatives (never more than the vocabulary)."""
+        negatives: ``neg_num`` shared ones, or ``neg_num`` per pair (never more than the vocabulary)."""
         if table == EMB:
             return min(self.batch_size, self.vocab_size)
         if table in (EMB_W, EMB_B):
+            if self.negatives == "pair":
+                return min(self.batch_size * (1 + self.neg_num), self.vocab_size)
             return min(self.batch_size + self.neg_num, self.vocab_size)
         raise KeyError(table)
 
@@ -212,7 +227,7 @@ class Word2Vec(Model):
         return {
             "model": self.name, "vocab": self.vocab_size, "dim": self.dim, "window": self.window,
             "neg_num": self.neg_num, "batch_size": self.batch_size, "lr": self.lr,
-            "decay_steps": self.decay_steps, "decay_rate": self.decay_rate,
+            "decay_steps": self.decay_steps, "decay_rate": self.decay_rate, "negatives": self.negatives,
         }
 
     # ------------------------------------------------------------ data
@@ -229,6 +244,13 @@ class Word2Vec(Model):
             cdf = self._cache["cdf"] = negative_cdf(counts)
         return cdf
 
+    def negative_guide(self) -> np.ndarray:
+        """Bucket index over :meth:`negative_cdf` for the per-pair sampler (built on first use)."""
+        guide = self._cache.get("guide")
+        if guide is None:
+            guide = self._cache["guide"] = K.negative_guide(self.negative_cdf())
+        return guide
+
     def parse(self, chunk: Chunk, ctx: WorkerContext) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and line offsets of a chunk; DataError(file, line) on a bad token."""
         buf = np.frombuffer(chunk.data, dtype=np.uint8)
@@ -244,7 +266,7 @@ class Word2Vec(Model):
         return ids[: info[1]], sent_off[: info[2] + 1]
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        """Pairs of the chunk, ``batch_size`` at a time, with their shared negatives."""
+        """Pairs of the chunk, ``batch_size`` at a time, with their shared (or per-pair) negatives."""
         ids, sent_off = self.parse(chunk, ctx)
         nsent = sent_off.shape[0] - 1
         wins = ctx.rng.integers(1, self.window + 1, size=ids.shape[0], dtype=np.int32)
@@ -254,6 +276,9 @@ class Word2Vec(Model):
         cen = np.empty(npairs, dtype=np.int32)
         ctx_ids = np.empty(npairs, dtype=np.int32)
         K.make_pairs(ids, sent_off, nsent, wins, cen, ctx_ids)
+        if self.negatives == "pair":
+            yield from self._pair_batches(cen, ctx_ids, ctx)
+            return
         b = self.batch_size
         nb = -(-npairs // b)
         negs = sample_negatives(self.negative_cdf(), ctx.rng.random((nb, self.neg_num)))
@@ -275,6 +300,32 @@ class Word2Vec(Model):
             data = PairBatch(inv_c[p0:p1], inv_t[p0:p1], inv_n[i], cen[p0:p1], ctx_ids[p0:p1], negs[i])
             yield Batch({EMB: uc[uc_off_l[i] : uc_off_l[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
 
+    def _pair_batches(self, cen: np.ndarray, ctx_ids: np.ndarray, ctx: WorkerContext) -> Iterator[Batch]:
+        """:meth:`batches` with ``neg_num`` negatives drawn for every pair."""
+        npairs = cen.shape[0]
+        b = self.batch_size
+        nb = -(-npairs // b)
+        k = self.neg_num
+        negs = np.empty((npairs, k), dtype=np.int32)
+        K.sample_cdf(self.negative_cdf(), self.negative_guide(), ctx.rng.random(npairs * k), negs.reshape(-1))
+        mark = np.full(self.vocab_size, -1, dtype=np.int32)
+        uc = np.empty(npairs, dtype=np.int64)
+        uw = np.empty(npairs * (1 + k), dtype=np.int64)
+        uc_off = np.empty(nb + 1, dtype=np.int64)
+        uw_off = np.empty(nb + 1, dtype=np.int64)
+        inv_c = np.empty(npairs, dtype=np.int32)
+        inv_t = np.empty(npairs, dtype=np.int32)
+        inv_n = np.empty((npairs, k), dtype=np.int32)
+        K.index_batches_pair(cen, ctx_ids, b, negs, mark, uc, uc_off, uw, uw_off, inv_c, inv_t, inv_n)
+        uc_off_l = uc_off.tolist()
+        uw_off_l = uw_off.tolist()
+        for i in range(nb):
+            p0 = i * b
+            p1 = min(npairs, p0 + b)
+            w_ids = uw[uw_off_l[i] : uw_off_l[i + 1]]
+            data = PairBatch(inv_c[p0:p1], inv_t[p0:p1], inv_n[p0:p1], cen[p0:p1], ctx_ids[p0:p1], negs[p0:p1])
+            yield Batch({EMB: uc[uc_off_l[i] : uc_off_l[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+
     # ------------------------------------------------------------ compute
 
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
@@ -283,8 +334,9 @@ class Word2Vec(Model):
         s = params.sparse
         ids = batch.sparse_ids
         e, w, b = self._scratch("gather")
+        kernel = K.batch_grad_pair if self.negatives == "pair" else K.batch_grad
         return float(
-            K.batch_grad(
+            kernel(
                 s[EMB], s[EMB_W], s[EMB_B], ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives,
                 e, w, b, grads.sparse[EMB], grads.sparse[EMB_W], grads.sparse[EMB_B],
             )
@@ -301,8 +353,9 @@ class Word2Vec(Model):
         ids = batch.sparse_ids
         e, w, b = self._scratch("gather")
         g_e, g_w, g_b = self._scratch("grad")
+        kernel = K.local_step_pair if self.negatives == "pair" else K.local_step
         return float(
-            K.local_step(
+            kernel(
                 s[EMB], s[EMB_W], s[EMB_B], ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives,
                 lrs[EMB], lrs[EMB_W], lrs[EMB_B], e, w, b, g_e, g_w, g_b, dirty[EMB], dirty[EMB_W], dirty[EMB_B],
             )
