@@ -4,7 +4,10 @@
 * gensim ``Word2Vec(sg=1, workers=2)``;
 * aps, 1 pserver + 1 trainer x 2 workers, geo (``aps-local 1x1 --workers 2``);
 * aps, 2 pservers + 2 trainers x 1 worker, geo (``aps-local 2x2 --workers 1``: the same two
-  compute processes, spread over two trainers).
+  compute processes, spread over two trainers);
+* both aps set-ups twice: with the reference network's negatives (``neg_num`` drawn once per
+  batch of 100 pairs, shared, lr 1.0) and with gensim's sampling (``negatives=pair``: ``neg_num``
+  per pair, lr 2.5 = gensim's 0.025 per pair over a batch of 100).
 
 Hyper-parameters: dim 100, window 5, 5 negatives, min_count 5 and sample 1e-3 (both applied once
 by prepare_data.py, so gensim gets the already filtered and downsampled corpus with
@@ -64,7 +67,9 @@ def run_gensim(data: Path, epochs: int, dim: int, tokens: int, out: Path) -> dic
     return {"seconds": seconds, "words_per_s": tokens * epochs / seconds}
 
 
-def run_aps(data: Path, epochs: int, dim: int, tokens: int, cluster: str, workers: int, work: Path, out: Path) -> dict:
+def run_aps(
+    data: Path, epochs: int, dim: int, tokens: int, cluster: str, workers: int, work: Path, out: Path, *model_args: str
+) -> dict:
     from aps.models.word2vec.evaluate import load_checkpoint_table, read_words
     from aps.models.word2vec.export import export_word2vec
 
@@ -77,12 +82,15 @@ def run_aps(data: Path, epochs: int, dim: int, tokens: int, cluster: str, worker
         "--data", str(data / "train"), "--epochs", str(epochs), "--workers", str(workers),
         "--save-dir", str(work / "model"), "--print-period", "60",
     ]
+    for arg in model_args:
+        cmd += ["--model-arg", arg]
     started = time.perf_counter()
     subprocess.run(cmd, cwd=work, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     seconds = 0.0
     for metrics in (work / "log").glob("trainer.*.metrics.jsonl"):
-        epoch_time = sum(json.loads(line)["seconds"] for line in metrics.read_text().splitlines() if '"epoch"' in line)
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        epoch_time = sum(r["seconds"] for r in records if r["event"] == "epoch")
         seconds = max(seconds, epoch_time)
     vectors = load_checkpoint_table(work / "model" / f"epoch_{epochs - 1}", "emb")
     export_word2vec(vectors, read_words(data / "dict.txt"), out, binary=True)
@@ -109,6 +117,10 @@ def main() -> int:
              lambda out: run_aps(data, args.epochs, args.dim, tokens, "1x1", 2, t / "a", out)),
             ("aps 2 pservers + 2 trainers x 1 worker (geo)",
              lambda out: run_aps(data, args.epochs, args.dim, tokens, "2x2", 1, t / "b", out)),
+            ("aps 1 pserver + 1 trainer x 2 workers (geo), negatives per pair, lr 2.5",
+             lambda out: run_aps(data, args.epochs, args.dim, tokens, "1x1", 2, t / "c", out, "negatives=pair", "lr=2.5")),
+            ("aps 2 pservers + 2 trainers x 1 worker (geo), negatives per pair, lr 2.5",
+             lambda out: run_aps(data, args.epochs, args.dim, tokens, "2x2", 1, t / "d", out, "negatives=pair", "lr=2.5")),
         ]
         for k, (name, run) in enumerate(runs):
             out = t / f"vectors{k}.bin"

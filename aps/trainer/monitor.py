@@ -59,51 +59,41 @@ class Monitor:
         self._epoch_start = self._last = Snapshot.take(self.stats)
 
     def report(self, epoch: int) -> dict[str, Any]:
+        """Numbers since the previous report (Paddle's fetch_handler period)."""
         now = Snapshot.take(self.stats)
-        last = self._last or now
-        examples = now.examples - last.examples
-        elapsed = max(1e-9, now.time - last.time)
-        busy = (now.compute_s - last.compute_s) or 1e-9
-        record = {
-            "event": "progress",
-            "trainer": self.trainer_id,
-            "epoch": epoch,
-            "time": time.time(),
-            "steps": int(now.steps),
-            "examples": int(now.examples),
-            "loss": (now.loss_sum - last.loss_sum) / examples if examples else None,
-            "examples_per_s": examples / elapsed,
-            "wait_share": (now.wait_s - last.wait_s) / busy,
-        }
+        record = self._between(self._last or now, now, "progress", epoch)
         self._last = now
         self._emit(record)
         return record
 
     def end_epoch(self, epoch: int, extra: dict[str, Any]) -> dict[str, Any]:
+        """Numbers of the whole epoch; always logged as a line."""
         now = Snapshot.take(self.stats)
-        start = self._epoch_start or now
-        examples = now.examples - start.examples
-        elapsed = max(1e-9, now.time - start.time)
-        busy = (now.compute_s - start.compute_s) or 1e-9
-        record = {
-            "event": "epoch",
-            "trainer": self.trainer_id,
-            "epoch": epoch,
-            "time": time.time(),
-            "seconds": round(elapsed, 3),
-            "steps": int(now.steps - start.steps),
-            "examples": int(examples),
-            "loss": (now.loss_sum - start.loss_sum) / examples if examples else None,
-            "examples_per_s": examples / elapsed,
-            "wait_share": (now.wait_s - start.wait_s) / busy,
-            "bad_lines": int(now.bad_lines),
-            **extra,
-        }
+        record = self._between(self._epoch_start or now, now, "epoch", epoch)
+        record["seconds"] = round(now.time - (self._epoch_start or now).time, 3)
+        record["bad_lines"] = int(now.bad_lines)
+        record.update(extra)
         self._last = now
         if self.line is not None:
             self.line.write("\n")
         self._emit(record, force_log=True)
         return record
+
+    def _between(self, start: Snapshot, now: Snapshot, event: str, epoch: int) -> dict[str, Any]:
+        examples = now.examples - start.examples
+        elapsed = max(1e-9, now.time - start.time)
+        busy = (now.compute_s - start.compute_s) or 1e-9
+        return {
+            "event": event,
+            "trainer": self.trainer_id,
+            "epoch": epoch,
+            "time": time.time(),
+            "steps": int(now.steps - start.steps) if event == "epoch" else int(now.steps),
+            "examples": int(examples) if event == "epoch" else int(now.examples),
+            "loss": (now.loss_sum - start.loss_sum) / examples if examples else None,
+            "examples_per_s": examples / elapsed,
+            "wait_share": (now.wait_s - start.wait_s) / busy,
+        }
 
     def _emit(self, record: dict[str, Any], force_log: bool = False) -> None:
         self.history.append(record)

@@ -33,6 +33,11 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--k-steps", type=int, default=400, help="geo push interval in trainer steps (default 400)")
     parser.add_argument("--out", default="model/word2vec", help="checkpoints go to OUT/epoch_N")
+    parser.add_argument(
+        "--model-arg", action="append", default=None, metavar="KEY=VALUE",
+        help="word2vec settings (default: negatives=pair lr=2.5, i.e. gensim's negative sampling; "
+        "pass --model-arg negatives=batch --model-arg lr=1.0 for the reference network's shared negatives)",
+    )
     args = parser.parse_args()
 
     from prepare_data import prepare
@@ -47,6 +52,8 @@ def main() -> int:
         "--data", str(data / "train"), "--epochs", str(args.epochs), "--workers", str(args.workers),
         "--k-steps", str(args.k_steps), "--save-dir", str(out), "--print-period", "15",
     ]
+    for arg in args.model_arg or ["negatives=pair", "lr=2.5"]:
+        cmd += ["--model-arg", arg]
     print("$", " ".join(cmd), flush=True)
     started = time.monotonic()
     if subprocess.call(cmd) != 0:
