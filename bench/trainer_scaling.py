@@ -56,10 +56,10 @@ def make_model(args: argparse.Namespace, tmp: Path) -> tuple[object, list[str]]:
     return LinReg(features=100_000, batch_size=256, lr=0.1), sorted(str(p) for p in (tmp / "linreg").iterdir())
 
 
-async def run_once(model: object, files: list[str], mode: str, workers: int, tmp: Path) -> dict:
+async def run_once(model: object, files: list[str], mode: str, workers: int, tmp: Path, k_steps: int) -> dict:
     proc, address = start_server(tmp)
     try:
-        strategy = Strategy(mode=mode, workers=workers)
+        strategy = Strategy(mode=mode, workers=workers, k_steps=k_steps)
         options = TrainOptions(save_dir=None, print_period=3600, live_line=False)
         result = await Trainer(model, strategy, ClusterSpec([address], 1), 0, options).atrain(files, 1)  # type: ignore[arg-type]
         epoch = result.epochs[-1]
@@ -79,6 +79,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=4, help="word2vec training files to use (default 4)")
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--modes", default="geo,async,half_async,sync")
+    parser.add_argument("--k-steps", type=int, default=400, help="geo exchange interval in trainer steps (default 400)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "trainer_scaling.json"))
     args = parser.parse_args()
     import structlog
@@ -89,8 +90,8 @@ def main() -> int:
         tmp = Path(tmpdir)
         model, files = make_model(args, tmp)
         for mode in args.modes.split(","):
-            one = asyncio.run(run_once(model, files, mode, 1, tmp))
-            two = asyncio.run(run_once(model, files, mode, 2, tmp))
+            one = asyncio.run(run_once(model, files, mode, 1, tmp, args.k_steps))
+            two = asyncio.run(run_once(model, files, mode, 2, tmp, args.k_steps))
             rows.append({"mode": mode, "workers_1": one, "workers_2": two, "speedup": two["examples_per_s"] / one["examples_per_s"]})
             print(f"{mode}: 1 worker {one['examples_per_s']:.0f}/s, 2 workers {two['examples_per_s']:.0f}/s", file=sys.stderr)
     print(f"\nTrainer scaling ({args.model}, 1 pserver, 1 trainer; {os.cpu_count()} cores)\n")
