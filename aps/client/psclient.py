@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import wire
-from ..errors import ApsError, ConfigError, ConnectionLost, RequestTimeout, ServerError
+from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from .link import Link
@@ -454,5 +454,3 @@ def connect(
         addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff
     )
 
-
-__all__ = ["PSClient", "connect", "ApsError"]

@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -110,7 +109,3 @@ class Attached:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else f"%{ord(c):02x}" for c in name)
-
-
-def shm_root_exists(root: str) -> bool:
-    return Path(root).exists()

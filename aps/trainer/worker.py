@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from ..errors import ApsError, DataError
-from ..specs import SGD, DenseTable, SparseTable
+from ..specs import SGD
 from .ipc import Kind, Record
 from .kernels import sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
@@ -230,5 +230,3 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         finally:
             os._exit(1)
 
-
-__all__ = ["WorkerSpec", "worker_main", "SparseTable", "DenseTable"]

@@ -7,7 +7,7 @@ in that order (see codec.py for the kinds). A request and its reply share an opc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -335,10 +335,6 @@ def decode(frame: Frame) -> Message:
     if cls in (Ok, TextReply, ArrayReply):
         values["op"] = frame.opcode
     return cls(**values)
-
-
-def field_names(cls: type[Message]) -> list[str]:
-    return [f.name for f in fields(cls)]  # type: ignore[arg-type]
 
 
 __all__ = [
