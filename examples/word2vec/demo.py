@@ -54,6 +54,8 @@ def main() -> int:
     ]
     for arg in args.model_arg or ["negatives=pair", "lr=2.5"]:
         cmd += ["--model-arg", arg]
+    for old_metrics in Path("log").glob("trainer.*.metrics.jsonl"):
+        old_metrics.unlink()  # trainers append to these; this run's numbers only
     print("$", " ".join(cmd), flush=True)
     started = time.monotonic()
     if subprocess.call(cmd) != 0:
