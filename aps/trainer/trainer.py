@@ -87,7 +87,10 @@ class Trainer:
                     )
 
     def train(self, files: list[str], epochs: int = 1) -> TrainResult:
-        """Blocking wrapper around :meth:`atrain` (runs its own event loop)."""
+        """Blocking wrapper around :meth:`atrain` (runs its own event loop).
+
+        Workers are started with multiprocessing's *spawn*, which re-imports the main module:
+        call this under ``if __name__ == "__main__":`` in a script."""
         return asyncio.run(self.atrain(files, epochs))
 
     async def atrain(self, files: list[str], epochs: int = 1) -> TrainResult:
