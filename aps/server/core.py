@@ -31,6 +31,8 @@ from .tables import DenseShard, SparseShard, make_shard
 log = structlog.get_logger("aps.server")
 
 Reply = wire.Message | Awaitable[wire.Message]
+_FINAL = int(wire.Flag.FINAL)
+_SYNC = int(wire.Flag.SYNC)
 Shard = SparseShard | DenseShard
 
 
@@ -171,8 +173,8 @@ class ServerCore:
         shard = self._sparse(msg.table)
         local = self._local_ids(shard, msg.ids)
         self._check_rows(shard, msg.ids, msg.values)
-        final = bool(flags & wire.Flag.FINAL)
-        if flags & wire.Flag.SYNC:
+        final = bool(flags & _FINAL)
+        if flags & _SYNC:
             scale = 1.0 / self.config.num_trainers
 
             def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
@@ -221,8 +223,8 @@ class ServerCore:
     def _push_dense_grad(self, client_id: int, msg: wire.PushDenseGrad, flags: int) -> Reply:
         shard = self._dense(msg.table)
         self._check_dense_values(msg)
-        final = bool(flags & wire.Flag.FINAL)
-        if flags & wire.Flag.SYNC:
+        final = bool(flags & _FINAL)
+        if flags & _SYNC:
             shard.pull(msg.block, msg.offset, len(msg.values))  # validates the range before waiting
             scale = 1.0 / self.config.num_trainers
 

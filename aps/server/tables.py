@@ -17,7 +17,7 @@ from typing import Union
 import numpy as np
 
 from ..errors import ErrorCode, ServerError
-from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
+from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
 from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
@@ -34,16 +34,16 @@ def _check_ids(table: str, ids: object, limit: int, shard: int, num_shards: int)
         raise _bad(ErrorCode.BAD_REQUEST, table, f"ids must be an int64 array, got {kind}")
     if ids.ndim != 1:
         raise _bad(ErrorCode.SHAPE_MISMATCH, table, f"ids must be 1-D, got shape {ids.shape}")
-    if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
-        bad = lo if lo < 0 else (hi if hi >= limit else None)
-        if bad is not None:
-            raise _bad(
-                ErrorCode.ID_OUT_OF_RANGE, table,
-                f"local id {bad} (global id {shard + num_shards * bad}) is outside [0, {limit}) "
-                f"on shard {shard} of {num_shards}",
-            )
-    return np.ascontiguousarray(ids)
+    ids = np.ascontiguousarray(ids)
+    at = first_bad_id(ids, limit)  # one compiled pass, cheaper than min + max on small requests
+    if at >= 0:
+        bad = int(ids[at])
+        raise _bad(
+            ErrorCode.ID_OUT_OF_RANGE, table,
+            f"local id {bad} (global id {shard + num_shards * bad}) is outside [0, {limit}) "
+            f"on shard {shard} of {num_shards}",
+        )
+    return ids
 
 
 def _check_float32(table: str, values: object, what: str) -> np.ndarray:

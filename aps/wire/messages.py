@@ -284,6 +284,10 @@ REPLIES.update(
 )
 
 
+_REPLY_CLASSES = (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierReply)
+_REPLY_BIT = int(Flag.REPLY)  # a plain int: IntFlag arithmetic costs a microsecond a time
+
+
 def message_op(msg: Message) -> int:
     op = getattr(msg, "op", None)
     return int(op) if op else int(msg.OP)
@@ -295,8 +299,8 @@ def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAU
     for name, kind in msg.FIELDS:
         writer.write(kind, getattr(msg, name))
     parts = writer.finish()
-    if isinstance(msg, (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierReply)):
-        flags |= Flag.REPLY
+    if isinstance(msg, _REPLY_CLASSES):
+        flags = int(flags) | _REPLY_BIT
     header = encode_header(message_op(msg), flags, request_id, writer.size, max_frame)
     if parts and isinstance(parts[0], bytes):
         parts[0] = header + parts[0]
