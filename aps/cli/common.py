@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from ..errors import ApsError, ConfigError
+from ..log import setup_logging
 
 
 def add_logging_flags(parser: argparse.ArgumentParser) -> None:
@@ -28,3 +32,21 @@ def on_signals(callback: Callable[[signal.Signals], None], *signals: signal.Sign
     loop = asyncio.get_running_loop()
     for sig in signals or (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, callback, sig)
+
+
+def cli_main(
+    prog: str, role: str, parser: argparse.ArgumentParser, amain: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+    argv: list[str] | None,
+) -> int:
+    """Parse flags, set up logging, run; a ConfigError exits 2, any other ApsError 1, each as
+    one line on stderr instead of a traceback."""
+    args = parser.parse_args(argv)
+    setup_logging(json=args.log_json, level=args.log_level, role=role)
+    try:
+        return run_main(amain(args))
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ApsError as exc:
+        print(f"{prog}: failed: {exc}", file=sys.stderr)
+        return 1

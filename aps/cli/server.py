@@ -10,11 +10,10 @@ import sys
 import structlog
 
 from ..cluster import cluster_from_env, parse_addresses
-from ..errors import ApsError, ConfigError
-from ..log import setup_logging
+from ..errors import ConfigError
 from ..server import PServer, ServerConfig
 from ..wire import DEFAULT_MAX_FRAME
-from .common import add_logging_flags, on_signals, run_main
+from .common import add_logging_flags, cli_main, on_signals
 
 DESCRIPTION = """\
 Run one aps parameter server (pserver). It owns shard INDEX of every table, applies the
@@ -98,13 +97,7 @@ async def _amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(json=args.log_json, level=args.log_level, role="pserver")
-    try:
-        return run_main(_amain(args))
-    except ApsError as exc:
-        print(f"aps-server: error: {exc}", file=sys.stderr)
-        return 2
+    return cli_main("aps-server", "pserver", build_parser(), _amain, argv)
 
 
 if __name__ == "__main__":

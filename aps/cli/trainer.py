@@ -6,18 +6,16 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import structlog
 
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
-from ..errors import ApsError, ConfigError
-from ..log import setup_logging
+from ..errors import ConfigError
 from ..models import BUILTIN, load_model_class, parse_model_args
 from ..trainer import Strategy, Trainer, TrainOptions
 from ..trainer.strategy import MERGES, MODES
-from .common import add_logging_flags, on_signals, run_main
+from .common import add_logging_flags, cli_main, on_signals
 
 DESCRIPTION = """\
 Run one aps trainer: read this trainer's share of the input files, train the model with a pool
@@ -141,13 +139,4 @@ async def _amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(json=args.log_json, level=args.log_level, role="trainer")
-    try:
-        return run_main(_amain(args))
-    except ConfigError as exc:
-        print(f"aps-trainer: error: {exc}", file=sys.stderr)
-        return 2
-    except ApsError as exc:
-        print(f"aps-trainer: training failed: {exc}", file=sys.stderr)
-        return 1
+    return cli_main("aps-trainer", "trainer", build_parser(), _amain, argv)
