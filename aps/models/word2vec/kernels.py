@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ...trainer.kernels import sgd_rows
+
 # parse_ids status codes (info[0])
 PARSE_OK = 0
 PARSE_NOT_INT = 1
@@ -154,6 +156,19 @@ def make_pairs(ids: np.ndarray, sent_off: np.ndarray, nsent: int, wins: np.ndarr
     return p
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _index_of(x: int, mark: np.ndarray, unique: np.ndarray, total: int, base: int) -> tuple[int, int]:
+    """Position of id ``x`` among this batch's unique ids (those since ``base``), appending it
+    to ``unique`` on first sight. ``mark`` (vocab-sized, -1 = unseen) makes it O(1)."""
+    m = mark[x]
+    if m < 0:
+        m = total - base
+        mark[x] = m
+        unique[total] = x
+        total += 1
+    return m, total
+
+
 @njit(cache=True, nogil=True)
 def index_batches(
     cen: np.ndarray,
@@ -190,33 +205,18 @@ def index_batches(
         c0 = c_tot
         for p in range(p0, p1):
             x = cen[p]
-            m = mark[x]
-            if m < 0:
-                m = c_tot - c0
-                mark[x] = m
-                uc[c_tot] = x
-                c_tot += 1
+            m, c_tot = _index_of(x, mark, uc, c_tot, c0)
             inv_c[p] = m
         for q in range(c0, c_tot):
             mark[uc[q]] = -1
         w0 = w_tot
         for p in range(p0, p1):
             x = ctx[p]
-            m = mark[x]
-            if m < 0:
-                m = w_tot - w0
-                mark[x] = m
-                uw[w_tot] = x
-                w_tot += 1
+            m, w_tot = _index_of(x, mark, uw, w_tot, w0)
             inv_t[p] = m
         for k in range(k_neg):
             x = negs[b, k]
-            m = mark[x]
-            if m < 0:
-                m = w_tot - w0
-                mark[x] = m
-                uw[w_tot] = x
-                w_tot += 1
+            m, w_tot = _index_of(x, mark, uw, w_tot, w0)
             inv_n[b, k] = m
         for q in range(w0, w_tot):
             mark[uw[q]] = -1
@@ -355,22 +355,6 @@ def batch_grad(
 
 
 @njit(cache=True, nogil=True)
-def sgd_apply(values: np.ndarray, ids: np.ndarray, grads: np.ndarray, lr: float, dirty: np.ndarray) -> None:
-    """``values[ids] -= lr * grads`` then mark the rows dirty (after writing, for geo's recv).
-
-    The same arithmetic as the runtime's generic ``sgd_rows`` (no fast-math), so the fused
-    geo step equals compute + SGD bit for bit.
-    """
-    dim = values.shape[1]
-    for j in range(ids.shape[0]):
-        r = ids[j]
-        for d in range(dim):
-            values[r, d] -= lr * grads[j, d]
-    for j in range(ids.shape[0]):
-        dirty[ids[j]] = 1
-
-
-@njit(cache=True, nogil=True)
 def local_step(
     emb: np.ndarray, emb_w: np.ndarray, emb_b: np.ndarray, uc: np.ndarray, uw: np.ndarray,
     inv_c: np.ndarray, inv_t: np.ndarray, inv_n: np.ndarray, lr_e: float, lr_w: float, lr_b: float,
@@ -381,9 +365,9 @@ def local_step(
     """One fused geo step: :func:`batch_grad` into per-worker scratch, then SGD on the shared
     rows and their dirty marks; returns the summed loss."""
     loss = batch_grad(emb, emb_w, emb_b, uc, uw, inv_c, inv_t, inv_n, scratch_e, scratch_w, scratch_b, g_e, g_w, g_b)
-    sgd_apply(emb, uc, g_e[: uc.shape[0]], lr_e, dirty_e)
-    sgd_apply(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
-    sgd_apply(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
+    sgd_rows(emb, uc, g_e[: uc.shape[0]], lr_e, dirty_e)
+    sgd_rows(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
+    sgd_rows(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
     return loss
 
 
@@ -458,34 +442,19 @@ def index_batches_pair(
         c0 = c_tot
         for p in range(p0, p1):
             x = cen[p]
-            m = mark[x]
-            if m < 0:
-                m = c_tot - c0
-                mark[x] = m
-                uc[c_tot] = x
-                c_tot += 1
+            m, c_tot = _index_of(x, mark, uc, c_tot, c0)
             inv_c[p] = m
         for q in range(c0, c_tot):
             mark[uc[q]] = -1
         w0 = w_tot
         for p in range(p0, p1):
             x = ctx[p]
-            m = mark[x]
-            if m < 0:
-                m = w_tot - w0
-                mark[x] = m
-                uw[w_tot] = x
-                w_tot += 1
+            m, w_tot = _index_of(x, mark, uw, w_tot, w0)
             inv_t[p] = m
         for p in range(p0, p1):
             for k in range(k_neg):
                 x = negs[p, k]
-                m = mark[x]
-                if m < 0:
-                    m = w_tot - w0
-                    mark[x] = m
-                    uw[w_tot] = x
-                    w_tot += 1
+                m, w_tot = _index_of(x, mark, uw, w_tot, w0)
                 inv_n[p, k] = m
         for q in range(w0, w_tot):
             mark[uw[q]] = -1
@@ -570,7 +539,7 @@ def local_step_pair(
 ) -> float:
     """:func:`local_step` for per-pair negatives."""
     loss = batch_grad_pair(emb, emb_w, emb_b, uc, uw, inv_c, inv_t, inv_n, scratch_e, scratch_w, scratch_b, g_e, g_w, g_b)
-    sgd_apply(emb, uc, g_e[: uc.shape[0]], lr_e, dirty_e)
-    sgd_apply(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
-    sgd_apply(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
+    sgd_rows(emb, uc, g_e[: uc.shape[0]], lr_e, dirty_e)
+    sgd_rows(emb_w, uw, g_w[: uw.shape[0]], lr_w, dirty_w)
+    sgd_rows(emb_b, uw, g_b[: uw.shape[0]], lr_b, dirty_b)
     return loss
