@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-send-grad-num-before-recv", type=int, help="async: pull dense params every N pushes (default workers)")
     s.add_argument("--thread-pool-size", type=int, help="concurrent table pushes (default 5)")
     s.add_argument("--merge", choices=MERGES, help="how gradients are merged (default auto: see docs/modes.md)")
+    s.add_argument("--no-prefetch", action="store_true", help="async: do not pull the next batch's rows during compute (to measure it)")
     s.add_argument("--rpc-retry-times", type=int, help="retries per request (default 3)")
     s.add_argument("--rpc-timeout", type=float, help="seconds per call, retries included (default 120)")
     o = p.add_argument_group("output")
@@ -91,6 +92,7 @@ def _strategy(args: argparse.Namespace) -> Strategy:
         merge=args.merge,
         rpc_retry_times=args.rpc_retry_times,
         rpc_timeout=args.rpc_timeout,
+        prefetch=False if args.no_prefetch else None,
     )
 
 

@@ -13,6 +13,8 @@ from ..errors import ConfigError
 #: built-in model names -> "module:Class"
 BUILTIN = {
     "word2vec": "aps.models.word2vec.model:Word2Vec",
+    "ctr_dnn": "aps.models.ctr_dnn.model:CtrDnn",
+    "wide_deep": "aps.models.wide_deep.model:WideDeep",
 }
 
 

@@ -35,6 +35,7 @@ class GradItem:
     sparse: dict[str, tuple[np.ndarray, np.ndarray]]
     dense: dict[str, np.ndarray]
     examples: int
+    step: int = 0  # the worker's step these gradients belong to (its reply names it)
 
 
 def merge_items(items: list[GradItem], average: bool) -> GradItem:
@@ -180,14 +181,14 @@ class Communicator:
 
     async def handle(self, worker: int, rec: Record) -> None:
         if rec.kind == Kind.PULL:
-            await self._pull_rows(worker, rec.counts)
-            self.reply(worker, Record(Kind.OK, rec.a))
+            await self._pull_rows(worker, rec.counts, rec.a % 2)
+            self.reply(worker, Record(Kind.OK, rec.a, Kind.PULL))
         elif rec.kind == Kind.GRADS:
-            item = self._take_grads(worker, rec.counts, rec.b)
+            item = self._take_grads(worker, rec.counts, rec.b, rec.a)
             if self.mode == "async":
                 assert self._queue is not None
                 await self._queue.put(item)  # bounded: a full queue holds the worker back
-                self.reply(worker, Record(Kind.OK, rec.a))
+                self.reply(worker, Record(Kind.OK, rec.a, Kind.GRADS))
             else:
                 self.pending[worker] = item
                 await self._maybe_step()
@@ -196,23 +197,27 @@ class Communicator:
             if self.mode in ("sync", "half_async"):
                 await self._maybe_step()
 
-    async def _pull_rows(self, worker: int, counts: list[int]) -> None:
+    async def _pull_rows(self, worker: int, counts: list[int], half: int) -> None:
+        """Pull the rows whose ids the worker wrote in ``half`` of its id mailbox."""
         boxes = self.shared.all_mailbox_ids[worker]
 
         async def one(t: SparseTable, n: int) -> None:
             if n:
-                ids = boxes[t.name][:n].copy()
+                ids = boxes[t.name][half][:n].copy()
                 rows = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
                 scatter_rows(self.shared.params[t.name], ids, rows)
 
         await asyncio.gather(*(one(t, n) for t, n in zip(self.sparse_tables, counts)))
 
-    def _take_grads(self, worker: int, counts: list[int], examples: int) -> GradItem:
+    def _take_grads(self, worker: int, counts: list[int], examples: int, step: int) -> GradItem:
         ids = self.shared.all_mailbox_ids[worker]
         grads = self.shared.all_mailbox_sparse[worker]
-        sparse = {t.name: (ids[t.name][:n].copy(), grads[t.name][:n].copy()) for t, n in zip(self.sparse_tables, counts)}
+        half = step % 2
+        sparse = {
+            t.name: (ids[t.name][half][:n].copy(), grads[t.name][:n].copy()) for t, n in zip(self.sparse_tables, counts)
+        }
         dense = {t.name: self.shared.all_mailbox_dense[worker][t.name].copy() for t in self.dense_tables}
-        return GradItem(sparse, dense, examples)
+        return GradItem(sparse, dense, examples, step)
 
     async def _push(self, item: GradItem, sync: bool) -> None:
         """Push one merged gradient: each table concurrently, at most thread_pool_size at once."""
@@ -244,15 +249,16 @@ class Communicator:
             if not self.pending or any(w not in self.pending for w in self.active):
                 return
             workers = sorted(self.pending)
-            item = merge_items([self.pending.pop(w) for w in workers], self._average(across_workers=True))
+            items = [self.pending.pop(w) for w in workers]
+            item = merge_items(items, self._average(across_workers=True))
             sync = self.mode == "sync"
             if sync:
                 await self._vote(has_data=True)
             await self._push(item, sync=sync)
             self.pushed_batches += len(workers)
             await self._pull_dense()
-            for w in workers:
-                self.reply(w, Record(Kind.OK))
+            for w, done in zip(workers, items):
+                self.reply(w, Record(Kind.OK, done.step, Kind.GRADS))
 
     async def _vote(self, has_data: bool) -> int:
         """Sync mode: every trainer says whether it still has data this round (a summed barrier),

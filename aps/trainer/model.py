@@ -103,6 +103,12 @@ class Model(ABC):
         """
         return None
 
+    def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """Optional, for classifiers: after :meth:`compute`, the batch's predicted probability of
+        the positive class and its 0/1 labels. A model that returns them gets AUC (global and
+        over the last 20 batches, merged across workers) in its progress reports and metrics."""
+        return None
+
     def max_batch_ids(self, table: str) -> int:
         """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers."""
         spec = self.table(table)

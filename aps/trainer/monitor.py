@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import numpy as np
 import structlog
 
+from ..metrics import merged_auc
 from .shared import STAT
 
 log = structlog.get_logger("aps.trainer")
@@ -51,6 +52,8 @@ class Monitor:
     trainer_id: int
     metrics_path: Path | None = None
     line: TextIO | None = None
+    #: the workers' AUC counts ([workers, 2, 2, buckets]); reported when a model predicts
+    auc: np.ndarray | None = None
     _last: Snapshot | None = None
     _epoch_start: Snapshot | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -93,7 +96,15 @@ class Monitor:
             "loss": (now.loss_sum - start.loss_sum) / examples if examples else None,
             "examples_per_s": examples / elapsed,
             "wait_share": (now.wait_s - start.wait_s) / busy,
+            **self._auc(),
         }
+
+    def _auc(self) -> dict[str, float]:
+        """Global AUC (since the start) and AUC of the last 20 batches of every worker."""
+        if self.auc is None or not self.auc[:, 0].any():
+            return {}
+        total, window = merged_auc(self.auc)
+        return {"auc": total, "batch_auc": window}
 
     def _emit(self, record: dict[str, Any], force_log: bool = False) -> None:
         self.history.append(record)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics import auc_state_shape
 from ..specs import DenseTable, SparseTable
 from .model import Model
 
@@ -46,6 +47,7 @@ class SharedLayout:
     mailbox_sparse: list[dict[str, ArraySpec]]
     mailbox_dense: list[dict[str, ArraySpec]]
     stats: ArraySpec
+    auc: ArraySpec
 
 
 def _shm_dir() -> str:
@@ -77,12 +79,15 @@ class SharedArrays:
                 tag = f"w{w}.{_safe(spec.name)}"
                 if isinstance(spec, SparseTable):
                     cap = model.max_batch_ids(spec.name)
-                    ids[w][spec.name] = self._create(f"ids.{tag}", "int64", (cap,))
+                    # two halves: a worker may publish its next batch's ids while this one's
+                    # gradients still refer to the current half
+                    ids[w][spec.name] = self._create(f"ids.{tag}", "int64", (2, cap))
                     sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, spec.dim))
                 elif isinstance(spec, DenseTable):
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))
-        self.layout = SharedLayout(self.root, params, dirty, ids, sparse, dense, stats)
+        auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
+        self.layout = SharedLayout(self.root, params, dirty, ids, sparse, dense, stats, auc)
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
         path = os.path.join(self.root, name)
@@ -102,6 +107,7 @@ class Attached:
         self.params = {name: spec.attach() for name, spec in layout.params.items()}
         self.dirty = {name: spec.attach() for name, spec in layout.dirty.items()}
         self.stats = layout.stats.attach()
+        self.auc = layout.auc.attach()
         self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
         self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
         self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]

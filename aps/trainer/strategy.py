@@ -45,6 +45,8 @@ class Strategy:
     rpc_retry_times: int = 3
     rpc_timeout: float = 120.0
     workers: int | None = None
+    #: async: ask for the next batch's rows while the current one computes (off only to measure)
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -145,6 +145,7 @@ class Trainer:
                     pipe_command=self.options.pipe_command,
                     skip_bad_lines=self.options.skip_bad_lines,
                     seed=self.options.seed,
+                    prefetch=self.strategy.prefetch,
                 )
                 for w in range(self.strategy.workers)
             ]
@@ -168,6 +169,7 @@ class Trainer:
                 self.trainer_id,
                 Path(self.options.metrics_path) if self.options.metrics_path else None,
                 terminal() if self.options.live_line else None,
+                attached.auc,
             )
             for epoch in range(epochs):
                 result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))

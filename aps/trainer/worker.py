@@ -3,7 +3,12 @@
 In geo mode it trains on the shared replica with local SGD (Hogwild with the other workers) and
 never waits for the network. In the other modes each batch asks the trainer for fresh rows and
 hands its gradients over through its shared mailbox; the trainer's communicator decides when the
-worker may go on (see docs/modes.md).
+worker may go on (see docs/modes.md). In async mode the worker does not idle on that round trip:
+it publishes the *next* batch's ids (in the other half of its double-buffered id mailbox) before
+computing the current one, so the rows arrive while it computes.
+
+BLAS is pinned to one thread per worker (threadpoolctl, at process start): ``--workers N`` then
+means N busy cores, and numpy's matrix products never oversubscribe them.
 """
 
 from __future__ import annotations
@@ -12,18 +17,22 @@ import asyncio
 import os
 import time
 import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
 
+from threadpoolctl import threadpool_limits
+
 from ..errors import ApsError, DataError
+from ..metrics import Auc
 from ..specs import SGD
 from .ipc import Kind, Record
 from .kernels import sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
-from .reader import feed_queue
+from .reader import feed_queue, iter_queue
 from .shared import STAT, Attached, SharedLayout
 
 
@@ -44,6 +53,7 @@ class WorkerSpec:
     pipe_command: str | None = None
     skip_bad_lines: bool = False
     seed: int = 0
+    prefetch: bool = True
 
 
 class Worker:
@@ -66,6 +76,10 @@ class Worker:
             skip_bad_lines=spec.skip_bad_lines,
         )
         self.geo = spec.mode == "geo"
+        self.prefetch = spec.mode == "async" and spec.prefetch
+        self._prefetched = -1  # step whose rows were requested ahead of time
+        self._replies: set[tuple[int, int]] = set()  # (kind, step) replies received early
+        self.auc = Auc(state=self.shared.auc[spec.worker_id])
         if not self.geo:
             w = spec.worker_id
             self.box_ids = self.shared.all_mailbox_ids[w]
@@ -99,30 +113,38 @@ class Worker:
             feed_queue(self.spec.files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command)
         )
         try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                for batch in self.model.batches(item, self.ctx):
-                    self._train(batch)
+            # one batch of look-ahead, so async mode can prefetch the next batch's rows
+            current: Batch | None = None
+            async for batch in self._batches(queue):
+                if current is not None:
+                    self._train(current, batch)
                     if self.step % 16 == 0:
                         await asyncio.sleep(0)  # let the reader refill the queue now and then
-                self.stats[STAT["bad_lines"]] = self.ctx.bad_lines
-                self.stats[STAT["heartbeat"]] = time.time()
+                current = batch
+            if current is not None:
+                self._train(current, None)
             await producer
         finally:
             producer.cancel()
 
+    async def _batches(self, queue: asyncio.Queue) -> AsyncIterator[Batch]:
+        async for chunk in iter_queue(queue):
+            for batch in self.model.batches(chunk, self.ctx):
+                yield batch
+            self.stats[STAT["bad_lines"]] = self.ctx.bad_lines
+            self.stats[STAT["heartbeat"]] = time.time()
+
     # ----------------------------------------------------------------- one batch
 
-    def _train(self, batch: Batch) -> None:
+    def _train(self, batch: Batch, upcoming: Batch | None) -> None:
         t0 = time.perf_counter()
         if self.geo:
             loss = self._train_geo(batch)
         else:
-            loss = self._train_remote(batch)
+            loss = self._train_remote(batch, upcoming)
+        predicted = self.model.predictions(batch)
+        if predicted is not None:
+            self.auc.update(*predicted)
         self.step += 1
         s = self.stats
         s[STAT["loss_sum"]] += loss
@@ -177,18 +199,33 @@ class Worker:
             self.params.dense[name] -= lrs[name] * g
         return float(loss)
 
-    def _train_remote(self, batch: Batch) -> float:
+    def _publish(self, batch: Batch, step: int) -> list[int]:
+        """Write the batch's ids into the id mailbox half of ``step``; return the counts."""
         counts = []
         for table in self.model.sparse_tables():
             ids = batch.sparse_ids.get(table.name, np.zeros(0, np.int64))
-            box = self.box_ids[table.name]
+            box = self.box_ids[table.name][step % 2]
             if len(ids) > len(box):
                 raise ApsError(
                     f"batch touches {len(ids)} rows of {table.name!r}, more than the model's max_batch_ids {len(box)}"
                 )
             box[: len(ids)] = ids
             counts.append(len(ids))
-        self._ask(Record(Kind.PULL, self.step, 0, counts))
+        return counts
+
+    def _train_remote(self, batch: Batch, upcoming: Batch | None) -> float:
+        step = self.step
+        if self._prefetched == step:
+            counts = [len(batch.sparse_ids.get(t.name, ())) for t in self.model.sparse_tables()]
+            self._await(Kind.PULL, step)
+        else:
+            counts = self._publish(batch, step)
+            self._send(Record(Kind.PULL, step, 0, counts))
+            self._await(Kind.PULL, step)
+        if self.prefetch and upcoming is not None:
+            # the next batch's rows travel while this one computes
+            self._send(Record(Kind.PULL, step + 1, 0, self._publish(upcoming, step + 1)))
+            self._prefetched = step + 1
         grads = Grads()
         for table, n in zip(self.model.sparse_tables(), counts):
             view = self.box_sparse[table.name][:n]
@@ -198,18 +235,31 @@ class Worker:
             buf.fill(0.0)
             grads.dense[name] = buf
         loss = self.model.compute(batch, self.params, grads)
-        self._ask(Record(Kind.GRADS, self.step, batch.examples, counts))
+        self._send(Record(Kind.GRADS, step, batch.examples, counts))
+        self._await(Kind.GRADS, step)
         return float(loss)
 
-    def _ask(self, rec: Record) -> None:
-        """Send a request to the trainer and block until it says OK."""
-        t0 = time.perf_counter()
+    def _send(self, rec: Record) -> None:
         self.conn.send_bytes(rec.encode())
-        reply = Record.decode(self.conn.recv_bytes())
-        if reply.kind == Kind.STOP:
-            raise SystemExit(0)
-        if reply.kind != Kind.OK:
-            raise ApsError(f"worker expected OK from the trainer, got {reply.kind.name}")
+
+    def _await(self, kind: Kind, step: int) -> None:
+        """Block until the trainer says the ``kind`` request of ``step`` is done (replies to
+        other outstanding requests that arrive meanwhile are remembered)."""
+        key = (int(kind), step)
+        if key in self._replies:
+            self._replies.discard(key)
+            return
+        t0 = time.perf_counter()
+        while True:
+            reply = Record.decode(self.conn.recv_bytes())
+            if reply.kind == Kind.STOP:
+                raise SystemExit(0)
+            if reply.kind != Kind.OK:
+                raise ApsError(f"worker expected OK from the trainer, got {reply.kind.name}")
+            got = (reply.b, reply.a)
+            if got == key:
+                break
+            self._replies.add(got)
         self.stats[STAT["wait_s"]] += time.perf_counter() - t0
 
 
@@ -217,6 +267,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process (spawn-safe: a module-level function)."""
     child_signals()
     try:
+        threadpool_limits(limits=1)  # one BLAS thread per worker process: no oversubscription
         Worker(spec, conn).run()
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         os._exit(1)  # the trainer is gone; nothing to report to

@@ -1,0 +1,105 @@
+"""Offline inference of a CTR model from a pserver checkpoint: AUC, logloss and examples.
+
+The reference's inference step loads the saved parameters, *resets the AUC state* ("set_zero")
+and runs the network forward over the test files. Here the checkpoint may come from any number
+of pservers (it is read back as one shard), the files are parsed by the model's own batcher,
+and the forward pass is the model's ``forward`` kernel - the same code that trained it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..metrics import Auc, logloss
+from ..specs import DenseTable, SparseTable
+from ..trainer.files import expand_inputs
+from ..trainer.model import Batch, Model, Params, WorkerContext
+from ..trainer.reader import Chunk
+
+
+class Predictor(Protocol):
+    """What a model needs for inference: its tables, its batches, a forward pass that fills the
+    batch's probabilities, and :meth:`~aps.trainer.model.Model.predictions`."""
+
+    def tables(self) -> list[SparseTable | DenseTable]: ...
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]: ...
+    def forward(self, batch: Batch, params: Params) -> float: ...
+    def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None: ...
+
+
+def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
+    """Every table of ``model`` from a checkpoint (saved by any number of pservers), whole."""
+    from ..server.checkpoint import load_shards  # server code only when reading checkpoints
+
+    shards, _ = load_shards(Path(checkpoint), shard=0, num_shards=1)
+    sparse: dict[str, np.ndarray] = {}
+    dense: dict[str, np.ndarray] = {}
+    for spec in model.tables():
+        shard = shards.get(spec.name)
+        if shard is None:
+            raise ConfigError(f"checkpoint {checkpoint} has no table {spec.name!r} (has {sorted(shards)}): another model?")
+        if _shape(shard.spec) != _shape(spec):  # init and optimizer do not matter for inference
+            raise ConfigError(
+                f"checkpoint {checkpoint}: table {spec.name!r} has shape {_shape(shard.spec)}, the model's is "
+                f"{_shape(spec)}; pass the model arguments it was trained with"
+            )
+        if isinstance(spec, SparseTable):
+            sparse[spec.name] = np.asarray(shard.values)  # type: ignore[union-attr]
+        else:
+            flat = np.empty(spec.size, np.float32)
+            for index, block in shard.blocks.items():  # type: ignore[union-attr]
+                flat[block.start : block.stop] = shard.values[index]  # type: ignore[union-attr]
+            dense[spec.name] = flat.reshape(spec.shape)
+    return Params(sparse, dense)
+
+
+def _shape(spec: SparseTable | DenseTable) -> tuple[int, ...]:
+    return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
+
+
+def read_chunks(path: str, block: int = 4 << 20) -> Iterator[Chunk]:
+    """Whole-line chunks of a file, with their first line numbers (for error messages)."""
+    line = 1
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(block)
+            if not data:
+                break
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                lines = data.count(b"\n", 0, cut)
+                yield Chunk(path, line, data[:cut], lines)
+                line += lines
+    if carry:
+        yield Chunk(path, line, carry + b"\n", 1)
+
+
+def evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines: bool = False) -> dict[str, Any]:
+    """AUC (bucketed, from a reset state), mean logloss and example count over ``files``."""
+    auc = Auc()  # a fresh, zeroed state: the reference's set_zero before inference
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0), skip_bad_lines=skip_bad_lines)
+    loss_sum = 0.0
+    examples = 0
+    for path in expand_inputs(list(files)):
+        for chunk in read_chunks(path):
+            for batch in model.batches(chunk, ctx):
+                model.forward(batch, params)  # type: ignore[attr-defined]
+                predicted = model.predictions(batch)
+                if predicted is None:
+                    raise ConfigError(f"model {model.name!r} does not predict probabilities: no AUC to compute")
+                probs, labels = predicted
+                auc.update(probs, labels)
+                loss_sum += logloss(probs, labels) * len(labels)
+                examples += len(labels)
+    if examples == 0:
+        raise DataError("no examples in the test files", ", ".join(map(str, files)))
+    return {"auc": auc.global_auc(), "logloss": loss_sum / examples, "examples": examples, "bad_lines": ctx.bad_lines}

@@ -1,0 +1,137 @@
+"""What the CTR models share: Criteo batches, the settings every one takes, AUC predictions.
+
+A CTR model subclasses :class:`CriteoModel` and writes three things: its tables
+(``_build_tables``), ``forward`` (fill ``batch.data.probs``, return the summed loss) and
+``compute`` (``forward`` plus gradients). :mod:`aps.models.ctr_dnn.model` is the template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..specs import SGD, Adagrad, Adam, Optimizer, TableSpec
+from ..trainer.model import Batch, Model, Params, WorkerContext
+from ..trainer.reader import Chunk
+from .criteo import CriteoFormat
+from .ctr_batches import CtrBatch, CtrBatcher
+from .layers import MLP, Dense
+
+OPTIMIZERS = ("adam", "sgd", "adagrad")
+
+
+def positive_int(model: str, name: str, value: Any, low: int = 1) -> int:
+    """A model argument that must be an integer >= ``low`` (``--model-arg`` passes text too)."""
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{model} {name} must be an integer, got {value!r}") from None
+    if out != float(value) or out < low:
+        raise ConfigError(f"{model} {name} must be an integer >= {low}, got {value!r}")
+    return out
+
+
+def positive_float(model: str, name: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{model} {name} must be a number, got {value!r}") from None
+    if not (out > 0 and out != float("inf")):
+        raise ConfigError(f"{model} {name} must be a positive number, got {value!r}")
+    return out
+
+
+def make_optimizer(model: str, name: str, lr: float) -> Optimizer:
+    """``adam`` (the reference), ``sgd`` (needed by geo mode) or ``adagrad``, all at ``lr``."""
+    if name == "adam":
+        return Adam(lr)
+    if name == "sgd":
+        return SGD(lr)
+    if name == "adagrad":
+        return Adagrad(lr)
+    raise ConfigError(f"{model} optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+class CriteoModel(Model):
+    """Base of models trained on Criteo-format lines (one label, dense columns, hashed slots).
+
+    Takes the arguments every such model has (all accept text, for ``--model-arg``); the data
+    layout is the reference's Criteo one unless ``meta`` names a ``meta.json`` describing another.
+    """
+
+    #: the fully connected stack, set by ``_build_tables``
+    layers: list[Dense]
+    #: the sparse tables indexed by the hashed slot ids (all get the same ids per batch)
+    slot_tables: tuple[str, ...] = ()
+
+    def __init__(
+        self, *, embedding_size: int, hidden: str, batch_size: int, lr: float, optimizer: str,
+        init_range: float, meta: str | None, seed: int,
+    ) -> None:
+        self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
+        self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
+        try:
+            self.hidden = tuple(positive_int(self.name, "hidden", h) for h in str(hidden).split(","))
+        except ConfigError:
+            raise ConfigError(f"{self.name} hidden must be comma-separated positive widths, got {hidden!r}") from None
+        self.batch_size = positive_int(self.name, "batch_size", batch_size)
+        self.lr = positive_float(self.name, "lr", lr)
+        self.optimizer = str(optimizer)
+        self.init_range = positive_float(self.name, "init_range", init_range)
+        self.seed = positive_int(self.name, "seed", seed, low=0)
+        self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr))
+        self._cache: dict[str, Any] = {}  # per process, never pickled: batcher, buffers
+
+    def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        return state
+
+    # ------------------------------------------------------------ contract
+
+    def tables(self) -> list[TableSpec]:
+        return list(self._tables)
+
+    def max_batch_ids(self, table: str) -> int:
+        return min(self.batch_size * self.format.slots, self.format.buckets)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name, "slots": self.format.slots, "dense": self.format.dense,
+            "embedding_size": self.embedding_size, "hidden": ",".join(map(str, self.hidden)),
+            "batch_size": self.batch_size, "optimizer": self.optimizer, "lr": self.lr,
+        }
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        batcher = self._cache.get("batcher")
+        if batcher is None:
+            batcher = self._cache["batcher"] = CtrBatcher(self.format, self.batch_size, self.slot_tables)
+        return batcher.batches(chunk, ctx)
+
+    def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        data: CtrBatch = batch.data
+        return data.probs, data.labels
+
+    def forward(self, batch: Batch, params: Params) -> float:
+        """Fill ``batch.data.probs``; return the summed loss (inference uses this alone)."""
+        raise NotImplementedError
+
+    def _mlp(self) -> MLP:
+        """This process's buffers for the model's fully connected stack (``self.layers``)."""
+        mlp = self._cache.get("mlp")
+        if mlp is None:
+            mlp = self._cache["mlp"] = MLP(self.layers, self.batch_size)
+        return mlp
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 scratch array of this process, allocated on first use."""
+        buf = self._cache.get(name)
+        if buf is None:
+            buf = self._cache[name] = np.zeros(shape, np.float32)
+        return buf

@@ -1,0 +1,94 @@
+"""wide&deep (Cheng et al. 2016; the reference's Fleet quick start) as an aps model plug-in.
+
+* **wide**: a dim-1 sparse weight per hashed slot value (table ``wide.slot``) summed over the
+  slots, plus a linear term over the dense features (``wide.dense``, ``wide.b``);
+* **deep**: per-slot embeddings (``deep.emb``, dim 8) concatenated with the dense features ->
+  FC 400 ReLU -> FC 400 ReLU -> FC 400 ReLU -> FC 1 (``deep1.w`` ... ``deep4.b``);
+* logit = wide + deep; sigmoid cross-entropy; Adam on the pservers for every table.
+
+Gradients are of the batch *mean* loss; ``compute`` returns the summed loss (see
+:mod:`aps.models.ctr_dnn.model`, which this file follows line for line where it can). Data are
+Criteo-format lines; the Adult census set made by ``examples/wide_deep/prepare_adult.py`` comes
+with a ``meta.json`` that says its 6 dense and 8 slot columns (``--model-arg meta=...``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...specs import Constant, DenseTable, Optimizer, SparseTable, TableSpec, Uniform
+from ...trainer.model import Batch, Grads, Params
+from ..ctr_batches import CtrBatch
+from ..ctr_model import CriteoModel
+from ..layers import gather_slots, scatter_slots, scatter_sum_slots, sigmoid_xent, stack, sum_slots
+
+WIDE_SLOT = "wide.slot"
+WIDE_DENSE = "wide.dense"
+WIDE_BIAS = "wide.b"
+DEEP_EMB = "deep.emb"
+
+
+class WideDeep(CriteoModel):
+    """wide&deep; every argument has a default and accepts text (``--model-arg``).
+    ``init_range`` is the deep embedding's uniform init half-width; wide weights start at 0."""
+
+    name = "wide_deep"
+    slot_tables = (WIDE_SLOT, DEEP_EMB)
+
+    def __init__(
+        self,
+        embedding_size: int = 8,
+        hidden: str = "400,400,400",
+        batch_size: int = 1000,
+        lr: float = 0.001,
+        optimizer: str = "adam",
+        init_range: float = 0.1,
+        meta: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
+            init_range=init_range, meta=meta, seed=seed,
+        )
+
+    def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
+        fmt, r = self.format, self.init_range
+        self.layers = stack("deep", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 1)
+        tables: list[TableSpec] = [
+            SparseTable(WIDE_SLOT, fmt.buckets, 1, Constant(0.0), optimizer, seed=self.seed),
+            SparseTable(DEEP_EMB, fmt.buckets, self.embedding_size, Uniform(-r, r), optimizer, seed=self.seed),
+            DenseTable(WIDE_DENSE, (max(fmt.dense, 1), 1), Constant(0.0), optimizer, seed=self.seed),
+            DenseTable(WIDE_BIAS, (1,), Constant(0.0), optimizer, seed=self.seed),
+        ]
+        for layer in self.layers:
+            tables.extend(layer.tables(optimizer, self.seed))
+        return tables
+
+    def forward(self, batch: Batch, params: Params) -> float:
+        return self._forward(batch, params)[0]
+
+    def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
+        """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""
+        loss, x, d_logit = self._forward(batch, params)
+        data: CtrBatch = batch.data
+        slots = self.format.slots
+        d_x = self._mlp().backward(x, d_logit[:, None], params.dense, grads.dense)
+        scatter_slots(d_x, data.inverse, slots, self.embedding_size, grads.sparse[DEEP_EMB])
+        scatter_sum_slots(d_logit, data.inverse, slots, grads.sparse[WIDE_SLOT])
+        if self.format.dense:
+            np.matmul(data.dense.T, d_logit[:, None], out=grads.dense[WIDE_DENSE])
+        grads.dense[WIDE_BIAS][0] += d_logit.sum()
+        return loss
+
+    def _forward(self, batch: Batch, params: Params) -> tuple[float, np.ndarray, np.ndarray]:
+        data: CtrBatch = batch.data
+        n = batch.examples
+        x = self._buffer("x", (self.batch_size, self.layers[0].fan_in))[:n]
+        gather_slots(params.sparse[DEEP_EMB], data.ids, data.dense, x)
+        deep = self._mlp().forward(x, params.dense)[:, 0]
+        logit = deep + sum_slots(params.sparse[WIDE_SLOT], data.ids) + params.dense[WIDE_BIAS][0]
+        if self.format.dense:
+            logit += (data.dense @ params.dense[WIDE_DENSE])[:, 0]
+        d_logit = self._buffer("d_logit", (self.batch_size,))[:n]
+        loss = sigmoid_xent(logit, data.labels, data.probs, d_logit)
+        return float(loss), x, d_logit
