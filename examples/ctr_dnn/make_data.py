@@ -1,0 +1,398 @@
+"""Synthetic Criteo-format CTR data drawn from a known model, so the best possible AUC is known.
+
+Real Criteo data cannot be fetched here, and on real data nobody knows how close a trained model
+is to the best achievable. This script writes lines in Criteo's layout (``label \\t I1..I13 \\t
+C1..C26``, PaddlePaddle's ``train_data/part-*`` and ``test_data/part-*``) whose labels are drawn
+from a logistic model we keep: the AUC of the true click probabilities on the test labels (the
+Bayes-optimal AUC) is the ceiling a model can reach, and is written to ``meta.json``.
+
+What makes it Criteo-like:
+  * 26 categorical slots with Zipf-like value frequencies, from 3 to 10^6 distinct values
+    (``--scale full``, Criteo's own cardinalities capped) or at most 3,000 with steeper power laws
+    (``--scale small``, for tests and demos: learnable from 50k-100k lines); values are
+    8-hex-digit strings; some slots are mostly missing (C22), most rarely;
+  * 13 dense integer counts, heavy-tailed (I5 in the tens of thousands, I2 down to -3), with
+    Criteo's missing rates, so the reference normalisation ``(x - cont_min) / cont_diff`` puts
+    most of them in [0, 1] and a tail above.
+
+The label model: ``logit = bias + sum_slot w_slot[value] + f(dense)``. Each value's weight is drawn
+with a spread that shrinks with its frequency (``p / (p + p0)``): most of the signal is in the head
+of each distribution, which a model sees often enough to learn, and the long tail is near-noise, as
+in real click logs. ``f`` is linear in the clipped normalised dense values plus a bump and an
+interaction, so a DNN has something to learn beyond the wide features. The categorical and dense
+parts are scaled to fixed spreads and the bias to a positive rate of about 17%, using a pilot sample,
+so the Bayes AUC is about 0.80 for every seed and both scales.
+
+Everything is a function of ``--seed`` and ``--scale`` only: rows come in fixed chunks of 65,536
+with their own random streams, so the same seed gives byte-identical files, and the model (and the
+test set) does not change with ``--train-lines`` or the number of files.
+
+    python examples/ctr_dnn/make_data.py --out data/ctr --scale small --train-lines 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+GENERATOR = "aps make_data v1"
+CHUNK = 1 << 16          # rows per random stream: output does not depend on file counts
+PILOT_ROWS = 200_000     # rows used to scale the weights and fit the bias
+TARGET_RATE = 0.17       # positive rate the bias is fitted to
+CAT_STD = 1.25           # spread of the categorical part of the logit (after scaling)
+DENSE_STD = 0.65         # spread of the dense part (linear + bump + interaction)
+BUMP, INTERACTION = 1.0, 1.0   # sizes of the non-linear dense terms before scaling (linear ones ~ N(0, 1))
+P0 = 0.03                # a value with frequency p gets weight spread ~ p / (p + P0)
+SMALL_CAP = 3000         # --scale small: most distinct values per slot
+SMALL_STEEPER = 0.5      # --scale small: added to every Zipf exponent, so fewer mid-frequency values
+                         # to estimate: a model trained on 60k lines gets within ~0.007 of the Bayes AUC
+
+# The reference's normalisation constants (PaddleRec's criteo reader).
+CONT_MIN = np.array([0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int64)
+CONT_DIFF = np.array([20, 603, 100, 50, 64000, 500, 100, 50, 500, 10, 10, 10, 50], dtype=np.int64)
+
+# Dense features: median count and missing rate (Criteo's rates); the 95th percentile is cont_diff.
+DENSE_MEDIAN = np.array([2, 25, 10, 6, 5000, 40, 8, 6, 50, 1, 1, 0, 5], dtype=np.float64)
+DENSE_MISSING = np.array([0.45, 0.0, 0.21, 0.22, 0.026, 0.22, 0.043, 0.0005, 0.043, 0.45, 0.043, 0.77, 0.22])
+I2_NEGATIVE = 0.04       # share of I2 values replaced by -1, -2 or -3, as in Criteo
+
+# Categorical slots: Criteo (Kaggle) cardinality, Zipf exponent, missing rate.
+SLOT_CARD = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+             27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+SLOT_ZIPF = [1.1, 1.2, 0.95, 1.0, 1.3, 1.5, 1.1, 1.2, 1.5, 1.05, 1.1, 0.95, 1.1,
+             1.4, 1.05, 0.95, 1.4, 1.1, 1.1, 1.5, 0.95, 1.4, 1.4, 1.0, 1.2, 1.0]
+SLOT_MISSING = [0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
+                0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.76, 0.0, 0.034, 0.44, 0.44]
+FULL_CAP = 1_000_000     # --scale full: bigger Criteo slots are capped here (memory of the model)
+NOISE_SLOTS = 4          # slots whose values carry no signal at all
+
+
+@dataclass
+class Model:
+    """The label model and the sampling distributions; everything a chunk of rows needs."""
+
+    scale: str
+    cdfs: list[np.ndarray]          # per slot: cumulative Zipf probabilities over its values
+    weights: list[np.ndarray]       # per slot: logit weight of each value
+    missing_weight: np.ndarray      # per slot: logit weight of a missing value
+    code_keys: np.ndarray           # per slot: key that turns value ranks into hex strings
+    dense_mu: np.ndarray            # lognormal parameters of the dense counts
+    dense_sigma: np.ndarray
+    dense_linear: np.ndarray        # logit weight of each clipped normalised dense value
+    dense_missing: np.ndarray       # logit weight of a missing dense value
+    bump: float                     # weight of a bump on I6 (non-linear)
+    interaction: float              # weight of "I2 and I8 both above their medians" (non-linear)
+    bias: float = 0.0
+
+
+# ----------------------------------------------------------------------------- building the model
+
+def cardinalities(scale: str) -> list[int]:
+    """Distinct values per slot: Criteo's, capped (full), or shrunk to at most SMALL_CAP (small)."""
+    if scale == "full":
+        return [min(c, FULL_CAP) for c in SLOT_CARD]
+    # small: keep the order of magnitude ranking but compress big slots into [1000, SMALL_CAP]
+    return [c if c <= 1000 else int(min(SMALL_CAP, 1000 + 250 * np.log10(c / 1000) ** 2)) for c in SLOT_CARD]
+
+
+def zipf_probs(k: int, exponent: float) -> np.ndarray:
+    """Power-law frequencies p_r ∝ (r + 2)^-s over ranks r = 0..k-1 (the +2 flattens the very top)."""
+    p = (np.arange(k, dtype=np.float64) + 2.0) ** -exponent
+    return p / p.sum()
+
+
+def slot_weights(rng: np.random.Generator, probs: np.ndarray, spread: float) -> np.ndarray:
+    """Weights whose spread shrinks with frequency: the head carries the learnable signal."""
+    return spread * probs / (probs + P0) * rng.standard_normal(probs.size)
+
+
+def build_model(seed: int, scale: str) -> Model:
+    """Draw the label model for (seed, scale), then scale it to fixed spreads and positive rate."""
+    rng = np.random.default_rng([seed, 0])
+    cdfs, weights = [], []
+    spreads = rng.lognormal(0.0, 0.6, len(SLOT_CARD))
+    spreads[rng.choice(len(SLOT_CARD), NOISE_SLOTS, replace=False)] = 0.0
+    steeper = SMALL_STEEPER if scale == "small" else 0.0
+    for k, s, spread in zip(cardinalities(scale), SLOT_ZIPF, spreads):
+        probs = zipf_probs(k, s + steeper)
+        cdfs.append(np.cumsum(probs))
+        weights.append(slot_weights(rng, probs, spread))
+    mu = np.log1p(DENSE_MEDIAN)
+    sigma = (np.log1p(CONT_DIFF.astype(np.float64)) - mu) / 1.645
+    model = Model(
+        scale=scale, cdfs=cdfs, weights=weights,
+        missing_weight=0.5 * spreads * rng.standard_normal(len(SLOT_CARD)),
+        code_keys=rng.integers(0, 1 << 32, len(SLOT_CARD), dtype=np.uint64).astype(np.uint32),
+        dense_mu=mu, dense_sigma=sigma,
+        dense_linear=rng.normal(0.0, 1.0, CONT_DIFF.size),
+        dense_missing=rng.normal(0.0, 0.3, CONT_DIFF.size),
+        bump=float(rng.choice([-1.0, 1.0])) * BUMP, interaction=float(rng.choice([-1.0, 1.0])) * INTERACTION,
+    )
+    calibrate(model, np.random.default_rng([seed, 3]))
+    return model
+
+
+def calibrate(model: Model, rng: np.random.Generator) -> None:
+    """Scale both parts of the logit to CAT_STD / DENSE_STD and fit the bias to TARGET_RATE.
+
+    Done on a pilot sample from its own stream, so the model is the same whatever is written.
+    """
+    cats, dense = sample_features(model, rng, PILOT_ROWS)
+    cat_part, dense_part = categorical_logit(model, cats), dense_logit(model, dense)
+    a, b = CAT_STD / max(cat_part.std(), 1e-12), DENSE_STD / max(dense_part.std(), 1e-12)
+    model.weights = [w * a for w in model.weights]
+    model.missing_weight = model.missing_weight * a
+    model.dense_linear, model.dense_missing = model.dense_linear * b, model.dense_missing * b
+    model.bump, model.interaction = model.bump * b, model.interaction * b
+    model.bias = fit_bias(a * cat_part + b * dense_part, TARGET_RATE)
+
+
+def fit_bias(logits: np.ndarray, rate: float) -> float:
+    """The bias that makes the mean probability equal ``rate`` (bisection: the mean is monotone)."""
+    lo, hi = -20.0, 20.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if sigmoid(logits + mid).mean() < rate else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+# ----------------------------------------------------------------------------- sampling rows
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def sample_features(model: Model, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n rows: value ranks per slot (-1 = missing) and dense counts (a masked int64 array)."""
+    cats = np.empty((n, len(model.cdfs)), dtype=np.int64)
+    for j, cdf in enumerate(model.cdfs):
+        ranks = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cdf.size - 1)
+        ranks[rng.random(n) < SLOT_MISSING[j]] = -1
+        cats[:, j] = ranks
+    z = rng.standard_normal((n, CONT_DIFF.size))
+    counts = np.floor(np.exp(model.dense_mu + model.dense_sigma * z)).astype(np.int64) - 1
+    counts = np.maximum(counts, 0)
+    negative = rng.random(n) < I2_NEGATIVE
+    counts[negative, 1] = -rng.choice(3, int(negative.sum()), p=[0.8, 0.15, 0.05]) - 1
+    missing = rng.random((n, CONT_DIFF.size)) < DENSE_MISSING
+    return cats, np.ma.masked_array(counts, mask=missing)
+
+
+def categorical_logit(model: Model, cats: np.ndarray) -> np.ndarray:
+    """Sum of the weights of each row's (slot, value) pairs; a missing value has its own weight."""
+    total = np.zeros(cats.shape[0])
+    for j, w in enumerate(model.weights):
+        ranks = cats[:, j]
+        total += np.where(ranks >= 0, w[np.maximum(ranks, 0)], model.missing_weight[j])
+    return total
+
+
+def dense_logit(model: Model, dense: np.ma.MaskedArray) -> np.ndarray:
+    """Linear part on the clipped normalised values, plus a bump on I6 and an I2 x I8 interaction.
+
+    The interaction is a soft AND of "I2 above its median" and "I8 above its median": it lives in
+    the bulk of the data (not in the heavy tails), so a DNN can learn it from a modest sample, and
+    a wide model cannot represent it.
+    """
+    v = np.clip((dense.data - CONT_MIN) / CONT_DIFF, 0.0, 1.5)
+    v[dense.mask] = 0.0
+    linear = v @ model.dense_linear + dense.mask.astype(np.float64) @ model.dense_missing
+    bump = model.bump * np.exp(-0.5 * ((v[:, 5] - 0.12) / 0.06) ** 2)
+    interaction = model.interaction * sigmoid((v[:, 1] - 0.04) / 0.012) * sigmoid((v[:, 7] - 0.1) / 0.03)
+    return linear + bump + interaction
+
+
+def sample_chunk(model: Model, rng: np.random.Generator, n: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ma.MaskedArray]:
+    """n labelled rows: (labels, true probabilities, value ranks, dense counts)."""
+    cats, dense = sample_features(model, rng, n)
+    prob = sigmoid(model.bias + categorical_logit(model, cats) + dense_logit(model, dense))
+    labels = (rng.random(n) < prob).astype(np.int8)
+    return labels, prob, cats, dense
+
+
+# ----------------------------------------------------------------------------- text
+
+def hex_codes(ranks: np.ndarray, key: np.uint32) -> np.ndarray:
+    """8-hex-digit strings for value ranks: a bijection of 32-bit ints, so distinct ranks never collide."""
+    x = ranks.astype(np.uint32) ^ key
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return np.frombuffer(x.astype(">u4").tobytes().hex().encode("ascii"), dtype="S8").copy()
+
+
+def format_rows(model: Model, labels: np.ndarray, cats: np.ndarray, dense: np.ma.MaskedArray) -> list[bytes]:
+    """One bytes line (no newline) per row; columns are built with numpy, joined by C-level map/zip."""
+    columns = [np.where(labels == 1, b"1", b"0").tolist()]
+    for j in range(dense.shape[1]):
+        text = dense.data[:, j].astype("S20")
+        text[dense.mask[:, j]] = b""
+        columns.append(text.tolist())
+    for j in range(cats.shape[1]):
+        text = hex_codes(cats[:, j], model.code_keys[j])
+        text[cats[:, j] < 0] = b""
+        columns.append(text.tolist())
+    return list(map(b"\t".join, zip(*columns)))
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Exact ROC AUC by ranks (ties get their average rank); NaN when one class is absent."""
+    labels = labels.astype(bool)
+    n_pos = int(labels.sum())
+    n_neg = labels.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], scores.size]
+    avg_rank = (starts + ends + 1) / 2.0          # 1-based average rank of each tie group
+    ranks = np.empty(scores.size)
+    ranks[order] = np.repeat(avg_rank, ends - starts)
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def logloss(prob: np.ndarray, labels: np.ndarray) -> float:
+    p = np.clip(prob, 1e-15, 1 - 1e-15)
+    return float(-np.mean(np.where(labels == 1, np.log(p), np.log1p(-p))))
+
+
+# ----------------------------------------------------------------------------- writing
+
+def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: int, files: int
+                ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Write ``lines`` rows over ``files`` part files; returns (labels, true probabilities, per-file lines).
+
+    Rows come in CHUNK-sized blocks, each from stream (seed, split_id, block), and are dealt to the
+    files in order, so the bytes do not depend on how many files there are.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("part-*"):
+        stale.unlink()
+    bounds = [i * lines // files for i in range(files + 1)]
+    per_file = [b - a for a, b in zip(bounds, bounds[1:])]
+    all_labels, all_probs = np.empty(lines, dtype=np.int8), np.empty(lines)
+    handles = [open(directory / f"part-{i:05d}", "wb") for i in range(files)]
+    try:
+        for block, start in enumerate(range(0, lines, CHUNK)):
+            n = min(CHUNK, lines - start)
+            labels, prob, cats, dense = sample_chunk(model, np.random.default_rng([seed, split_id, block]), n)
+            all_labels[start:start + n], all_probs[start:start + n] = labels, prob
+            deal(format_rows(model, labels, cats, dense), start, bounds, handles)
+    finally:
+        for h in handles:
+            h.close()
+    return all_labels, all_probs, per_file
+
+
+def deal(rows: list[bytes], start: int, bounds: list[int], handles: list) -> None:
+    """Append rows numbered start.. to the files whose line ranges [bounds[i], bounds[i+1]) hold them."""
+    end = start + len(rows)
+    for i, handle in enumerate(handles):
+        lo, hi = max(bounds[i], start), min(bounds[i + 1], end)
+        if lo < hi:
+            handle.write(b"\n".join(rows[lo - start:hi - start]) + b"\n")
+
+
+def generate(out: Path, *, train_lines: int, test_lines: int, train_files: int, test_files: int,
+             seed: int, scale: str, log=print) -> dict:
+    """Write the data set and meta.json under ``out``; returns the meta dict."""
+    t0 = time.perf_counter()
+    model = build_model(seed, scale)
+    t_model = time.perf_counter() - t0
+    y_tr, p_tr, files_tr = write_split(model, seed, 1, out / "train_data", train_lines, train_files)
+    y_te, p_te, files_te = write_split(model, seed, 2, out / "test_data", test_lines, test_files)
+    elapsed = time.perf_counter() - t0
+    meta = {
+        "generator": GENERATOR, "seed": seed, "scale": scale,
+        "train_lines": train_lines, "test_lines": test_lines,
+        "train_files": files_tr, "test_files": files_te,
+        "positive_rate_train": float(y_tr.mean()), "positive_rate_test": float(y_te.mean()),
+        "bayes_auc_test": nan_to_none(auc(p_te, y_te)), "bayes_logloss_test": logloss(p_te, y_te),
+        "bayes_auc_train": nan_to_none(auc(p_tr, y_tr)), "bayes_logloss_train": logloss(p_tr, y_tr),
+        "dense": int(CONT_DIFF.size), "slots": len(SLOT_CARD), "buckets": 1000001,
+        "cont_min": CONT_MIN.tolist(), "cont_diff": CONT_DIFF.tolist(),
+        "slot_cardinality": [int(c.size) for c in model.cdfs],
+        "seconds": round(elapsed, 2), "seconds_model": round(t_model, 2),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    log(summary(out, meta))
+    return meta
+
+
+def nan_to_none(x: float) -> float | None:
+    return None if np.isnan(x) else x
+
+
+def summary(out: Path, meta: dict) -> str:
+    rate = (meta["train_lines"] + meta["test_lines"]) / max(meta["seconds"], 1e-9)
+    auc_text = "n/a (one class only)" if meta["bayes_auc_test"] is None else f"{meta['bayes_auc_test']:.4f}"
+    return "\n".join([
+        f"wrote {out}/train_data: {meta['train_lines']:,} lines in {len(meta['train_files'])} files, "
+        f"{out}/test_data: {meta['test_lines']:,} lines in {len(meta['test_files'])} files "
+        f"({meta['seconds']:.1f} s, {rate:,.0f} lines/s)",
+        f"scale {meta['scale']}, seed {meta['seed']}; slot cardinalities {min(meta['slot_cardinality'])}"
+        f"..{max(meta['slot_cardinality']):,}",
+        f"positive rate: train {meta['positive_rate_train']:.4f}, test {meta['positive_rate_test']:.4f}",
+        f"Bayes-optimal on test (true probabilities): AUC {auc_text}, logloss {meta['bayes_logloss_test']:.4f}",
+        f"meta: {out}/meta.json",
+    ])
+
+
+# ----------------------------------------------------------------------------- command line
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Write synthetic Criteo-format CTR data (label, I1..I13, C1..C26; tab-separated) "
+                    "drawn from a known logistic model, and report the Bayes-optimal test AUC.",
+        epilog="Layout: OUT/train_data/part-00000.., OUT/test_data/part-00000.., OUT/meta.json "
+               "(existing part files there are replaced). The same --seed and --scale give "
+               "byte-identical files.")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--train-lines", type=positive_int, default=1_000_000, help="default: %(default)s")
+    parser.add_argument("--test-lines", type=positive_int, default=100_000, help="default: %(default)s")
+    parser.add_argument("--train-files", type=positive_int, default=8, help="default: %(default)s")
+    parser.add_argument("--test-files", type=positive_int, default=1, help="default: %(default)s")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the rows (default: %(default)s)")
+    parser.add_argument("--scale", choices=["full", "small"], default="full",
+                        help="full: Criteo-like slot sizes (3 to 10^6 values); small: at most "
+                             f"{SMALL_CAP} values per slot, learnable from ~50k lines (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.seed < 0:
+        parser.error("--seed must be >= 0")
+    if args.train_files > args.train_lines or args.test_files > args.test_lines:
+        parser.error("more files than lines")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        generate(args.out, train_lines=args.train_lines, test_lines=args.test_lines, train_files=args.train_files,
+                 test_files=args.test_files, seed=args.seed, scale=args.scale)
+    except OSError as exc:
+        print(f"make_data: cannot write under {args.out}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
