@@ -40,7 +40,9 @@ class GradItem:
 
 def merge_items(items: list[GradItem], average: bool) -> GradItem:
     """Merge several batches' gradients: rows with the same id are summed (or averaged over
-    the number of batches when ``average``), dense tensors likewise."""
+    the number of batches when ``average``), dense tensors likewise. Consumes ``items``: the
+    dense sum is accumulated in the first item's arrays (each item owns copies of its worker's
+    mailbox), which saves a copy of every dense gradient per push."""
     scale = 1.0 / len(items) if average else 1.0
     sparse = {}
     for name in items[0].sparse:
@@ -52,7 +54,7 @@ def merge_items(items: list[GradItem], average: bool) -> GradItem:
         sparse[name] = (uids, urows)
     dense = {}
     for name in items[0].dense:
-        total = np.array(items[0].dense[name], dtype=np.float32, copy=True)
+        total = items[0].dense[name]
         for it in items[1:]:
             total += it.dense[name]
         if scale != 1.0:
@@ -154,8 +156,12 @@ class Communicator:
                 params[start : start + len(ids)] = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
 
     async def _pull_dense(self) -> None:
-        for t in self.dense_tables:
+        """Every dense table at once (one round trip, not one per table)."""
+
+        async def one(t: DenseTable) -> None:
             self.shared.params[t.name][...] = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout)
+
+        await asyncio.gather(*(one(t) for t in self.dense_tables))
 
     # ----------------------------------------------------------------- epochs
 

