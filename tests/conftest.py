@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "bin"
@@ -80,3 +81,11 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         yield procs
     finally:
         procs.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """A CLI's main() called in-process configures structlog for its own stderr, which pytest
+    closes after the test; later library log lines must not go to that closed stream."""
+    yield
+    structlog.reset_defaults()

@@ -23,12 +23,18 @@ it gracefully (stop accepting, finish in-flight requests, exit 0).
 Settings come from flags or from the environment (flags win). Environment names: APS_HOST /
 POD_IP, APS_PORT / PADDLE_PORT, APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST (its position in
 that list gives the index), APS_SERVER_INDEX, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TOKEN.
+
+With --metrics-port it also serves Prometheus metrics (text format) at http://HOST:PORT/metrics,
+on --host unless --metrics-host says otherwise: requests, bytes and latency per op, rows and
+bytes per table, connected clients, trainers done, process memory. Names start with aps_.
 """
 
 EPILOG = """\
 examples:
   aps-server --port 7164 --trainers 2 --pservers 127.0.0.1:7164,127.0.0.1:7165
   aps-server --port 7165 --index 1 --servers 2 --trainers 2 --init-model model/epoch_3
+  aps-server --port 7164 --trainers 2 --metrics-port 9164      # then: curl HOST:9164/metrics
+  aps-server --port 0 --port-file ps.port --metrics-port 0 --metrics-port-file ps.metrics.port
 """
 
 
@@ -47,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
     parser.add_argument("--no-exit-when-done", action="store_true", help="keep serving after every trainer sent worker_done")
     parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
+    m = parser.add_argument_group("metrics")
+    m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT; 0 picks a free one (default: off)")
+    m.add_argument("--metrics-host", metavar="HOST", help="address of the metrics endpoint (default: --host)")
+    m.add_argument("--metrics-port-file", metavar="PATH", help="write the metrics endpoint's bound port to PATH once listening")
     add_logging_flags(parser)
     return parser
 
@@ -61,6 +71,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         index = pservers.index(f"{host}:{port}") if f"{host}:{port}" in pservers else 0
         if pservers and f"{host}:{port}" not in pservers and len(pservers) > 1:
             raise ConfigError(f"{host}:{port} is not in the pserver list; pass --index")
+    for flag, value in (("--servers", args.servers), ("--trainers", args.trainers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.port_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.port_file))):
+        raise ConfigError(f"--port-file {args.port_file}: its directory does not exist")
     servers = args.servers or (len(pservers) if pservers else 1)
     trainers = args.trainers or cluster.num_trainers
     return ServerConfig(
@@ -73,6 +88,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_frame=args.max_frame,
         init_model=args.init_model,
         exit_when_done=not args.no_exit_when_done,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        metrics_port_file=args.metrics_port_file,
     )
 
 

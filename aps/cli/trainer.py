@@ -12,7 +12,7 @@ import structlog
 
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
-from ..models import BUILTIN, load_model_class, parse_model_args
+from ..models import BUILTIN, build_model
 from ..trainer import Strategy, Trainer, TrainOptions
 from ..trainer.strategy import MERGES, MODES
 from .common import add_logging_flags, cli_main, on_signals
@@ -30,6 +30,12 @@ Settings come from flags or the environment (flags win): APS_PSERVERS /
 PADDLE_PSERVERS_IP_PORT_LIST, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TRAINER_ID /
 PADDLE_TRAINER_ID, APS_TOKEN, APS_MODE, APS_WORKERS / CPU_NUM, APS_K_STEPS, and Paddle's
 FLAGS_communicator_* names for the communicator knobs.
+
+With --metrics-port the trainer serves Prometheus metrics (text format) at
+http://127.0.0.1:PORT/metrics while it trains (--metrics-host 0.0.0.0 to reach it from other
+machines): examples, examples/s, steps, loss, AUC and sliding AUC when the model predicts, geo
+syncs, send queue depth (async), waiting share, bad lines, epoch, process memory; names start
+with aps_trainer_ (process metrics: aps_process_), labelled trainer=ID.
 """
 
 EPILOG = f"""\
@@ -38,6 +44,7 @@ examples:
   aps-trainer --pservers 127.0.0.1:7164,127.0.0.1:7165 --trainers 2 --trainer-id 0 \\
       --model word2vec --data data/word2vec/train --mode geo --epochs 1
   aps-trainer --model my_model.py:MyModel --model-arg batch_size=64 --data part-*.txt
+  aps-trainer --model ctr_dnn --data train/ --metrics-port 9200   # then: curl 127.0.0.1:9200/metrics
 """
 
 
@@ -76,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-save", action="store_true", help="do not save after epochs")
     o.add_argument("--print-period", type=float, default=10.0, help="seconds between progress reports (default 10)")
     o.add_argument("--metrics", help="JSON-lines file for progress numbers (default log/trainer.ID.metrics.jsonl)")
+    o.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT while training; 0 picks a free one (default: off)")
+    o.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST", help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    o.add_argument("--metrics-port-file", metavar="PATH", help="write the metrics endpoint's bound port to PATH once listening")
     add_logging_flags(p)
     return p
 
@@ -103,7 +113,7 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         raise ConfigError("no pservers: pass --pservers host:port,... or set APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST")
     trainers = args.trainers or cluster.num_trainers
     trainer_id = args.trainer_id if args.trainer_id is not None else (own["trainer_id"] or 0)
-    model = load_model_class(args.model)(**parse_model_args(args.model_arg))
+    model = build_model(args.model, args.model_arg)
     metrics = args.metrics or os.path.join("log", f"trainer.{trainer_id}.metrics.jsonl")
     Path(metrics).parent.mkdir(parents=True, exist_ok=True)
     options = TrainOptions(
@@ -115,6 +125,9 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         skip_bad_lines=args.skip_bad_lines,
         seed=args.seed,
         token=args.token or own["token"],  # type: ignore[arg-type]
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        metrics_port_file=args.metrics_port_file,
     )
     return Trainer(model, _strategy(args), ClusterSpec(pservers, trainers), int(trainer_id), options)  # type: ignore[arg-type]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..telemetry import check_metrics_options
 from ..wire import DEFAULT_MAX_FRAME, HEADER_SIZE
 
 
@@ -32,6 +33,13 @@ class ServerConfig:
     max_inflight_per_connection: int = 256
     #: seconds that a graceful shutdown waits for in-flight requests
     drain_timeout: float = 10.0
+    #: serve Prometheus metrics over HTTP on this port (0: a free one); None: no endpoint
+    metrics_port: int | None = None
+    #: address of the metrics endpoint; None: the same as ``host``, so it is reachable exactly
+    #: where the pserver is
+    metrics_host: str | None = None
+    #: write the metrics endpoint's bound port here once it listens (for launchers, with port 0)
+    metrics_port_file: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.server_index < self.num_servers:
@@ -42,3 +50,4 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} out of range")
         if self.max_frame < 4096 or self.max_frame > 0xFFFFFFFF - HEADER_SIZE:
             raise ConfigError(f"max_frame must be in [4096, 4 GiB), got {self.max_frame}")
+        check_metrics_options(self.metrics_port, self.metrics_port_file)

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from ..errors import ConfigError, ErrorCode, ServerError
+from ..telemetry import MetricsEndpoint, server_registry
 from .config import ServerConfig
 from .connection import ServerConnection
 from .core import ServerCore
@@ -37,10 +38,19 @@ class PServer:
         self.port = config.port
         self.host = config.host
         self.exit_reason = ""
+        #: this server's Prometheus registry (its own, never the global one); always built, so an
+        #: embedding application can expose it itself even without ``metrics_port``
+        self.registry = server_registry(self.core)
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound port of the metrics endpoint (useful with ``metrics_port=0``), or None."""
+        return self.metrics.port if self.metrics is not None else None
 
     async def start(self) -> PServer:
         loop = asyncio.get_running_loop()
@@ -55,6 +65,19 @@ class PServer:
             raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}") from exc
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if self.config.metrics_port is not None:
+            endpoint = MetricsEndpoint(
+                self.registry,
+                self.config.metrics_host or self.config.host,
+                self.config.metrics_port,
+                role="pserver",
+                port_file=self.config.metrics_port_file,
+            )
+            try:
+                self.metrics = endpoint.start()
+            except BaseException:
+                self._server.close()  # do not leave the data port open behind a failed start
+                raise
         log.info(
             "pserver listening",
             address=self.address,
@@ -102,6 +125,8 @@ class PServer:
                 await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
+        if self.metrics is not None:  # last, so the drain itself can still be watched
+            await self.metrics.aclose()
         log.info("pserver stopped", address=self.address, reason=self.exit_reason or "closed")
         assert self._closed is not None
         self._closed.set()
@@ -128,6 +153,8 @@ async def serve(
 
     ``server.port`` is the bound port (useful with ``port=0``); ``await server.aclose()`` stops it;
     ``await server.wait_closed()`` waits until it stops by itself (every trainer done).
+    ``metrics_port=`` (any :class:`ServerConfig` field may be passed) also serves Prometheus
+    metrics over HTTP; ``server.metrics_port`` is then its bound port.
     """
     config = ServerConfig(
         host=host,

@@ -8,7 +8,12 @@ from typing import Any
 
 import numpy as np
 
-_BUCKETS = 64  # log2 buckets of nanoseconds: bucket b holds [2^b, 2^(b+1))
+_BUCKETS = 64  # log2 buckets of nanoseconds: bucket b holds [2^(b-1), 2^b) (bucket 0: exactly 0)
+
+#: the histogram edges exported to Prometheus: every power of two from 2^10 ns (~1 us) to
+#: 2^34 ns (~17 s). They coincide with bucket edges, so the export needs no second histogram on
+#: the hot path; faster or slower requests still count in the +Inf bucket and in the sum.
+EXPORTED_EDGES_LOG2 = range(10, 35)
 
 
 @dataclass
@@ -37,6 +42,25 @@ class OpStats:
         rank = math.ceil(q * self.count)
         bucket = int(np.searchsorted(np.cumsum(self.histogram), rank))
         return (1 << bucket) / 1000.0
+
+    def cumulative_seconds(self) -> tuple[list[tuple[float, int]], int]:
+        """``([(upper edge in seconds, requests at or below it), ...], total)`` for
+        :data:`EXPORTED_EDGES_LOG2`.
+
+        Read from one copy of the histogram, so the buckets agree with each other and with the
+        total even when a metrics thread reads while the event loop records (under the GIL a
+        list copy is atomic; the count field next to it may already be one request further).
+        """
+        hist = list(self.histogram)
+        cumulative = 0
+        edges = []
+        b = 0
+        for edge in EXPORTED_EDGES_LOG2:
+            while b <= edge:
+                cumulative += hist[b]
+                b += 1
+            edges.append(((1 << edge) / 1e9, cumulative))
+        return edges, cumulative + sum(hist[b:])
 
     def as_dict(self) -> dict[str, Any]:
         return {

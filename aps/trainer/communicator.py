@@ -112,6 +112,17 @@ class Communicator:
         # async merges successive batches: adding SGD gradients = applying them in turn
         return not all(isinstance(t.optimizer, SGD) for t in self.model.tables())
 
+    @property
+    def queue_depth(self) -> int | None:
+        """Async mode: workers' gradient batches waiting to be merged and sent (None in other
+        modes); read by the metrics endpoint to show whether the network keeps up."""
+        return self._queue.qsize() if self._queue is not None else None
+
+    @property
+    def queue_capacity(self) -> int | None:
+        """Async mode: how many batches the send queue holds before workers wait."""
+        return self._queue.maxsize if self._queue is not None else None
+
     # ----------------------------------------------------------------- start / stop
 
     async def start(self) -> None:

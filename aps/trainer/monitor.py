@@ -58,6 +58,13 @@ class Monitor:
     _epoch_start: Snapshot | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The last record reported (progress or epoch), for the metrics endpoint; None before
+        the first. Each record is a new dict appended whole, so another thread never sees one
+        half-built."""
+        return self.history[-1] if self.history else None
+
     def start_epoch(self) -> None:
         self._epoch_start = self._last = Snapshot.take(self.stats)
 

@@ -19,6 +19,7 @@ from ..client import PSClient
 from ..cluster import ClusterSpec
 from ..errors import ConfigError
 from ..specs import SGD
+from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
 from .communicator import Communicator
 from .files import assign_to_workers, expand_inputs, split_files
 from .ipc import Record
@@ -46,6 +47,14 @@ class TrainOptions:
     seed: int = 0
     token: str | None = None
     live_line: bool = True
+    #: serve Prometheus metrics over HTTP on this port while :meth:`Trainer.atrain` runs
+    #: (0: a free one); None: no endpoint
+    metrics_port: int | None = None
+    #: address of the metrics endpoint: loopback by default, because a trainer usually runs
+    #: next to its scraper agent and has no other reason to listen on the network
+    metrics_host: str = "127.0.0.1"
+    #: write the metrics endpoint's bound port here once it listens (for launchers, with port 0)
+    metrics_port_file: str | None = None
 
 
 @dataclass
@@ -78,6 +87,13 @@ class Trainer:
         self.cluster = cluster
         self.trainer_id = trainer_id
         self.options = options or TrainOptions()
+        check_metrics_options(self.options.metrics_port, self.options.metrics_port_file)
+        #: what the metrics collector reads; filled in by :meth:`atrain`
+        self.probe = TrainerProbe(trainer_id, workers=self.strategy.workers or 0)
+        #: this trainer's Prometheus registry (its own, never the global one). It outlives
+        #: :meth:`atrain` with the final numbers, and an application may expose it itself.
+        self.registry = trainer_registry(self.probe)
+        self.metrics: MetricsEndpoint | None = None
         if self.strategy.mode == "geo":
             for spec in model.tables():
                 if not isinstance(spec.optimizer, SGD):
@@ -94,6 +110,10 @@ class Trainer:
         return asyncio.run(self.atrain(files, epochs))
 
     async def atrain(self, files: list[str], epochs: int = 1) -> TrainResult:
+        """Train ``epochs`` passes over this trainer's share of ``files``.
+
+        With ``options.metrics_port`` the metrics endpoint serves from the start (workers
+        starting up included) until this returns; :attr:`registry` keeps the final numbers."""
         if epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}")
         mine = split_files(expand_inputs(files), self.trainer_id, self.cluster.num_trainers)
@@ -115,6 +135,28 @@ class Trainer:
             files=len(mine),
             **self.model.describe(),
         )
+        if self.options.metrics_port is not None:
+            self.metrics = MetricsEndpoint(
+                self.registry,
+                self.options.metrics_host,
+                self.options.metrics_port,
+                role="trainer",
+                port_file=self.options.metrics_port_file,
+            ).start()
+        try:
+            return await self._run(mine, per_worker, epochs)
+        finally:
+            if self.metrics is not None:
+                await self.metrics.aclose()
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound port of the metrics endpoint (served while :meth:`atrain` runs), or None."""
+        return self.metrics.port if self.metrics is not None else None
+
+    async def _run(self, mine: list[str], per_worker: list[list[str]], epochs: int) -> TrainResult:
+        assert self.strategy.workers is not None
+        self.probe.comm = self.probe.monitor = None  # nothing of a previous run reported as this one's
         result = TrainResult(files=mine)
         shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=self.strategy.mode != "geo")
         pool: WorkerPool | None = None
@@ -130,6 +172,7 @@ class Trainer:
             for spec in self.model.tables():
                 await ps.create_table(spec)
             attached = Attached(shared.layout)
+            self.probe.stats, self.probe.auc = attached.stats, attached.auc
             specs = [
                 WorkerSpec(
                     worker_id=w,
@@ -159,6 +202,7 @@ class Trainer:
             comm = Communicator(
                 ps, self.model, self.strategy, attached, pool.send, self.trainer_id, self.cluster.num_trainers
             )
+            self.probe.comm = comm
             await comm.start()
             started = time.monotonic()
             await pool.start()
@@ -171,6 +215,7 @@ class Trainer:
                 terminal() if self.options.live_line else None,
                 attached.auc,
             )
+            self.probe.monitor = monitor
             for epoch in range(epochs):
                 result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))
             await pool.stop()
@@ -182,6 +227,7 @@ class Trainer:
             if pool is not None:
                 pool.kill()
             await ps.aclose()
+            self.probe.freeze()  # the shared memory goes away; keep the final numbers readable
             shared.close()
 
     async def _epoch(self, epoch: int, pool: WorkerPool, comm: Communicator, ps: PSClient, monitor: Monitor) -> dict[str, Any]:
