@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -39,9 +40,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .common import run_main
+from .plot import last_epoch_record
 
 MODES = ("sync", "async", "half_async", "geo")
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
@@ -72,7 +74,13 @@ Logs: stdout+stderr of each role go to LOG_DIR/pserver.K.log and LOG_DIR/trainer
 (overwritten on each run). On a terminal one status line is rewritten in place (state of each role,
 last line of each trainer's log); otherwise a plain status line is printed every
 --status-interval seconds, and one line whenever a role exits. The cluster layout is printed at
-start and a summary table (role, pid, exit status, duration, log) at the end.
+start and a summary table at the end: role, pid, exit status, duration, and for trainers the
+examples/s, loss (and AUC, for models that predict) of their last finished epoch in this run,
+read from their metrics files; then the log.
+
+Metrics: each aps-trainer gets --metrics LOG_DIR/trainer.K.metrics.jsonl (replaced on each run,
+like the logs) unless you pass --metrics yourself; `aps-plot LOG_DIR` draws their curves. With
+--metrics-port BASE, pserver K gets --metrics-port BASE+K and trainer K --metrics-port BASE+N+K.
 
 Ending: once every trainer exited 0, the pservers exit by themselves (every trainer sent
 worker_done); aps-local waits --server-grace seconds for that, then SIGTERMs them and fails.
@@ -143,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long pservers may take to exit after the last trainer (default 30)")
     add("--start-timeout", type=_seconds, default=120.0, metavar="SECONDS",
         help="how long pservers may take to start listening (default 120)")
+    add("--metrics-port", type=int, metavar="BASE",
+        help="serve live metrics: pserver K on port BASE+K, trainer K on BASE+N+K (default: none)")
     return parser
 
 
@@ -160,7 +170,23 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--trainer-cmd is empty")
     if opts.timeout == 0:
         parser.error("--timeout must be > 0")
+    if opts.metrics_port is not None:
+        last = opts.metrics_port + sum(opts.layout) - 1
+        if opts.metrics_port < 1 or last > 65535:
+            parser.error(f"--metrics-port {opts.metrics_port}: the ports of all {sum(opts.layout)} roles "
+                         f"must lie in 1..65535 (the last would be {last})")
     return opts, unknown + after
+
+
+def given_metrics(trainer_args: list[str]) -> str | None:
+    """The --metrics PATH the user passed to the trainers (the last one wins, as in argparse)."""
+    path = None
+    for i, arg in enumerate(trainer_args):
+        if arg == "--metrics" and i + 1 < len(trainer_args):
+            path = trainer_args[i + 1]
+        elif arg.startswith("--metrics="):
+            path = arg.split("=", 1)[1]
+    return path
 
 
 def program(name: str, module: str) -> list[str] | None:
@@ -208,6 +234,8 @@ class Role:
     env: dict[str, str]
     log_path: Path
     port_file: Path | None = None
+    metrics_path: Path | None = None  # a trainer's metrics file, for the summary
+    metrics_port: int | None = None
     proc: asyncio.subprocess.Process | None = None
     started: float | None = None
     ended: float | None = None
@@ -360,6 +388,16 @@ class Board:
         self._clear()
 
 
+def epoch_cells(record: dict[str, Any] | None, with_auc: bool) -> tuple[str, ...]:
+    """examples/s, loss (and AUC) of an "epoch" metrics record as summary cells; blanks for None."""
+    def num(key: str, fmt: str) -> str:
+        value = None if record is None else record.get(key)
+        return "" if value is None else format(value, fmt)
+
+    cells = (num("examples_per_s", ",.0f"), num("loss", ".4g"))
+    return cells + ((num("auc", ".4f"),) if with_auc else ())
+
+
 def _short(role: Role) -> str:
     if role.returncode is None:
         return "run" if role.proc is not None else "-"
@@ -429,6 +467,7 @@ class Launcher:
         self.changed = asyncio.Event()  # set whenever a child exits or a stop is requested
         self.hurry = asyncio.Event()  # a second Ctrl-C: SIGKILL without waiting
         self.began = time.monotonic()
+        self.began_wall = time.time()  # metrics records carry unix time
         self.watchers: list[asyncio.Task[None]] = []
         self.stopping = False  # in _stop_all: a signal now only means "hurry"
 
@@ -454,25 +493,51 @@ class Launcher:
             env.update(APS_ROLE="pserver", TRAINING_ROLE="PSERVER", APS_HOST="127.0.0.1", APS_PORT=str(port),
                        PADDLE_PORT=str(port), APS_SERVER_INDEX=str(k))
             port_file = port_dir / f"pserver.{k}.port"
+            metrics_port = self._metrics_port(k)
             argv = [*server_cmd, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
-                    "--trainers", str(num_trainers), "--port-file", str(port_file), *self.opts.server_argv]
-            self.servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file))
+                    "--trainers", str(num_trainers), "--port-file", str(port_file),
+                    *self._metrics_port_flag(metrics_port), *self.opts.server_argv]
+            self.servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
+                                     metrics_port=metrics_port))
         mode = ["--mode", self.opts.mode] if self.opts.mode else []
+        user_metrics = given_metrics(self.trainer_args)
         for i in range(num_trainers):
             env = {n: v for n, v in common.items() if n not in ("APS_HOST", "APS_PORT", "PADDLE_PORT", "APS_SERVER_INDEX")}
             env.update(APS_ROLE="trainer", TRAINING_ROLE="TRAINER", APS_TRAINER_ID=str(i), PADDLE_TRAINER_ID=str(i))
+            metrics_port = self._metrics_port(num_servers + i)
+            # aps-trainer's own default (log/ under the cwd) would miss a --log-dir elsewhere, so the
+            # file is named here; a --trainer-cmd program may not know the flag, so it is not given one.
+            ours = user_metrics is None and self.opts.trainer_argv is None
+            metrics = Path(user_metrics) if user_metrics is not None else log_dir / f"trainer.{i}.metrics.jsonl"
             argv = [*trainer_cmd, "--pservers", pservers, "--trainers", str(num_trainers), "--trainer-id", str(i),
-                    *mode, *self.trainer_args]
-            self.trainers.append(Role("trainer", i, argv, env, log_dir / f"trainer.{i}.log"))
+                    *mode, *(["--metrics", str(metrics)] if ours else []), *self._metrics_port_flag(metrics_port),
+                    *self.trainer_args]
+            if ours:  # trainers append: this run's numbers only, like the logs
+                with contextlib.suppress(OSError):  # unremovable: the trainer will say why it cannot write
+                    metrics.unlink(missing_ok=True)
+            self.trainers.append(Role("trainer", i, argv, env, log_dir / f"trainer.{i}.log",
+                                      metrics_path=metrics, metrics_port=metrics_port))
+
+    def _metrics_port(self, position: int) -> int | None:
+        """Role ``position`` (pservers first, then trainers) serves metrics on BASE+position."""
+        return None if self.opts.metrics_port is None else self.opts.metrics_port + position
+
+    @staticmethod
+    def _metrics_port_flag(port: int | None) -> list[str]:
+        return [] if port is None else ["--metrics-port", str(port)]
 
     def print_layout(self) -> None:
         n, m = self.opts.layout
         mode = f", mode {self.opts.mode}" if self.opts.mode else ""
         self.board.line(f"aps-local: {n} pserver(s), {m} trainer(s){mode}, logs in {self.opts.log_dir}/")
+
+        def metrics(r: Role) -> str:  # both programs serve on 127.0.0.1 by default under aps-local
+            return "" if r.metrics_port is None else f"http://127.0.0.1:{r.metrics_port}/metrics  "
+
         for r in self.servers:
-            self.board.line(f"  {r.name:<11} {r.env['APS_HOST']}:{r.env['APS_PORT']:<7} {r.log_path}")
+            self.board.line(f"  {r.name:<11} {r.env['APS_HOST']}:{r.env['APS_PORT']:<7} {metrics(r)}{r.log_path}")
         for r in self.trainers:
-            self.board.line(f"  {r.name:<11} {'id ' + str(r.index):<17} {r.log_path}")
+            self.board.line(f"  {r.name:<11} {'id ' + str(r.index):<17} {metrics(r)}{r.log_path}")
         if self.trainers:
             self.board.line(f"  trainer.0 command: {shlex.join(self.trainers[0].argv)}")
 
@@ -654,15 +719,26 @@ class Launcher:
             self.board.line(f"aps-local: also failed: {other.name} {other.failure} (log: {other.log_path})", error=True)
 
     def _print_summary(self) -> None:
-        rows = [("role", "pid", "exit status", "duration", "log")]
+        """One row per role; trainers also show their last epoch's numbers (blank without one)."""
+        results = {r.name: self._last_epoch(r) for r in self.trainers}
+        with_auc = any(e is not None and e.get("auc") is not None for e in results.values())
+        head = ("role", "pid", "exit status", "duration", "examples/s", "loss") + (("auc",) if with_auc else ())
+        rows = [(*head, "log")]
         for r in self.roles:
             d = r.duration()
             pid = str(r.proc.pid) if r.proc else "-"
-            rows.append((r.name, pid, r.state(), "-" if d is None else f"{d:.1f} s", str(r.log_path)))
-        widths = [max(len(row[c]) for row in rows) for c in range(4)]
+            numbers = epoch_cells(results.get(r.name), with_auc)
+            rows.append((r.name, pid, r.state(), "-" if d is None else f"{d:.1f} s", *numbers, str(r.log_path)))
+        widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
         self.board.line("")
         for row in rows:
-            self.board.line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+            self.board.line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+    def _last_epoch(self, role: Role) -> dict[str, Any] | None:
+        """The role's last "epoch" record written during this run (wall clock, as the records)."""
+        if role.metrics_path is None:
+            return None
+        return last_epoch_record(role.metrics_path, trainer=role.index, since=self.began_wall)
 
     def _print_failure(self, role: Role) -> None:
         """The first failure, which usually caused the rest: what, where, and its log's tail."""

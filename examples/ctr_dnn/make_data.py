@@ -36,10 +36,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 GENERATOR = "aps make_data v1"
 CHUNK = 1 << 16          # rows per random stream: output does not depend on file counts
@@ -270,9 +272,10 @@ def logloss(prob: np.ndarray, labels: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- writing
 
-def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: int, files: int
-                ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: int, files: int,
+                progress: Callable[[int], object] | None = None) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Write ``lines`` rows over ``files`` part files; returns (labels, true probabilities, per-file lines).
+    ``progress(n)`` is called after each block of n rows is written.
 
     Rows come in CHUNK-sized blocks, each from stream (seed, split_id, block), and are dealt to the
     files in order, so the bytes do not depend on how many files there are.
@@ -290,6 +293,8 @@ def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: 
             labels, prob, cats, dense = sample_chunk(model, np.random.default_rng([seed, split_id, block]), n)
             all_labels[start:start + n], all_probs[start:start + n] = labels, prob
             deal(format_rows(model, labels, cats, dense), start, bounds, handles)
+            if progress is not None:
+                progress(n)
     finally:
         for h in handles:
             h.close()
@@ -311,8 +316,11 @@ def generate(out: Path, *, train_lines: int, test_lines: int, train_files: int, 
     t0 = time.perf_counter()
     model = build_model(seed, scale)
     t_model = time.perf_counter() - t0
-    y_tr, p_tr, files_tr = write_split(model, seed, 1, out / "train_data", train_lines, train_files)
-    y_te, p_te, files_te = write_split(model, seed, 2, out / "test_data", test_lines, test_files)
+    # a bar only on a terminal: tests and logs capture stderr and must stay clean
+    with tqdm(total=train_lines + test_lines, unit=" lines", unit_scale=True, desc="writing",
+              disable=not sys.stderr.isatty()) as bar:
+        y_tr, p_tr, files_tr = write_split(model, seed, 1, out / "train_data", train_lines, train_files, bar.update)
+        y_te, p_te, files_te = write_split(model, seed, 2, out / "test_data", test_lines, test_files, bar.update)
     elapsed = time.perf_counter() - t0
     meta = {
         "generator": GENERATOR, "seed": seed, "scale": scale,

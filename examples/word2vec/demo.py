@@ -3,7 +3,8 @@
 
 1. prepare the corpus (cached in data/word2vec: free English text from Debian packages),
 2. run ``aps-local 2x2 --mode geo`` (2 pservers, 2 trainers x 2 workers),
-3. evaluate the saved embeddings on the analogy set and print accuracy and words/s.
+3. evaluate the saved embeddings on the analogy set and print accuracy and words/s,
+4. draw the trainers' loss and words/s curves into log/curves.png (when matplotlib is installed).
 
 Defaults are sized to finish in a few minutes on 2 cores (dim 100, 1 epoch, 1 worker per trainer; the reference uses
 dim 300 and more data). Every step can be changed with flags; see --help.
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+LOG = Path("log")  # aps-local's default --log-dir: role logs and the trainers' metrics files
 sys.path.insert(0, str(ROOT / "examples" / "word2vec"))
 
 
@@ -54,8 +56,8 @@ def main() -> int:
     ]
     for arg in args.model_arg or ["negatives=pair", "lr=2.5"]:
         cmd += ["--model-arg", arg]
-    for old_metrics in Path("log").glob("trainer.*.metrics.jsonl"):
-        old_metrics.unlink()  # trainers append to these; this run's numbers only
+    for old_metrics in LOG.glob("trainer.*.metrics.jsonl"):
+        old_metrics.unlink()  # aps-local replaces its trainers' files; a bigger earlier --cluster left more
     print("$", " ".join(cmd), flush=True)
     started = time.monotonic()
     if subprocess.call(cmd) != 0:
@@ -72,7 +74,7 @@ def main() -> int:
     seconds = 0.0
     trainers = int(args.cluster.split("x")[1])
     for k in range(trainers):
-        epochs = [json.loads(line) for line in Path("log", f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
+        epochs = [json.loads(line) for line in (LOG / f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
         seconds = max(seconds, sum(r["seconds"] for r in epochs if r["event"] == "epoch"))
     tokens = sum(f["tokens"] for f in json.loads((data / "meta.json").read_text())["files"]) * args.epochs
     total = result.total
@@ -82,7 +84,20 @@ def main() -> int:
     )
     print(f"trained {tokens:,} words in {seconds:.1f} s of epoch time: {tokens / max(seconds, 1e-9):,.0f} words/s "
           f"over {trainers} trainers (whole run {wall:.0f} s incl. start-up)")
+    plot_curves(LOG)
     return 0
+
+
+def plot_curves(log_dir: Path) -> None:
+    """The training curves as a PNG: a picture is the quickest check that loss fell steadily.
+    Optional: without matplotlib (or with unreadable metrics) the demo still succeeds."""
+    from aps.cli.plot import PlotUnavailable, plot_metrics
+    from aps.errors import ApsError
+
+    try:
+        print(f"training curves: {plot_metrics(log_dir)}")
+    except (PlotUnavailable, ApsError, OSError) as exc:  # PlotUnavailable: "needs matplotlib: pip install ..."
+        print(f"(no training curves: {exc})")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ process aps-local started is still alive afterwards."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -19,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from aps.cli.local import parse_args
-from tests.conftest import BIN
+from aps.cli.local import Board, Launcher, parse_args
+from tests.conftest import BIN, ROOT
+from tests.trainer.linreg_model import make_data
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -117,6 +119,23 @@ def summary(stdout: str) -> dict[str, tuple[int, str]]:
     for match in re.finditer(r"^((?:pserver|trainer)\.\d+)\s+(\d+|-)\s+(.+?)\s{2,}", stdout, re.M):
         rows[match[1]] = (int(match[2]) if match[2] != "-" else 0, match[3])
     return rows
+
+
+def summary_cells(stdout: str) -> dict[str, dict[str, str]]:
+    """role -> {column: cell} from aps-local's final table, cut at the header's column starts
+    (cells may be blank, so splitting on spaces would shift them)."""
+    lines = stdout.splitlines()
+    top = max(i for i, line in enumerate(lines) if line.startswith("role "))
+    header = lines[top]
+    columns = list(re.finditer(r"\S+(?: \S+)*", header))  # "exit status" is one column
+    names, starts = [m[0] for m in columns], [m.start() for m in columns]
+    table = {}
+    for line in lines[top + 1:]:
+        if not re.match(r"(pserver|trainer)\.\d+ ", line):
+            break
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [len(line)])]
+        table[cells[0]] = dict(zip(names, cells))
+    return table
 
 
 def alive(pid: int) -> bool:
@@ -383,3 +402,136 @@ def test_timeout_stops_everything_with_124(tmp_path: Path) -> None:
     assert result.returncode == 124
     assert "--timeout 1.5 s expired" in result.stderr and "timed out after 1.5 s; stopped every role" in result.stderr
     assert_all_gone([pid for pid, _ in summary(result.stdout).values() if pid])
+
+
+# ----------------------------------------------------------------------------- metrics: summary, ports
+
+
+def test_summary_shows_each_trainers_last_epoch_from_its_metrics_file(tmp_path: Path) -> None:
+    """Real aps-trainers (a small linear regression): aps-local names each one's metrics file
+    under --log-dir (replacing last run's), and the summary shows that file's last epoch."""
+    make_data(tmp_path / "data", files=2, lines_per_file=300)
+    logs = tmp_path / "runlogs"
+    logs.mkdir()
+    stale = json.dumps({"event": "epoch", "trainer": 0, "epoch": 9, "time": time.time(), "loss": 99.0,
+                        "examples_per_s": 1.0})
+    (logs / "trainer.0.metrics.jsonl").write_text(stale + "\n")
+    result = subprocess.run(
+        launcher_argv("1x2", "--log-dir", "runlogs", "--", "--model", "tests.trainer.linreg_model:LinReg",
+                      "--data", str(tmp_path / "data"), "--epochs", "2", "--workers", "1", "--no-save"),
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--trainer-id 0 --metrics runlogs/trainer.0.metrics.jsonl --model" in result.stdout
+    assert not (tmp_path / "log").exists()  # aps-trainer's default (./log) was not used
+    table = summary_cells(result.stdout)
+    assert list(table) == ["pserver.0", "trainer.0", "trainer.1"]
+    assert list(table["trainer.0"]) == ["role", "pid", "exit status", "duration", "examples/s", "loss", "log"]
+    for k in range(2):
+        records = [json.loads(line) for line in (logs / f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1]  # the stale epoch 9 is gone
+        last = [r for r in records if r["event"] == "epoch"][-1]
+        row = table[f"trainer.{k}"]
+        assert row["exit status"] == "exit 0" and row["log"] == f"runlogs/trainer.{k}.log"
+        assert row["examples/s"] == f"{last['examples_per_s']:,.0f}" and float(row["examples/s"].replace(",", "")) > 0
+        assert row["loss"] == f"{last['loss']:.4g}" and 0 < float(row["loss"]) < 1  # labels have variance ~0.75
+    assert (table["pserver.0"]["examples/s"], table["pserver.0"]["loss"]) == ("", "")
+
+
+# Writes its own metrics where aps-local looks (log/trainer.K.metrics.jsonl): an epoch from an
+# earlier run, two epochs of this run (with AUC), and a half-written line; trainer 1 writes none.
+TRAINER_WRITES_METRICS = """
+import json, os, sys, time
+tid = int(os.environ["APS_TRAINER_ID"])
+assert "--metrics" not in sys.argv  # a custom program is not handed flags it may not know
+if tid == 0:
+    def rec(epoch, when, loss, rate, auc):
+        return json.dumps({"event": "epoch", "trainer": 0, "epoch": epoch, "time": when, "loss": loss,
+                           "examples_per_s": rate, "auc": auc, "batch_auc": auc}) + "\\n"
+    with open("log/trainer.0.metrics.jsonl", "a") as f:
+        f.write(rec(0, time.time() + 1, 0.5, 1000.0, 0.7) + rec(1, time.time() + 2, 0.25, 123456.7, 0.81234))
+        f.write('{"event": "epoch", "trainer": 0, "epo')
+"""
+
+
+def test_summary_shows_auc_and_ignores_earlier_runs_and_partial_lines(tmp_path: Path) -> None:
+    (tmp_path / "log").mkdir()
+    earlier = {"event": "epoch", "trainer": 1, "epoch": 0, "time": time.time() - 3600, "loss": 9.0,
+               "examples_per_s": 5.0, "auc": 0.5}
+    (tmp_path / "log" / "trainer.1.metrics.jsonl").write_text(json.dumps(earlier) + "\n")
+    result = run_local(tmp_path, "1x2", "--server-args=--no-exit-when-done",
+                       "--trainer-cmd", trainer_cmd(tmp_path, TRAINER_WRITES_METRICS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = summary_cells(result.stdout)
+    assert table["trainer.0"] | {"pid": "", "duration": ""} == {
+        "role": "trainer.0", "pid": "", "exit status": "exit 0", "duration": "",
+        "examples/s": "123,457", "loss": "0.25", "auc": "0.8123", "log": "log/trainer.0.log",
+    }
+    assert [table[r][c] for r in ("trainer.1", "pserver.0") for c in ("examples/s", "loss", "auc")] == [""] * 6
+    assert_all_gone([int(row["pid"]) for row in table.values()])
+
+
+def test_metrics_ports_go_to_every_role_and_into_the_layout(tmp_path: Path) -> None:
+    opts, trainer_args = parse_args(["2x2", "--metrics-port", "9100", "--log-dir", str(tmp_path),
+                                     "--epochs", "1", "--metrics", "m.jsonl"])
+    out = io.StringIO()
+    launcher = Launcher(opts, trainer_args, Board(out, out))
+    launcher.plan(["aps-server"], ["aps-trainer"], tmp_path)
+    flags = [(r.name, r.argv[r.argv.index("--metrics-port") + 1]) for r in launcher.roles]
+    assert flags == [("pserver.0", "9100"), ("pserver.1", "9101"), ("trainer.0", "9102"), ("trainer.1", "9103")]
+    # the user's --metrics is kept (given once), and the summary reads from it
+    assert [r.argv.count("--metrics") for r in launcher.trainers] == [1, 1]
+    assert [r.metrics_path for r in launcher.trainers] == [Path("m.jsonl")] * 2
+    launcher.print_layout()
+    for name, port in flags:
+        assert re.search(rf"^  {re.escape(name)}\s.* http://127\.0\.0\.1:{port}/metrics  ", out.getvalue(), re.M)
+
+    plain, _ = parse_args(["2x2", "--epochs", "1"])
+    launcher = Launcher(plain, ["--epochs", "1"], Board(io.StringIO(), io.StringIO()))
+    launcher.plan(["aps-server"], ["aps-trainer"], tmp_path)
+    assert not any("--metrics-port" in r.argv for r in launcher.roles)  # only when asked for
+
+
+def free_port_run(n: int) -> int:
+    """A base port with n free ports from it (checked by binding; another process may still race)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + n > 65536:
+            continue
+        held = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def test_real_roles_serve_metrics_on_the_ports_aps_local_gives_them(tmp_path: Path) -> None:
+    make_data(tmp_path / "data", files=2, lines_per_file=100)
+    base = free_port_run(3)
+    result = subprocess.run(
+        launcher_argv("1x2", "--metrics-port", str(base), "--", "--model", "tests.trainer.linreg_model:LinReg",
+                      "--data", str(tmp_path / "data"), "--workers", "1", "--no-save"),
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for role, port in (("pserver.0", base), ("trainer.0", base + 1), ("trainer.1", base + 2)):
+        assert f"  {role}" in result.stdout and f"http://127.0.0.1:{port}/metrics" in result.stdout
+        log = (tmp_path / "log" / f"{role}.log").read_text()
+        assert re.search(rf"metrics endpoint .*port={port}\b", log), log
+
+
+@pytest.mark.parametrize("base", ["0", "65533"])
+def test_metrics_ports_out_of_range_are_a_usage_error(base: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["2x2", "--metrics-port", base])
+    assert exc.value.code == 2 and "must lie in 1..65535" in capsys.readouterr().err
