@@ -4,6 +4,7 @@ Public names only; see README.md for a tour.
 """
 
 from .client import PSClient, connect
+from .cluster import ClusterSpec
 from .errors import (
     ApsError,
     ConfigError,
@@ -18,11 +19,12 @@ from .errors import (
 )
 from .server import PServer, ServerConfig, serve
 from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
+from .trainer import Strategy, Trainer, TrainOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "serve", "PSClient", "PServer", "ServerConfig",
+    "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
     "SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
     "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
     "ServerError", "ConfigError", "DataError", "ErrorCode",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from ..errors import ApsError
-from ..models import load_model_class, parse_model_args
+from ..models import build_model
 from ..models.ctr_eval import evaluate, load_params
 
 
@@ -25,15 +26,15 @@ def build_parser(model: str, description: str | None) -> argparse.ArgumentParser
 
 def main(model: str, description: str | None = None, argv: list[str] | None = None) -> int:
     args = build_parser(model, description).parse_args(argv)
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        print(f"infer: error: --json {args.json}: its directory does not exist", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
-        net = load_model_class(args.model)(**parse_model_args(args.model_arg))
+        net = build_model(args.model, args.model_arg)
         result = evaluate(net, load_params(net, args.checkpoint), args.data, skip_bad_lines=args.skip_bad_lines)
     except ApsError as exc:
-        print(f"infer: {exc}", file=sys.stderr)
-        return 2
-    except TypeError as exc:  # an unknown --model-arg
-        print(f"infer: bad model argument: {exc}", file=sys.stderr)
+        print(f"infer: error: {exc}", file=sys.stderr)
         return 2
     result["seconds"] = round(time.monotonic() - started, 3)
     print(f"AUC {result['auc']:.6f}  logloss {result['logloss']:.6f}  examples {result['examples']}  ({result['seconds']} s)")

@@ -10,16 +10,21 @@ lower-cased because the corpus is.
 
 Embeddings come from a checkpoint saved by the pservers (any number of shards, re-sharded into
 one) or straight from a live cluster.
+
+Scoring and pulling show a tqdm bar on stderr only when stderr is a terminal: a person running
+eval.py sees it move, while logs, pipes and tests get no control characters.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from ...errors import ConfigError
 from .preprocess import UNK
@@ -122,19 +127,24 @@ def analogy_accuracy(
     cand = normalize_rows(vectors[real])
     index = {words[i]: j for j, i in enumerate(real)}
     result = AnalogyResult(restrict_vocab=len(real))
-    for name, items in sections:
-        section = Section(name, questions=len(items))
-        asked = [q for q in items if all(w in index for w in q)]
-        section.asked = len(asked)
-        if asked:
-            ids = np.array([[index[w] for w in q] for q in asked], dtype=np.int64)
-            section.correct = int((_predict(cand, ids[:, 0], ids[:, 1], ids[:, 2]) == ids[:, 3]).sum())
-        result.sections.append(section)
+    with tqdm(total=sum(len(items) for _, items in sections), desc="analogies", unit="q",
+              disable=not sys.stderr.isatty(), leave=False) as bar:
+        for name, items in sections:
+            section = Section(name, questions=len(items))
+            asked = [q for q in items if all(w in index for w in q)]
+            section.asked = len(asked)
+            bar.update(len(items) - len(asked))  # skipped questions cost nothing
+            if asked:
+                ids = np.array([[index[w] for w in q] for q in asked], dtype=np.int64)
+                section.correct = int((_predict(cand, ids[:, 0], ids[:, 1], ids[:, 2], bar.update) == ids[:, 3]).sum())
+            result.sections.append(section)
     return result
 
 
-def _predict(cand: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """argmax over candidates of cos(target, cand) for target = b - a + c, excluding a, b, c."""
+def _predict(cand: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+             done: Callable[[int], object] | None = None) -> np.ndarray:
+    """argmax over candidates of cos(target, cand) for target = b - a + c, excluding a, b, c;
+    ``done(n)`` is told after each batch of ``n`` questions (the progress bar)."""
     out = np.empty(a.shape[0], dtype=np.int64)
     for start in range(0, a.shape[0], SCORE_BATCH):
         sl = slice(start, start + SCORE_BATCH)
@@ -144,6 +154,8 @@ def _predict(cand: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> n
         for excluded in (a[sl], b[sl], c[sl]):
             scores[rows, excluded] = -np.inf
         out[sl] = scores.argmax(axis=1)
+        if done is not None:
+            done(scores.shape[0])
     return out
 
 
@@ -173,9 +185,12 @@ async def pull_table(
         if rows is None:
             raise ConfigError(f"table {table!r} is not a sparse table")
         out = np.empty((rows, spec.dim), dtype=np.float32)  # type: ignore[union-attr]
-        for start in range(0, rows, rows_per_call):
-            ids = np.arange(start, min(rows, start + rows_per_call), dtype=np.int64)
-            out[start : start + len(ids)] = await ps.pull_sparse(table, ids)
+        with tqdm(total=rows, desc=f"pulling {table}", unit="row", unit_scale=True,
+                  disable=not sys.stderr.isatty(), leave=False) as bar:
+            for start in range(0, rows, rows_per_call):
+                ids = np.arange(start, min(rows, start + rows_per_call), dtype=np.int64)
+                out[start : start + len(ids)] = await ps.pull_sparse(table, ids)
+                bar.update(len(ids))
         return out
 
 
