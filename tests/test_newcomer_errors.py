@@ -351,3 +351,15 @@ def test_eval_flag_misuse_is_an_argparse_error(eval_script: ModuleType, checkpoi
         eval_script.main(["--checkpoint", str(checkpoint), *args])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.rstrip().endswith(f"eval.py: error: {expected}")
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], "the following arguments are required: --model, --data"),
+    (["--", "--model", "ctr_dnn", "--data", "x", "--epochs", "zz"], "argument --epochs: invalid int value: 'zz'"),
+])
+def test_aps_local_checks_trainer_options_before_starting_anything(tmp_path: Path, args: list[str], expected: str) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bin" / "aps-local"), "1x1", *args],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and expected in result.stderr
+    assert not (tmp_path / "log" / "pserver.0.log").exists()  # no pserver was started

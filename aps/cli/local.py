@@ -770,8 +770,35 @@ async def _amain(opts: argparse.Namespace, trainer_args: list[str], server_cmd: 
         shutil.rmtree(port_dir, ignore_errors=True)
 
 
+class _BadTrainerArgs(Exception):
+    pass
+
+
+def trainer_args_problem(trainer_args: list[str]) -> str | None:
+    """What aps-trainer's own parser would refuse in ``trainer_args`` (a missing --model or
+    --data, a bad value), found before any process starts; None when they parse."""
+    from .trainer import build_parser as trainer_parser
+
+    if "-h" in trainer_args or "--help" in trainer_args:
+        return None
+    parser = trainer_parser()
+
+    def fail(message: str) -> None:
+        raise _BadTrainerArgs(message)
+
+    parser.error = fail  # type: ignore[method-assign,assignment]
+    try:
+        parser.parse_args(["--pservers", "127.0.0.1:1", *trainer_args])
+    except _BadTrainerArgs as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     opts, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.trainer_argv is None and (problem := trainer_args_problem(trainer_args)):
+        print(f"aps-local: error: trainer options: {problem} (see aps-trainer --help)", file=sys.stderr)
+        return EXIT_USAGE
     server_cmd = program("aps-server", "aps.cli.server")
     trainer_cmd = opts.trainer_argv or program("aps-trainer", "aps.cli.trainer")
     if server_cmd is None or trainer_cmd is None:

@@ -386,8 +386,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error("--seed must be >= 0")
-    if args.train_files > args.train_lines or args.test_files > args.test_lines:
-        parser.error("more files than lines")
+    for split in ("train", "test"):
+        files, lines = getattr(args, f"{split}_files"), getattr(args, f"{split}_lines")
+        if files > lines:
+            parser.error(f"--{split}-files {files} is more than --{split}-lines {lines}: every file needs a line")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a directory")
     return args
 
 
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         generate(args.out, train_lines=args.train_lines, test_lines=args.test_lines, train_files=args.train_files,
                  test_files=args.test_files, seed=args.seed, scale=args.scale)
     except OSError as exc:
-        print(f"make_data: cannot write under {args.out}: {exc}", file=sys.stderr)
+        print(f"make_data.py: error: cannot write under {args.out}: {exc}", file=sys.stderr)
         return 1
     return 0
 
