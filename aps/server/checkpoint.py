@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
+from tqdm import tqdm
 
 from ..errors import ConfigError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
@@ -67,7 +69,13 @@ def _write_array(path: Path, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def _write_table(directory: Path, prefix: str, shard: Shard) -> dict[str, Any]:
+def _progress(what: str, total: int, unit: str) -> tqdm:
+    """A progress bar for a person waiting at a terminal on a big save or load; silent when
+    stderr is not a terminal (logs, launchers, tests)."""
+    return tqdm(total=total, desc=what, unit=unit, unit_scale=True, leave=False, disable=not sys.stderr.isatty())
+
+
+def _write_table(directory: Path, prefix: str, shard: Shard, progress: tqdm | None = None) -> dict[str, Any]:
     """Write one table's arrays; return its manifest entry."""
     entry: dict[str, Any] = {"spec": spec_to_dict(shard.spec), "kind": shard.spec.kind}
     if isinstance(shard, SparseShard):
@@ -75,6 +83,8 @@ def _write_table(directory: Path, prefix: str, shard: Shard) -> dict[str, Any]:
         for name, array in shard.state_arrays().items():
             files[name] = f"{prefix}.{name}.npy"
             _write_array(directory / files[name], array)
+            if progress is not None:
+                progress.update(array.nbytes)
         entry.update(step=shard.step, rows=shard.local_rows, files=files)
         return entry
     blocks = []
@@ -85,6 +95,8 @@ def _write_table(directory: Path, prefix: str, shard: Shard) -> dict[str, Any]:
         for name, array in arrays.items():
             files[name] = f"{prefix}.b{index}.{name}.npy"
             _write_array(directory / files[name], array)
+            if progress is not None:
+                progress.update(array.nbytes)
         blocks.append({"index": index, "start": block.start, "stop": block.stop, "step": shard.steps[index], "files": files})
     entry["blocks"] = blocks
     return entry
@@ -105,11 +117,13 @@ def save_shard(path: str | os.PathLike[str], shards: dict[str, Shard], shard: in
     final = root / shard_dir_name(shard, num_shards)
     tmp = root / f".{final.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
+    total = sum(a.nbytes for table in shards.values() for a in table.state_arrays().values())
     try:
         tables = {}
-        for i, (name, table) in enumerate(sorted(shards.items())):
-            # index keeps names distinct even on case-insensitive filesystems; quote makes them safe
-            tables[name] = _write_table(tmp, f"t{i:04d}-{quote(name, safe='')}", table)
+        with _progress(f"saving shard {shard}", total, "B") as progress:
+            for i, (name, table) in enumerate(sorted(shards.items())):
+                # index keeps names distinct even on case-insensitive filesystems; quote makes them safe
+                tables[name] = _write_table(tmp, f"t{i:04d}-{quote(name, safe='')}", table, progress)
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -307,7 +321,8 @@ def load_shards(path: str | os.PathLike[str], shard: int, num_shards: int) -> tu
     _, old = _find_shards(root)
     _check_consistent(root, old)
     tables: dict[str, Shard] = {}
-    for name, entry in old[0].manifest["tables"].items():
+    entries = old[0].manifest["tables"].items()
+    for name, entry in tqdm(entries, desc=f"loading {root.name}", unit="table", leave=False, disable=not sys.stderr.isatty()):
         spec = spec_from_dict(entry["spec"])
         if isinstance(spec, SparseTable):
             tables[name] = _load_sparse(spec, old, shard, num_shards)
