@@ -363,3 +363,15 @@ def test_aps_local_checks_trainer_options_before_starting_anything(tmp_path: Pat
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and expected in result.stderr
     assert not (tmp_path / "log" / "pserver.0.log").exists()  # no pserver was started
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--host", "256.1.1.1", "--port", "0"], "host '256.1.1.1' does not resolve to an address here"),
+    (["--trainers", "0"], "--trainers must be >= 1, got 0"),
+    (["--port-file", "/nonexistent-dir/port"], "its directory does not exist"),
+])
+def test_aps_server_misuse_is_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bin" / "aps-server"), *args],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and expected in result.stderr, result.stderr

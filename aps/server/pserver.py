@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from typing import Any
 
 import structlog
@@ -60,6 +61,9 @@ class PServer:
             self._server = await loop.create_server(
                 lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True
             )
+        except socket.gaierror as exc:  # errno is a resolver code, not an OS errno
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: "
+                              f"host {self.config.host!r} does not resolve to an address here ({exc.strerror})") from exc
         except OSError as exc:
             reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
             raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}") from exc
