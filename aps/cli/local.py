@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import importlib.util
 import os
 import re
@@ -40,9 +39,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from .common import run_main
+from .local_display import Board, epoch_cells
+from .local_roles import Role, child_setup, describe_exit, group_alive, last_lines, signal_group
 from .plot import last_epoch_record
 
 MODES = ("sync", "async", "half_async", "geo")
@@ -52,8 +53,6 @@ INTERRUPT_GRACE = 5.0  # the same after Ctrl-C / SIGTERM: the user is waiting
 TTY_REFRESH = 0.5
 TAIL_LINES = 10
 BIN = Path(__file__).resolve().parents[2] / "bin"
-_PR_SET_PDEATHSIG = 1
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 DESCRIPTION = """\
 Run a local aps cluster: N pservers and M trainers on this machine (like Paddle's
@@ -210,242 +209,6 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-# ------------------------------------------------------------------------------------ children
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit {returncode}"
-
-
-@dataclass
-class Role:
-    """One child process (a pserver or a trainer) and what became of it."""
-
-    kind: str
-    index: int
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    port_file: Path | None = None
-    metrics_path: Path | None = None  # a trainer's metrics file, for the summary
-    metrics_port: int | None = None
-    proc: asyncio.subprocess.Process | None = None
-    started: float | None = None
-    ended: float | None = None
-    returncode: int | None = None
-    sent: str | None = None  # the last signal aps-local sent it
-    failure: str | None = None  # why it counts as failed; None while it has not
-    failed_at: float = 0.0
-    listening: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}.{self.index}"
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.returncode is None
-
-    def fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure, self.failed_at = reason, time.monotonic()
-
-    def state(self) -> str:
-        if self.proc is None:
-            return "failed to start" if self.failure else "not started"
-        if self.returncode is None:
-            return "running"
-        return describe_exit(self.returncode) + (f" (aps-local sent {self.sent})" if self.sent else "")
-
-    def duration(self) -> float | None:
-        if self.started is None:
-            return None
-        return (self.ended or time.monotonic()) - self.started
-
-
-def child_setup() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die with aps-local (Linux PR_SET_PDEATHSIG), or None.
-
-    prctl is resolved here, in the parent, so the child only makes one C call between fork and
-    exec. If aps-local died before the call, the child kills itself (the classic race)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), *[ctypes.c_ulong(0)] * 3)
-
-    def setup() -> None:
-        prctl(*args)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
-
-
-def signal_group(role: Role, sig: signal.Signals) -> None:
-    """Signal the role's process group: the role and whatever it forked (e.g. worker pools)."""
-    if role.proc is None:
-        return
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(role.proc.pid, sig)
-        else:  # pragma: no cover - non-POSIX
-            role.proc.send_signal(sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_alive(role: Role) -> bool:
-    """Does anything of the role's process group still run (after the role itself exited)?
-
-    Zombies do not count: what the role forked is re-parented to init, and init in a container
-    may reap late or never; a zombie holds no port, memory or CPU."""
-    if role.proc is None or not hasattr(os, "killpg"):
-        return False
-    if os.path.isdir("/proc/self"):
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[3]) == role.proc.pid and fields[0] not in ("Z", "X"):
-                    return True
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-        return False
-    try:
-        os.killpg(role.proc.pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def last_lines(path: Path, n: int, max_bytes: int = 32768) -> list[str]:
-    """The last n non-empty lines of a log, without colour codes; ``\\r`` progress counts as a break."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    text = _ANSI.sub("", data.decode("utf-8", "replace")).replace("\t", " ")
-    lines = [line.rstrip() for line in re.split(r"\r\n|\r|\n", text)]
-    if size > max_bytes:
-        lines = lines[1:]  # probably cut in the middle
-    lines = ["".join(c for c in line if c >= " ") for line in lines]
-    return [line for line in lines if line.strip()][-n:]
-
-
-# ------------------------------------------------------------------------------------ terminal
-
-
-class Board:
-    """Everything aps-local prints. On a TTY one status line is kept at the bottom, rewritten in
-    place; other lines are printed above it. Not on a TTY, status lines are plain and periodic."""
-
-    def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out, self.err = out, err
-        self.tty = out.isatty()
-        self._status_shown = False
-
-    def _write(self, stream: TextIO, text: str) -> None:
-        # A closed terminal or pipe (`aps-local ... | head`) must not stop aps-local from
-        # supervising and stopping its children: output is lost, the cluster is still managed.
-        try:
-            stream.write(text)
-            stream.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-
-    def _clear(self) -> None:
-        if self._status_shown:
-            self._write(self.out, "\r\x1b[K")
-            self._status_shown = False
-
-    def line(self, text: str, error: bool = False) -> None:
-        self._clear()
-        self._write(self.err if error else self.out, text + "\n")
-
-    def status(self, roles: list[Role], elapsed: float) -> None:
-        if self.tty:
-            width = shutil.get_terminal_size((100, 20)).columns - 1
-            self._write(self.out, "\r" + tty_status(roles, elapsed, width) + "\x1b[K")
-            self._status_shown = True
-        else:
-            self.line(plain_status(roles, elapsed))
-
-    def close(self) -> None:
-        self._clear()
-
-
-def epoch_cells(record: dict[str, Any] | None, with_auc: bool) -> tuple[str, ...]:
-    """examples/s, loss (and AUC) of an "epoch" metrics record as summary cells; blanks for None."""
-    def num(key: str, fmt: str) -> str:
-        value = None if record is None else record.get(key)
-        return "" if value is None else format(value, fmt)
-
-    cells = (num("examples_per_s", ",.0f"), num("loss", ".4g"))
-    return cells + ((num("auc", ".4f"),) if with_auc else ())
-
-
-def _short(role: Role) -> str:
-    if role.returncode is None:
-        return "run" if role.proc is not None else "-"
-    if role.returncode == 0:
-        return "ok"
-    return describe_exit(role.returncode).replace("killed by ", "")  # "exit 3" / "SIGKILL"
-
-
-_STAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*(Z|[+-]\d\d:?\d\d)?\]?\s*")
-
-
-def log_tail(role: Role) -> str:
-    """The last line of a role's log, compacted for a status line: no leading timestamp (the
-    status has its own clock), runs of spaces (structlog's column padding) collapsed."""
-    if role.proc is None:
-        return ""
-    line = (last_lines(role.log_path, 1) or [""])[0]
-    return " ".join(_STAMP.sub("", line.strip()).split())
-
-
-def tty_status(roles: list[Role], elapsed: float, width: int) -> str:
-    """``[12s] ps0 run ps1 run | t0 run: <last log line> | t1 ok: <...>`` cut to ``width``."""
-    servers = " ".join(f"ps{r.index} {_short(r)}" for r in roles if r.kind == "pserver")
-    trainers = [r for r in roles if r.kind == "trainer"]
-    head = f"[{elapsed:.0f}s] {servers}"
-    heads = [f"t{r.index} {_short(r)}" for r in trainers]
-    room = (width - len(head) - sum(len(h) + 5 for h in heads)) // max(1, len(trainers))
-    parts = [head]
-    for r, h in zip(trainers, heads):
-        tail = log_tail(r) if room >= 8 else ""
-        parts.append(f"{h}: {_cut(tail, room)}" if tail else h)
-    return _cut(" | ".join(parts), width)
-
-
-def plain_status(roles: list[Role], elapsed: float) -> str:
-    items = []
-    for r in roles:
-        item = f"{r.name} {r.state()}"
-        tail = log_tail(r) if r.kind == "trainer" else ""
-        item += f" [{_cut(tail, 70)}]" if tail else ""
-        items.append(item)
-    return f"aps-local [{elapsed:.0f}s] " + ", ".join(items)
-
-
-def _cut(text: str, width: int) -> str:
-    if width <= 0:
-        return ""
-    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
 
 
 # ------------------------------------------------------------------------------------ launcher
