@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import os
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -400,8 +401,10 @@ class PSClient:
         return reply.total
 
     async def save(self, path: str, timeout: float | None | bool = None) -> None:
-        """Every pserver writes its shard under ``path`` (a directory on the pservers' disks)."""
-        await self._budget(self._gather([self._call(k, wire.Save(path=path)) for k in range(self.num_servers)]), timeout)
+        """Every pserver writes its shard under ``path`` (a directory on the pservers' disks), all
+        tagged with one new save id: a later load refuses shards of different saves."""
+        save = wire.Save(path=path, save_id=uuid.uuid4().hex)
+        await self._budget(self._gather([self._call(k, save) for k in range(self.num_servers)]), timeout)
 
     async def load(self, path: str, timeout: float | None | bool = None) -> None:
         """Every pserver replaces its tables with those of a checkpoint (re-sharded as needed)."""

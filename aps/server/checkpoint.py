@@ -102,11 +102,16 @@ def _write_table(directory: Path, prefix: str, shard: Shard, progress: tqdm | No
     return entry
 
 
-def save_shard(path: str | os.PathLike[str], shards: dict[str, Shard], shard: int, num_shards: int, extra: dict[str, Any]) -> Path:
+def save_shard(
+    path: str | os.PathLike[str], shards: dict[str, Shard], shard: int, num_shards: int, extra: dict[str, Any],
+    save_id: str = "",
+) -> Path:
     """Atomically write server ``shard`` of ``num_shards``'s tables under ``path``; returns the dir.
 
-    ``extra`` (JSON-able, e.g. the global step) must be the same on every server of one save:
-    :func:`load_shards` treats a mismatch as shards from different saves.
+    ``extra`` (JSON-able, e.g. the global step) and ``save_id`` (drawn by the client for each
+    save, the same on every server) must be the same on every server of one save:
+    :func:`load_shards` refuses shards that differ, e.g. when a save was killed after some
+    servers had replaced their shard of an older checkpoint and others had not.
     """
     try:
         json.dumps(extra)
@@ -130,6 +135,7 @@ def save_shard(path: str | os.PathLike[str], shards: dict[str, Shard], shard: in
             "shard": shard,
             "num_shards": num_shards,
             "extra": extra,
+            "save_id": save_id,
             "written_at": time.time(),
             "written_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "tables": tables,
@@ -236,6 +242,11 @@ def _check_consistent(root: Path, old: list[_OldShard]) -> None:
         for name, entry in m["tables"].items():
             if entry["spec"] != first["tables"][name]["spec"]:
                 raise ConfigError(f"checkpoint {root}: table {name!r} has a different spec on shard {o.index} than on shard 0")
+        if m.get("save_id", "") != first.get("save_id", ""):
+            raise ConfigError(
+                f"checkpoint {root}: shard {o.index} comes from save {m.get('save_id')!r}, shard 0 from save "
+                f"{first.get('save_id')!r}: a save was interrupted or two saves were mixed; use a complete checkpoint"
+            )
         if m.get("extra") != first.get("extra"):
             raise ConfigError(f"checkpoint {root}: shard {o.index} comes from a different save (extra {m.get('extra')} != {first.get('extra')})")
 

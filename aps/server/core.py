@@ -284,10 +284,12 @@ class ServerCore:
 
     def _save(self, client_id: int, msg: wire.Save, flags: int) -> wire.Message:
         try:
-            save_shard(msg.path, self.tables, self.config.server_index, self.config.num_servers, self.extra)
+            save_shard(
+                msg.path, self.tables, self.config.server_index, self.config.num_servers, self.extra, save_id=msg.save_id
+            )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {msg.path!r} failed: {exc}") from None
-        log.info("saved", path=os.path.abspath(msg.path), tables=len(self.tables))
+        log.info("saved", path=os.path.abspath(msg.path), tables=len(self.tables), save_id=msg.save_id)
         return wire.Ok(op=wire.Op.SAVE)
 
     def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> wire.Message:

@@ -162,9 +162,13 @@ class Barrier(Message):
 
 @dataclass(slots=True)
 class Save(Message):
+    """``save_id`` is the same on every server of one save (the client draws it per call), so a
+    loader can tell shards of one save from a mix of two."""
+
     OP = Op.SAVE
-    FIELDS = (("path", "str"),)
+    FIELDS = (("path", "str"), ("save_id", "str"))
     path: str = ""
+    save_id: str = ""
 
 
 @dataclass(slots=True)
