@@ -9,13 +9,57 @@ idempotent across trainers.
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
 from .errors import ConfigError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,200}$")
+#: ids travel as int64, so a table has fewer rows than this; a dense table fewer elements
+_MAX_ROWS = (1 << 63) - 1
+#: generous bounds that keep size arithmetic and the wire's u64 shapes sane
+_MAX_DIM = (1 << 31) - 1
+_MAX_SEED = (1 << 63) - 1
+
+
+# ---------------------------------------------------------------- field checks
+#
+# Specs arrive as JSON from any client (CREATE_TABLE) and from checkpoint manifests, so every
+# field is checked for its type, not only its range: ``rows: 10.5`` or ``rows: true`` are
+# refused, never truncated or taken as 1. Numbers are normalised to plain int / float (a numpy
+# integer from a user's script becomes an int, so the spec still serialises to JSON).
+
+
+def _int(owner: str, name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{owner}: {name} must be an integer, got {value!r}")
+    value = int(value)
+    if not low <= value <= high:
+        raise ConfigError(f"{owner}: {name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _real(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{owner}: {name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{owner}: {name} must be finite, got {value}")
+    return value
+
+
+def _set_numbers(obj: Any, **kinds: str) -> None:
+    """Check and normalise the numeric fields of a frozen spec in place ("real" or "bool")."""
+    owner = type(obj).__name__
+    for name, kind in kinds.items():
+        value = getattr(obj, name)
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{owner}: {name} must be true or false, got {value!r}")
+            continue
+        object.__setattr__(obj, name, _real(owner, name, value))
 
 
 # ---------------------------------------------------------------- initializers
@@ -29,7 +73,8 @@ class Uniform:
     high: float = 0.01
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.high < self.low:
+        _set_numbers(self, low="real", high="real")
+        if self.high < self.low:
             raise ConfigError(f"Uniform needs finite low <= high, got ({self.low}, {self.high})")
 
 
@@ -40,8 +85,7 @@ class Constant:
     value: float = 0.0
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.value):
-            raise ConfigError(f"Constant value must be finite, got {self.value}")
+        _set_numbers(self, value="real")
 
 
 @dataclass(frozen=True)
@@ -52,7 +96,8 @@ class Normal:
     std: float = 0.01
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.mean) and math.isfinite(self.std)) or self.std < 0:
+        _set_numbers(self, mean="real", std="real")
+        if self.std < 0:
             raise ConfigError(f"Normal needs finite mean and std >= 0, got ({self.mean}, {self.std})")
 
 
@@ -70,7 +115,9 @@ class ExponentialDecay:
     staircase: bool = True
 
     def __post_init__(self) -> None:
-        if self.decay_steps <= 0 or not (math.isfinite(self.decay_rate) and self.decay_rate > 0):
+        object.__setattr__(self, "decay_steps", _int("ExponentialDecay", "decay_steps", self.decay_steps, 1, _MAX_ROWS))
+        _set_numbers(self, decay_rate="real", staircase="bool")
+        if self.decay_rate <= 0:
             raise ConfigError(f"ExponentialDecay needs decay_steps > 0 and decay_rate > 0, got {self}")
 
     def factor(self, step: int) -> float:
@@ -84,9 +131,15 @@ class ExponentialDecay:
 # ---------------------------------------------------------------- optimizers
 
 
-def _check_lr(lr: float) -> None:
-    if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"learning rate must be a positive finite number, got {lr}")
+def _check_optimizer(opt: Any, **kinds: str) -> None:
+    _set_numbers(opt, lr="real", **kinds)
+    if opt.lr <= 0:
+        raise ConfigError(f"learning rate must be a positive finite number, got {opt.lr}")
+    if opt.decay is not None and not isinstance(opt.decay, ExponentialDecay):
+        raise ConfigError(f"{type(opt).__name__}: decay must be ExponentialDecay or null, got {opt.decay!r}")
+    for name in ("epsilon", "initial_accumulator"):
+        if name in kinds and getattr(opt, name) < 0:
+            raise ConfigError(f"{type(opt).__name__}: {name} must be >= 0, got {getattr(opt, name)}")
 
 
 @dataclass(frozen=True)
@@ -97,7 +150,7 @@ class SGD:
     decay: ExponentialDecay | None = None
 
     def __post_init__(self) -> None:
-        _check_lr(self.lr)
+        _check_optimizer(self)
 
 
 @dataclass(frozen=True)
@@ -110,7 +163,7 @@ class Adagrad:
     decay: ExponentialDecay | None = None
 
     def __post_init__(self) -> None:
-        _check_lr(self.lr)
+        _check_optimizer(self, epsilon="real", initial_accumulator="real")
 
 
 @dataclass(frozen=True)
@@ -124,7 +177,7 @@ class Adam:
     decay: ExponentialDecay | None = None
 
     def __post_init__(self) -> None:
-        _check_lr(self.lr)
+        _check_optimizer(self, beta1="real", beta2="real", epsilon="real")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError(f"Adam betas must be in [0, 1), got {self.beta1}, {self.beta2}")
 
@@ -147,8 +200,10 @@ class SparseTable:
 
     def __post_init__(self) -> None:
         _check_name(self.name)
-        if self.rows <= 0 or self.dim <= 0:
-            raise ConfigError(f"table {self.name!r}: rows and dim must be positive, got {self.rows} x {self.dim}")
+        owner = f"table {self.name!r}"
+        object.__setattr__(self, "rows", _int(owner, "rows", self.rows, 1, _MAX_ROWS))
+        object.__setattr__(self, "dim", _int(owner, "dim", self.dim, 1, _MAX_DIM))
+        object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
         _check_parts(self.name, self.init, self.optimizer)
 
     @property
@@ -168,9 +223,14 @@ class DenseTable:
 
     def __post_init__(self) -> None:
         _check_name(self.name)
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if not self.shape or any(s <= 0 for s in self.shape):
-            raise ConfigError(f"table {self.name!r}: shape must be non-empty and positive, got {self.shape}")
+        owner = f"table {self.name!r}"
+        if isinstance(self.shape, (str, bytes)) or not isinstance(self.shape, (tuple, list)) or not 1 <= len(self.shape) <= 8:
+            raise ConfigError(f"{owner}: shape must be a list of 1 to 8 positive integers, got {self.shape!r}")
+        shape = tuple(_int(owner, "shape entry", s, 1, _MAX_ROWS) for s in self.shape)
+        if math.prod(shape) > _MAX_ROWS:
+            raise ConfigError(f"{owner}: shape {list(shape)} has more than 2**63 - 1 elements")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
         _check_parts(self.name, self.init, self.optimizer)
 
     @property
@@ -219,19 +279,36 @@ def spec_to_dict(obj: Any) -> dict[str, Any]:
     return out
 
 
-def spec_from_dict(data: dict[str, Any]) -> Any:
-    """Inverse of :func:`spec_to_dict`; raises :class:`ConfigError` on unknown types or fields."""
-    if not isinstance(data, dict) or data.get("type") not in _CLASSES:
-        raise ConfigError(f"not a spec: {data!r}")
-    cls = _CLASSES[data["type"]]
+#: nested specs go at most this deep (a table, its optimizer, its decay)
+_MAX_DEPTH = 4
+
+
+def spec_from_dict(data: dict[str, Any], _depth: int = 0) -> Any:
+    """Inverse of :func:`spec_to_dict`; raises :class:`ConfigError` on unknown types or fields,
+    and on a field of the wrong type (every check a spec's constructor makes applies)."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if not isinstance(kind, str) or kind not in _CLASSES:
+        raise ConfigError(f"not a spec: {_short(data)}")
+    if _depth >= _MAX_DEPTH:
+        raise ConfigError(f"spec nested more than {_MAX_DEPTH} levels deep")
+    cls = _CLASSES[kind]
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(str(key) for key in data if key != "type" and key not in known)
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))} (fields: {', '.join(sorted(known))})")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "type":
             continue
-        kwargs[key] = spec_from_dict(value) if isinstance(value, dict) else value
-    if cls is DenseTable and "shape" in kwargs:
+        kwargs[key] = spec_from_dict(value, _depth + 1) if isinstance(value, dict) else value
+    if cls is DenseTable and isinstance(kwargs.get("shape"), list):
         kwargs["shape"] = tuple(kwargs["shape"])
     try:
         return cls(**kwargs)
-    except TypeError as exc:
+    except TypeError as exc:  # a required field missing
         raise ConfigError(f"bad fields for {cls.__name__}: {exc}") from exc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

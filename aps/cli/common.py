@@ -19,6 +19,45 @@ def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info")
 
 
+def add_token_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, who: str) -> None:
+    """--token-file PATH (preferred) or --token SECRET (visible in ps); APS_TOKEN otherwise."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--token-file", metavar="PATH",
+                       help=f"read the shared secret {who} from PATH (its trailing newline dropped); or APS_TOKEN")
+    group.add_argument("--token", metavar="SECRET",
+                       help="the shared secret on the command line: every user of this machine sees it in ps; "
+                            "prefer --token-file or APS_TOKEN")
+
+
+TOKEN_ON_ARGV = "--token is visible to every user of this machine in ps; prefer --token-file or APS_TOKEN"
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path``, read once, without its trailing newline; ConfigError when the file
+    is missing, unreadable or empty."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"--token-file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--token-file {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    token = text.rstrip("\r\n")
+    if not token:
+        raise ConfigError(f"--token-file {path}: the file is empty")
+    return token
+
+
+def token_from_args(args: argparse.Namespace, env_token: str | None, warn: Callable[[str], None]) -> str | None:
+    """The token: --token-file, else --token (with a warning through ``warn``), else APS_TOKEN."""
+    if getattr(args, "token_file", None) is not None:
+        return read_token_file(args.token_file)
+    if args.token is not None:
+        warn(TOKEN_ON_ARGV)
+        return str(args.token)
+    return env_token or None
+
+
 def run_main(main: Coroutine[Any, Any, int]) -> int:
     """Run the program's coroutine on uvloop when available (chosen here, at the program edge)."""
     try:

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import run_main
+from ..errors import ConfigError
+from .common import TOKEN_ON_ARGV, read_token_file, run_main
 from .local_display import Board, epoch_cells
 from .local_roles import Role, child_setup, describe_exit, group_alive, last_lines, signal_group
 from .plot import last_epoch_record
@@ -64,7 +65,8 @@ exits), then starts M trainers: bin/aps-trainer --pservers LIST --trainers M --t
 [--mode MODE] [trainer options]. Children also get the cluster in their environment:
 APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST, APS_TRAINERS / PADDLE_TRAINERS_NUM,
 APS_TRAINER_ID / PADDLE_TRAINER_ID, APS_ROLE / TRAINING_ROLE (PSERVER or TRAINER), POD_IP,
-PADDLE_PORT / APS_PORT / APS_SERVER_INDEX (pservers), APS_TOKEN (with --token).
+PADDLE_PORT / APS_PORT / APS_SERVER_INDEX (pservers), APS_TOKEN (with --token-file or --token,
+or inherited: the token reaches the children only through their environment, never their argv).
 
 Trainer options: every option aps-local does not know, and everything after `--`, is passed
 unchanged to every trainer. Put trainer options whose names clash with aps-local's after `--`.
@@ -100,7 +102,7 @@ EPILOG = """\
 examples:
   aps-local 2x2 --mode geo -- --model word2vec --data data/word2vec/train --epochs 1
   aps-local 1x4 --mode async --model ctr_dnn --data data/ctr/train --log-dir /tmp/ctr-logs
-  aps-local 2x2 --token s3cret --server-args "--max-frame 16777216" --timeout 600 -- --epochs 3
+  aps-local 2x2 --token-file ~/.aps-token --server-args "--max-frame 16777216" --timeout 600 -- --epochs 3
   aps-local 2x2 --trainer-cmd "python my_trainer.py" -- --lr 0.1   # custom trainer program
 """
 
@@ -135,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("layout", type=parse_layout, metavar="NxM", help="N pservers and M trainers, e.g. 2x2")
     add("--log-dir", default="log", help="where pserver.K.log / trainer.K.log go (default: ./log)")
     add("--mode", choices=MODES, help="training mode, passed to every trainer as --mode")
-    add("--token", help="shared secret; given to pservers and trainers as APS_TOKEN (never in argv)")
+    secret = parser.add_mutually_exclusive_group()
+    secret.add_argument("--token-file", metavar="PATH",
+                        help="read the shared secret from PATH (trailing newline dropped); given to pservers and "
+                             "trainers as APS_TOKEN (never in argv). Or set APS_TOKEN, which they inherit")
+    secret.add_argument("--token", metavar="SECRET",
+                        help="the shared secret on aps-local's own command line, visible in ps; prefer --token-file")
     add("--server-args", default="", metavar="ARGS",
         help='extra pserver arguments as one shell-quoted string, e.g. "--max-frame 1048576"; '
              "write --server-args=--no-exit-when-done for a single option")
@@ -559,6 +566,14 @@ def trainer_args_problem(trainer_args: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     opts, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.token_file is not None:
+        try:
+            opts.token = read_token_file(opts.token_file)
+        except ConfigError as exc:
+            print(f"aps-local: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    elif opts.token is not None:
+        print(f"aps-local: warning: {TOKEN_ON_ARGV}", file=sys.stderr)
     if opts.trainer_argv is None and (problem := trainer_args_problem(trainer_args)):
         print(f"aps-local: error: trainer options: {problem} (see aps-trainer --help)", file=sys.stderr)
         return EXIT_USAGE

@@ -13,7 +13,7 @@ from ..cluster import cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..server import PServer, ServerConfig
 from ..wire import DEFAULT_MAX_FRAME
-from .common import add_logging_flags, cli_main, on_signals
+from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
 
 DESCRIPTION = """\
 Run one aps parameter server (pserver). It owns shard INDEX of every table, applies the
@@ -23,6 +23,10 @@ it gracefully (stop accepting, finish in-flight requests, exit 0).
 Settings come from flags or from the environment (flags win). Environment names: APS_HOST /
 POD_IP, APS_PORT / PADDLE_PORT, APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST (its position in
 that list gives the index), APS_SERVER_INDEX, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TOKEN.
+
+Security: with a token (--token-file, or APS_TOKEN) only clients that prove it are served, and
+failed proofs are answered slowly; save and load paths clients name must lie under
+--checkpoint-root (default: the working directory); --tls-cert and --tls-key encrypt the traffic.
 
 With --metrics-port it also serves Prometheus metrics (text format) at http://HOST:PORT/metrics,
 on --host unless --metrics-host says otherwise: requests, bytes and latency per op, rows and
@@ -35,6 +39,7 @@ examples:
   aps-server --port 7165 --index 1 --servers 2 --trainers 2 --init-model model/epoch_3
   aps-server --port 7164 --trainers 2 --metrics-port 9164      # then: curl HOST:9164/metrics
   aps-server --port 0 --port-file ps.port --metrics-port 0 --metrics-port-file ps.metrics.port
+  aps-server --port 7164 --token-file ~/.aps-token --checkpoint-root /data/ckpt --tls-cert ps.pem --tls-key ps.key
 """
 
 
@@ -48,8 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--index", type=int, help="this server's index (default: its position in --pservers, else 0)")
     parser.add_argument("--servers", type=int, help="number of pservers (default: length of --pservers, else 1)")
     parser.add_argument("--trainers", type=int, help="number of trainers that will connect (default 1)")
-    parser.add_argument("--token", help="shared secret clients must prove (HMAC challenge); or APS_TOKEN")
-    parser.add_argument("--init-model", metavar="PATH", help="warm start from a checkpoint saved by any number of pservers")
+    add_token_flags(parser, "clients must prove (HMAC challenge)")
+    parser.add_argument("--init-model", metavar="PATH", help="warm start from a checkpoint saved by any number of pservers "
+                        "(not confined to --checkpoint-root: it is the operator's own choice)")
+    parser.add_argument("--checkpoint-root", metavar="DIR",
+                        help="save and load paths clients name must lie in DIR (symlinks and .. resolved); relative "
+                             "ones are taken from DIR (default: the working directory)")
+    parser.add_argument("--tls-cert", metavar="PATH", help="serve over TLS with this PEM certificate (chain); needs --tls-key")
+    parser.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
     parser.add_argument("--no-exit-when-done", action="store_true", help="keep serving after every trainer sent worker_done")
     parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
@@ -57,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT; 0 picks a free one (default: off)")
     m.add_argument("--metrics-host", metavar="HOST", help="address of the metrics endpoint (default: --host)")
     m.add_argument("--metrics-port-file", metavar="PATH", help="write the metrics endpoint's bound port to PATH once listening")
+    lim = parser.add_argument_group("limits (0 turns one off; see docs/operations.md, Limits)")
+    lim.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout, metavar="SECONDS", help="close a connection that has not finished HELLO/AUTH by then (default 10)")
+    lim.add_argument("--frame-timeout", type=float, default=ServerConfig.frame_timeout, metavar="SECONDS", help="close a connection whose frame is not complete this long after its first byte (default 30)")
+    lim.add_argument("--max-connection-bytes", type=int, default=ServerConfig.max_connection_bytes, metavar="BYTES", help="bytes in flight per connection: declared bodies plus waiting requests (default 256 MiB)")
+    lim.add_argument("--max-inflight-bytes", type=int, default=ServerConfig.max_inflight_bytes, metavar="BYTES", help="bytes in flight over all connections (default 1 GiB)")
+    lim.add_argument("--max-table-bytes", type=int, default=ServerConfig.max_table_bytes, metavar="BYTES", help="largest table shard this server creates, values plus optimizer state (default 16 GiB)")
+    lim.add_argument("--client-linger", type=float, default=ServerConfig.client_linger, metavar="SECONDS", help="keep a gone client's change tracking and replay entries this long (default 60)")
     add_logging_flags(parser)
     return parser
 
@@ -78,19 +96,33 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ConfigError(f"--port-file {args.port_file}: its directory does not exist")
     servers = args.servers or (len(pservers) if pservers else 1)
     trainers = args.trainers or cluster.num_trainers
+    token = token_from_args(args, own["token"], structlog.get_logger("aps.server").warning)  # type: ignore[arg-type]
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.checkpoint_root is not None and not os.path.isdir(args.checkpoint_root):
+        raise ConfigError(f"--checkpoint-root {args.checkpoint_root}: no such directory")
     return ServerConfig(
         host=str(host),
         port=int(port),  # type: ignore[arg-type]
         server_index=int(index),  # type: ignore[arg-type]
         num_servers=servers,
         num_trainers=trainers,
-        token=args.token or own["token"],  # type: ignore[arg-type]
+        token=token,
         max_frame=args.max_frame,
         init_model=args.init_model,
         exit_when_done=not args.no_exit_when_done,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         metrics_port_file=args.metrics_port_file,
+        checkpoint_root=args.checkpoint_root,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        handshake_timeout=args.handshake_timeout,
+        frame_timeout=args.frame_timeout,
+        max_connection_bytes=args.max_connection_bytes,
+        max_inflight_bytes=args.max_inflight_bytes,
+        max_table_bytes=args.max_table_bytes,
+        client_linger=args.client_linger,
     )
 
 

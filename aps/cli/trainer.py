@@ -15,7 +15,8 @@ from ..errors import ConfigError
 from ..models import BUILTIN, build_model
 from ..trainer import Strategy, Trainer, TrainOptions
 from ..trainer.strategy import MERGES, MODES
-from .common import add_logging_flags, cli_main, on_signals
+from ..tls import ca_context
+from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
 
 DESCRIPTION = """\
 Run one aps trainer: read this trainer's share of the input files, train the model with a pool
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pservers", help="host:port of every pserver, comma-separated, in index order")
     c.add_argument("--trainers", type=int, help="number of trainers (default 1)")
     c.add_argument("--trainer-id", type=int, help="this trainer's index (default 0)")
-    c.add_argument("--token", help="shared secret of the pservers (or APS_TOKEN)")
+    add_token_flags(c, "of the pservers")
+    c.add_argument("--tls", action="store_true", help="connect over TLS, verifying the pservers against the system's CAs")
+    c.add_argument("--tls-ca", metavar="PATH", help="connect over TLS, trusting the CA (or self-signed) certificate(s) in PATH")
     m = p.add_argument_group("model and data")
     m.add_argument("--model", required=True, help="built-in name, module:Class or file.py:Class")
     m.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model constructor argument (repeatable)")
@@ -124,10 +127,11 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         pipe_command=args.pipe_command,
         skip_bad_lines=args.skip_bad_lines,
         seed=args.seed,
-        token=args.token or own["token"],  # type: ignore[arg-type]
+        token=token_from_args(args, own["token"], structlog.get_logger("aps.trainer").warning),  # type: ignore[arg-type]
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         metrics_port_file=args.metrics_port_file,
+        ssl=ca_context(args.tls_ca) if args.tls_ca else (True if args.tls else None),
     )
     return Trainer(model, _strategy(args), ClusterSpec(pservers, trainers), int(trainer_id), options)  # type: ignore[arg-type]
 

@@ -9,6 +9,7 @@ and the connection stays in sync. When the connection dies every waiter fails wi
 from __future__ import annotations
 
 import asyncio
+import ssl as _ssl
 from typing import Any
 
 from .. import wire
@@ -54,14 +55,24 @@ class Link:
 
     @classmethod
     async def open(
-        cls, address: str, client_id: int, trainer_id: int, token: str | None, max_frame: int, first_request_id: int
+        cls,
+        address: str,
+        client_id: int,
+        trainer_id: int,
+        token: str | None,
+        max_frame: int,
+        first_request_id: int,
+        ssl: _ssl.SSLContext | None = None,
     ) -> Link:
-        """Connect and handshake (hello, then auth when the server asks for a token)."""
+        """Connect (over TLS when ``ssl`` is a context) and handshake (hello, then auth when the
+        server asks for a token)."""
         host, _, port = address.rpartition(":")
         link = cls(address, max_frame)
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(lambda: _LinkProtocol(link), host.strip("[]"), int(port))
+            await loop.create_connection(lambda: _LinkProtocol(link), host.strip("[]"), int(port), ssl=ssl)
+        except _ssl.SSLError as exc:
+            raise ConnectionLost(f"cannot connect to pserver {address}: TLS failed: {exc}") from exc
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to pserver {address}: {exc.strerror or exc}") from exc
         try:

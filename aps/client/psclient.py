@@ -20,6 +20,7 @@ from .. import wire
 from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..tls import client_context
 from .link import Link
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ class PSClient:
         backoff: float = 0.1,
         trainer_id: int = -1,
         max_frame: int = wire.DEFAULT_MAX_FRAME,
+        ssl: Any = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -58,6 +60,7 @@ class PSClient:
         self.backoff = backoff
         self.trainer_id = trainer_id
         self.max_frame = max_frame
+        self.ssl = client_context(ssl)
         self.client_id = int.from_bytes(os.urandom(8), "little") or 1
         self._links: list[Link | None] = [None] * len(self.addresses)
         self._connecting: list[asyncio.Future[Link] | None] = [None] * len(self.addresses)
@@ -131,7 +134,8 @@ class PSClient:
         try:
             async with asyncio.timeout(self.timeout):
                 return await Link.open(
-                    self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2)
+                    self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2),
+                    ssl=self.ssl,
                 )
         except TimeoutError:
             raise ConnectionLost(f"pserver {self.addresses[k]} did not answer the handshake within {self.timeout} s") from None
@@ -420,7 +424,10 @@ class PSClient:
         await self._budget(self._gather([self._call(k, wire.Ping()) for k in range(self.num_servers)]), timeout)
 
     async def worker_done(self, trainer_id: int | None = None, timeout: float | None | bool = True) -> None:
-        """Tell every pserver this trainer finished; they exit when all trainers have."""
+        """Tell every pserver this trainer finished; they exit when all trainers have.
+
+        Only a trainer may say so, and only of itself: the pservers refuse (BAD_REQUEST) another
+        id than the ``trainer_id`` this client connected with."""
         tid = self.trainer_id if trainer_id is None else trainer_id
         if tid < 0:
             raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
@@ -448,12 +455,16 @@ def connect(
     trainer_id: int = -1,
     max_frame: int = wire.DEFAULT_MAX_FRAME,
     backoff: float = 0.1,
+    ssl: Any = None,
 ) -> PSClient:
     """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
 
     Use as ``async with aps.connect([...]) as ps:`` or ``ps = await aps.connect([...])``.
+    ``ssl``: None for plain TCP (the default), True for TLS verified against the system's CAs,
+    or an :class:`ssl.SSLContext` (e.g. ``ssl.create_default_context(cafile="pserver.pem")``).
     """
     return PSClient(
-        addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff
+        addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff,
+        ssl=ssl,
     )
 

@@ -40,6 +40,34 @@ class ServerConfig:
     metrics_host: str | None = None
     #: write the metrics endpoint's bound port here once it listens (for launchers, with port 0)
     metrics_port_file: str | None = None
+    #: SAVE and LOAD paths a client names must resolve (symlinks and ``..`` included) inside this
+    #: directory; relative ones are taken from it. None: the working directory at start.
+    #: ``init_model`` is the operator's own and is not confined.
+    checkpoint_root: str | None = None
+    #: TLS: a PEM certificate (chain) and its private key; both or neither (None: plain TCP)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: a failed AUTH is answered after auth_fail_delay * 2**(recent failures of that address),
+    #: at most auth_fail_max_delay seconds; at most auth_fail_concurrent failures per address are
+    #: held at once, and further AUTHs from it wait to be checked
+    auth_fail_delay: float = 0.05
+    auth_fail_max_delay: float = 1.0
+    auth_fail_concurrent: int = 2
+    #: limits (docs/operations.md "Limits"; checked by connection.check_limits); 0 turns one off.
+    #: seconds a new connection has to finish HELLO (and AUTH) before it is closed
+    handshake_timeout: float = 10.0
+    #: seconds a frame may take from its first byte to its last before the connection is closed
+    frame_timeout: float = 30.0
+    #: bytes one connection may have in flight: declared bodies not yet read plus requests still
+    #: being served (waiting barriers and sync pushes); a frame over it is refused (TOO_LARGE)
+    max_connection_bytes: int = 256 << 20
+    #: the same, summed over every connection of this server
+    max_inflight_bytes: int = 1 << 30
+    #: largest table shard (values + optimizer state) this server creates (BAD_REQUEST beyond)
+    max_table_bytes: int = 16 << 30
+    #: seconds after a client's last connection closes before its change tracking and replay
+    #: entries are dropped (its barrier arrivals and sync chunks are withdrawn at once)
+    client_linger: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.server_index < self.num_servers:

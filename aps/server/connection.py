@@ -1,7 +1,15 @@
 """One client connection on a pserver: bytes in, frames decoded, handlers called, replies out.
 
-The protocol object only moves bytes and keeps per-connection state (handshake, flow control);
-the request logic lives in :class:`~aps.server.core.ServerCore`.
+The protocol object only moves bytes and keeps per-connection state (handshake, flow control,
+limits); the request logic lives in :class:`~aps.server.core.ServerCore`.
+
+Limits (docs/operations.md, "Limits"): a connection must finish its handshake within
+``handshake_timeout`` and every frame within ``frame_timeout`` of its first byte; a frame's
+declared size is charged, as soon as its header is in and before any of its body is buffered, to
+a per-connection and a server-wide budget of bytes in flight, and held until its request is done
+(a barrier or sync push holds it while it waits). A header over either budget is answered with a
+retriable TOO_LARGE and the connection is closed. While the peer does not read our replies, or
+has too many requests waiting, frames already received are left unparsed until it catches up.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from .. import wire
-from ..errors import RETRIABLE_CODES, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
+from ..errors import RETRIABLE_CODES, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
 
 if TYPE_CHECKING:
@@ -23,6 +31,33 @@ if TYPE_CHECKING:
 log = structlog.get_logger("aps.server")
 
 _HANDSHAKE_MAX_FRAME = 4096
+#: after refusing a frame, how long the rest of what the peer sends is read and dropped (so that
+#: closing does not reset the connection before the peer has read our error reply)
+_REFUSED_LINGER = 1.0
+
+
+class _FrameRefused(Exception):
+    """Raised through the decoder by the header hook once a frame has been refused."""
+
+
+def check_limits(config: Any) -> None:
+    """Refuse limits that contradict each other or the max frame (ConfigError names the option)."""
+    for name in ("handshake_timeout", "frame_timeout", "client_linger"):
+        value = getattr(config, name)
+        if not (value >= 0 and value < float("inf")):
+            raise ConfigError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value}")
+    for name in ("max_connection_bytes", "max_inflight_bytes", "max_table_bytes"):
+        if isinstance(getattr(config, name), bool) or not isinstance(getattr(config, name), int) or getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be a number of bytes >= 0 (0: no limit), got {getattr(config, name)!r}")
+    frame = config.max_frame + wire.HEADER_SIZE
+    own, total = config.max_connection_bytes, config.max_inflight_bytes
+    if own and own < frame:
+        raise ConfigError(
+            f"max_connection_bytes ({own}) must hold at least one frame of max_frame ({config.max_frame}) "
+            f"plus its {wire.HEADER_SIZE}-byte header"
+        )
+    if total and total < (own or frame):
+        raise ConfigError(f"max_inflight_bytes ({total}) must be at least max_connection_bytes ({own or frame})")
 
 
 class ServerConnection(asyncio.Protocol):
@@ -38,12 +73,24 @@ class ServerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.client_id: int | None = None
+        self.trainer_id = -1  # what HELLO said; only that trainer's worker_done is taken
+        self._held = False  # an AUTH waits for its (throttled) verdict: read and run nothing else
         self.authenticated = self.config.token is None
         self.nonce = os.urandom(16)
         self.tasks: set[asyncio.Task[Any]] = set()
         self._write_paused = False
         self._read_paused = False
         self.closed = False
+        # limits: bytes in flight (declared frames + requests still waiting), deadlines
+        self.decoder.on_header = self._on_header
+        self.bytes_held = 0
+        self._frame_bytes = 0  # charged for the frame being received / handled right now
+        self._task_bytes: dict[asyncio.Future[Any], int] = {}
+        self._registered = False  # counted as one of its client's connections (core)
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._frame_timer: asyncio.TimerHandle | None = None
+        self._partial_since: float | None = None  # loop time the frame in progress began
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     # ----------------------------------------------------------------- asyncio callbacks
 
@@ -54,11 +101,27 @@ class ServerConnection(asyncio.Protocol):
         self.server.connections.add(self)
         self.core.stats.connections += 1
         self.core.stats.connections_total += 1
+        if self.config.handshake_timeout:
+            loop = asyncio.get_running_loop()
+            self._handshake_timer = loop.call_later(self.config.handshake_timeout, self._handshake_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         self.core.stats.connections -= 1
+        for timer in (self._handshake_timer, self._frame_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._handshake_timer = self._frame_timer = self._linger_timer = None
+        # what a half-received frame had buffered goes now; requests still waiting release their
+        # share when they finish (withdrawn just below if this was the client's last connection)
+        self._release(self._frame_bytes)
+        self._frame_bytes = 0
+        self.decoder = wire.FrameDecoder(0)
+        if self._registered:
+            self._registered = False
+            assert self.client_id is not None
+            self.core.client_disconnected(self.client_id)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -69,17 +132,119 @@ class ServerConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # refused or closing: what still arrives is dropped, not buffered
+            return
         self.decoder.receive_data(data)
-        while not self.closed:
+        completed = False
+        # while reading is paused (slow reader, too many waiting requests) frames stay unparsed
+        while not self.closed and not self._held and not self._read_paused:
             try:
                 frame = self.decoder.next_frame()
+            except _FrameRefused:
+                return
             except RemoteProtocolError as exc:
                 log.warning("closing connection: bad frame", peer=self.peer, error=str(exc))
                 self.abort()
                 return
             if frame is None:
-                return
+                break
+            completed = True
             self._frame_received(frame)
+            self._release(self._frame_bytes)  # unless a waiting request took it over
+            self._frame_bytes = 0
+        self._watch_frame(completed)
+
+    # ----------------------------------------------------------------- limits
+
+    def _on_header(self, opcode: int, request_id: int, length: int) -> None:
+        """The decoder has a frame's header: charge its size to the budgets, or refuse it."""
+        size = wire.HEADER_SIZE + length
+        own, total = self.config.max_connection_bytes, self.config.max_inflight_bytes
+        if own and self.bytes_held + size > own:
+            problem = (
+                f"this connection has {self.bytes_held} bytes in flight and this frame's {size} would pass its "
+                f"limit of {own} (aps-server --max-connection-bytes)"
+            )
+        elif total and self.server.inflight_bytes + size > total:
+            problem = (
+                f"the server has {self.server.inflight_bytes} bytes in flight and this frame's {size} would pass "
+                f"its limit of {total} (aps-server --max-inflight-bytes)"
+            )
+        else:
+            self.bytes_held += size
+            self.server.inflight_bytes += size
+            self._frame_bytes = size
+            return
+        self._refuse_frame(request_id, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
+        raise _FrameRefused
+
+    def _release(self, size: int) -> None:
+        if size:
+            self.bytes_held -= size
+            self.server.inflight_bytes -= size
+
+    def _refuse_frame(self, request_id: int, exc: ServerError) -> None:
+        """Answer a refused frame and close without reading its body into memory."""
+        log.warning("closing connection: frame refused", peer=self.peer, reason=exc.message)
+        self._send_error(request_id, exc)
+        self.closed = True  # nothing more is parsed or run; data_received drops what arrives
+        transport = self.transport
+        if transport is None:
+            return
+        if self._read_paused:
+            transport.resume_reading()  # drop what follows rather than leave it unread
+        if transport.can_write_eof():
+            transport.write_eof()  # the reply goes out; the peer's EOF (or the timer) ends it
+            self._linger_timer = asyncio.get_running_loop().call_later(_REFUSED_LINGER, transport.abort)
+        else:
+            transport.close()
+
+    def _handshake_deadline(self) -> None:
+        self._handshake_timer = None
+        if self.closed or (self.client_id is not None and self.authenticated):
+            return
+        log.warning("closing connection: no handshake in time", peer=self.peer, timeout=self.config.handshake_timeout)
+        self.abort()
+
+    def _watch_frame(self, completed: bool) -> None:
+        """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
+        if not self.config.frame_timeout or self.closed:
+            return
+        if self.decoder.buffered == 0 or self._read_paused or self._held:
+            self._partial_since = None
+            return
+        loop = asyncio.get_running_loop()
+        if completed or self._partial_since is None:  # the frame in progress began in this data
+            self._partial_since = loop.time()
+        if self._frame_timer is None:
+            self._frame_timer = loop.call_at(self._partial_since + self.config.frame_timeout, self._frame_deadline)
+
+    def _frame_deadline(self) -> None:
+        self._frame_timer = None
+        if self.closed or self._partial_since is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self._partial_since + self.config.frame_timeout
+        if loop.time() < due:  # a later frame is in progress: its own deadline
+            self._frame_timer = loop.call_at(due, self._frame_deadline)
+            return
+        log.warning(
+            "closing connection: frame not completed in time",
+            peer=self.peer,
+            timeout=self.config.frame_timeout,
+            received=self.decoder.buffered,
+            declared=self.decoder.pending_length,
+        )
+        self.abort()
+
+    def _register(self) -> None:
+        """The handshake is done and a request came: count this connection for its client."""
+        assert self.client_id is not None
+        self._registered = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.core.client_connected(self.client_id)
 
     # ----------------------------------------------------------------- requests
 
@@ -98,12 +263,14 @@ class ServerConnection(asyncio.Protocol):
         if isinstance(msg, (wire.Hello, wire.Auth)):
             return
         assert self.client_id is not None
+        if not self._registered:
+            self._register()
         replay = msg.MUTATES and self.core.replays.get(self.client_id, frame.request_id)
         if replay:
             self._finish_later(frame.request_id, op_name, replay, started, size_in)
             return
         try:
-            reply = self.core.handle(self.client_id, msg, frame.flags)
+            reply = self.core.handle(self.client_id, msg, frame.flags, trainer_id=self.trainer_id)
         except ServerError as exc:
             self._send_error(frame.request_id, exc)
             self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, 0, True)
@@ -147,12 +314,16 @@ class ServerConnection(asyncio.Protocol):
         task = asyncio.ensure_future(finish())
         self.tasks.add(task)
         self.server.inflight.add(task)
+        if self._frame_bytes:  # the request's bytes stay charged while it waits
+            self._task_bytes[task] = self._frame_bytes
+            self._frame_bytes = 0
         task.add_done_callback(self._task_done)
         self._update_reading()
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
         self.server.inflight.discard(task)
+        self._release(self._task_bytes.pop(task, 0))
         self._update_reading()
 
     def _admitted(self, msg: wire.Message, request_id: int) -> bool:
@@ -162,6 +333,7 @@ class ServerConnection(asyncio.Protocol):
                 self._send_error(request_id, ServerError(ErrorCode.BAD_REQUEST, "duplicate hello"))
                 return False
             self.client_id = msg.client_id
+            self.trainer_id = msg.trainer_id
             if self.config.token is None:
                 self.decoder.max_frame = self.config.max_frame
             self._send(
@@ -182,13 +354,14 @@ class ServerConnection(asyncio.Protocol):
             if self.config.token is None:
                 self._send(wire.Ok(op=wire.Op.AUTH), request_id)
                 return True
-            if not check_mac(self.config.token, self.nonce, self.client_id, msg.mac):
-                log.warning("authentication failed", peer=self.peer)
-                self._refuse(request_id, ServerError(ErrorCode.AUTH_FAILED, "bad token"))
-                return False
-            self.authenticated = True
-            self.decoder.max_frame = self.config.max_frame
-            self._send(wire.Ok(op=wire.Op.AUTH), request_id)
+            self._held = True
+            self._update_reading()
+            mac = msg.mac
+            self.server.auth_throttle.submit(
+                self.peer.rpartition(":")[0],
+                lambda: self._check_auth(mac),
+                lambda ok, why: self._auth_verdict(ok, why, request_id),
+            )
             return True
         if not self.authenticated:
             self._refuse(request_id, ServerError(ErrorCode.AUTH_REQUIRED, "this server needs a token"))
@@ -197,6 +370,23 @@ class ServerConnection(asyncio.Protocol):
             self._send_error(request_id, ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
             return False
         return True
+
+    def _check_auth(self, mac: bytes) -> bool | None:
+        assert self.config.token is not None and self.client_id is not None
+        return None if self.closed else check_mac(self.config.token, self.nonce, self.client_id, mac)
+
+    def _auth_verdict(self, ok: bool, why: str, request_id: int) -> None:
+        """The throttled answer to AUTH: a refusal comes late (see throttle.py), a success at once."""
+        if not ok:
+            log.warning("authentication failed", peer=self.peer, reason=why)
+            self._refuse(request_id, ServerError(ErrorCode.AUTH_FAILED, why))
+            return
+        self.authenticated = True
+        self.decoder.max_frame = self.config.max_frame
+        self._send(wire.Ok(op=wire.Op.AUTH), request_id)
+        self._held = False
+        self._update_reading()
+        asyncio.get_running_loop().call_soon(self.data_received, b"")  # requests queued behind the AUTH
 
     # ----------------------------------------------------------------- output
 
@@ -230,13 +420,15 @@ class ServerConnection(asyncio.Protocol):
         """Stop reading while the peer does not read our replies or has too much in flight."""
         if self.transport is None or self.closed:
             return
-        should_pause = self._write_paused or len(self.tasks) >= self.config.max_inflight_per_connection
+        should_pause = self._held or self._write_paused or len(self.tasks) >= self.config.max_inflight_per_connection
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
             self._read_paused = True
+            self._partial_since = None  # the peer cannot finish a frame while we do not read
         elif not should_pause and self._read_paused:
             self.transport.resume_reading()
             self._read_paused = False
+            asyncio.get_running_loop().call_soon(self.data_received, b"")  # frames left unparsed
 
     def abort(self) -> None:
         self.closed = True

@@ -1,21 +1,38 @@
-"""Things a pserver makes clients wait for: named barriers and sync-mode gradient rounds."""
+"""Things a pserver makes clients wait for: named barriers and sync-mode gradient rounds.
+
+Both are keyed by client id (a retried request counts once) and give every request its own
+future, so one waiter can be withdrawn without touching the others: when a client's last
+connection closes, :meth:`Barriers.withdraw` and :meth:`SyncRounds.withdraw` take back what it
+had put in (its arrivals, its gradient chunks) and fail its futures. A client that reconnects
+retries those requests, which then count again, once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..errors import ErrorCode, ServerError
 
 
+def _fail(waiters: list[asyncio.Future[Any]], error: BaseException) -> list[asyncio.Future[Any]]:
+    failed = []
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(error)
+            failed.append(waiter)
+    return failed
+
+
 @dataclass
 class _BarrierState:
     target: int
-    arrived: dict[int, int] = field(default_factory=dict)
-    done: asyncio.Future[int] | None = None
+    arrived: dict[int, int] = field(default_factory=dict)  # client id -> value
+    waiters: dict[int, list[asyncio.Future[int]]] = field(default_factory=dict)  # client id -> its requests
 
 
 class Barriers:
@@ -28,29 +45,59 @@ class Barriers:
         """Join barrier ``name``; the future resolves to the sum of every participant's value."""
         state = self._pending.get(name)
         if state is None:
-            state = self._pending[name] = _BarrierState(target, done=asyncio.get_running_loop().create_future())
+            state = self._pending[name] = _BarrierState(target)
         elif state.target != target:
             raise ServerError(ErrorCode.BAD_REQUEST, f"barrier {name!r} expects {state.target} participants, got {target}")
-        assert state.done is not None
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         state.arrived[client_id] = value
+        state.waiters.setdefault(client_id, []).append(waiter)
         if len(state.arrived) >= state.target:
             del self._pending[name]
-            state.done.set_result(sum(state.arrived.values()))
-        return state.done
+            total = sum(state.arrived.values())
+            for waiters in state.waiters.values():
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(total)
+        return waiter
+
+    def withdraw(self, client_id: int, error: BaseException) -> list[asyncio.Future[Any]]:
+        """Take back ``client_id``'s arrivals at every pending barrier; fail its waiters."""
+        failed: list[asyncio.Future[Any]] = []
+        for name, state in list(self._pending.items()):
+            if client_id not in state.arrived:
+                continue
+            del state.arrived[client_id]
+            failed += _fail(state.waiters.pop(client_id, []), error)
+            if not state.arrived:
+                del self._pending[name]  # nobody waits: a later barrier may pick another count
+        return failed
+
+    def pending(self) -> dict[str, int]:
+        """Arrivals so far of every barrier that is not complete (for stats and tests)."""
+        return {name: len(state.arrived) for name, state in self._pending.items()}
 
     def fail_all(self, error: BaseException) -> None:
         for state in self._pending.values():
-            if state.done is not None and not state.done.done():
-                state.done.set_exception(error)
+            for waiters in state.waiters.values():
+                _fail(waiters, error)
         self._pending.clear()
 
 
 @dataclass
-class _Round:
+class _Part:
+    """One client's share of a sync round: its chunks so far and a future per chunk request."""
+
     ids: list[np.ndarray] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
-    finals: set[int] = field(default_factory=set)
-    done: asyncio.Future[None] | None = None
+    waiters: list[asyncio.Future[Any]] = field(default_factory=list)
+    final: bool = False
+    nbytes: int = 0
+
+
+@dataclass
+class _Round:
+    parts: dict[int, _Part] = field(default_factory=dict)  # client id -> its share, in arrival order
+    finals: int = 0
 
 
 class SyncRounds:
@@ -73,33 +120,66 @@ class SyncRounds:
         values: np.ndarray,
         final: bool,
         apply: Callable[[np.ndarray | None, np.ndarray], None],
-    ) -> asyncio.Future[None]:
+        result: Any = None,
+    ) -> asyncio.Future[Any]:
+        """Add one chunk; the returned future resolves to ``result`` once the round is applied."""
         rnd = self._rounds.get(key)
-        if rnd is None:
-            rnd = self._rounds[key] = _Round(done=asyncio.get_running_loop().create_future())
-        if client_id in rnd.finals:
+        part = rnd.parts.get(client_id) if rnd is not None else None
+        if part is not None and part.final:
             raise ServerError(ErrorCode.BAD_REQUEST, f"sync push for {key!r}: this trainer already finished the round")
+        if rnd is None:
+            rnd = self._rounds[key] = _Round()
+        if part is None:
+            part = rnd.parts[client_id] = _Part()
         if ids is not None:
-            rnd.ids.append(np.array(ids, copy=True))
-        rnd.values.append(np.array(values, copy=True))
+            part.ids.append(np.array(ids, copy=True))
+        part.values.append(np.array(values, copy=True))
+        part.nbytes += part.values[-1].nbytes + (part.ids[-1].nbytes if ids is not None else 0)
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        part.waiters.append(waiter)
         if final:
-            rnd.finals.add(client_id)
-        assert rnd.done is not None
-        if len(rnd.finals) >= self.num_trainers:
+            part.final = True
+            rnd.finals += 1
+        if rnd.finals >= self.num_trainers:
             del self._rounds[key]
+            parts = list(rnd.parts.values())
+            waiters = [w for p in parts for w in p.waiters]
             try:
-                all_ids = np.concatenate(rnd.ids) if ids is not None else None
-                apply(all_ids, np.concatenate(rnd.values) if ids is not None else _sum_dense(rnd.values))
+                all_values = [v for p in parts for v in p.values]
+                if ids is not None:
+                    apply(np.concatenate([i for p in parts for i in p.ids]), np.concatenate(all_values))
+                else:
+                    apply(None, _sum_dense(all_values))
             except BaseException as exc:  # the pushers must learn that the round failed
-                rnd.done.set_exception(exc)
+                _fail(waiters, exc)
             else:
-                rnd.done.set_result(None)
-        return rnd.done
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(result)
+        return waiter
+
+    def withdraw(self, client_id: int, error: BaseException) -> list[asyncio.Future[Any]]:
+        """Drop ``client_id``'s share of every open round (partial or complete); fail its waiters."""
+        failed: list[asyncio.Future[Any]] = []
+        for key, rnd in list(self._rounds.items()):
+            part = rnd.parts.pop(client_id, None)
+            if part is None:
+                continue
+            if part.final:
+                rnd.finals -= 1
+            failed += _fail(part.waiters, error)
+            if not rnd.parts:
+                del self._rounds[key]
+        return failed
+
+    def pending_bytes(self) -> int:
+        """Gradient bytes held by open rounds."""
+        return sum(p.nbytes for rnd in self._rounds.values() for p in rnd.parts.values())
 
     def fail_all(self, error: BaseException) -> None:
         for rnd in self._rounds.values():
-            if rnd.done is not None and not rnd.done.done():
-                rnd.done.set_exception(error)
+            for part in rnd.parts.values():
+                _fail(part.waiters, error)
         self._rounds.clear()
 
 

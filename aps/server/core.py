@@ -1,14 +1,15 @@
 """The pserver's request logic: validate a message, run it against the tables, build the reply.
 
 No sockets here (connection.py moves the bytes). Handlers are plain methods returning the reply,
-or a coroutine when the request has to wait (barriers, sync rounds), so the common pull/push path
-runs without creating a task.
+or an awaitable when the request has to wait (a coroutine for barriers, the round's future for
+sync pushes), so the common pull/push path runs without creating a task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -26,7 +27,7 @@ from .checkpoint import load_shards, save_shard
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
 from .stats import ServerStats
-from .tables import DenseShard, SparseShard, make_shard
+from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 
 log = structlog.get_logger("aps.server")
 
@@ -34,6 +35,9 @@ Reply = wire.Message | Awaitable[wire.Message]
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 Shard = SparseShard | DenseShard
+#: (client, table) pairs whose change tracking was dropped, remembered so that the client gets
+#: every row as changed if it comes back (rather than silently missing changes)
+_MAX_FORGOTTEN = 65536
 
 
 class ReplayCache:
@@ -60,6 +64,19 @@ class ReplayCache:
         if len(seen) > self.window:
             seen.popitem(last=False)
 
+    def discard(self, client_id: int, replies: list[Any]) -> None:
+        """Forget the entries of ``client_id`` whose reply is one of ``replies`` (by identity):
+        requests withdrawn before they finished, which a retry must run again."""
+        seen = self._clients.get(client_id)
+        if seen is None or not replies:
+            return
+        gone = {id(r) for r in replies}
+        for request_id in [rid for rid, reply in seen.items() if id(reply) in gone]:
+            del seen[request_id]
+
+    def forget(self, client_id: int) -> None:
+        self._clients.pop(client_id, None)
+
 
 class ServerCore:
     """State and request handlers of one pserver."""
@@ -75,29 +92,99 @@ class ServerCore:
         self.done_trainers: set[int] = set()
         self._on_all_done = on_all_done
         self._changed_leftover: dict[tuple[int, str], np.ndarray] = {}
+        self._clients: dict[int, int] = {}  # client id -> its open (handshaken) connections
+        self._forget_timers: dict[int, asyncio.TimerHandle] = {}
+        self._forgotten: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        self._stopping = False
         self.extra: dict[str, Any] = {}
+        self.checkpoint_root = checkpoint_root(config.checkpoint_root)
         if config.init_model:
             self._load(config.init_model)
 
     # ----------------------------------------------------------------- dispatch
 
-    def handle(self, client_id: int, msg: wire.Message, flags: int) -> Reply:
-        """Run one request; raise ServerError for a refusal."""
+    def handle(self, client_id: int, msg: wire.Message, flags: int, trainer_id: int = -1) -> Reply:
+        """Run one request; raise ServerError for a refusal. ``trainer_id`` is what the
+        connection's HELLO said (-1: not a trainer)."""
+        if isinstance(msg, wire.WorkerDone):
+            return self._worker_done(client_id, msg, flags, trainer_id)
         handler = self._handlers.get(type(msg))
         if handler is None:
             raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {message_op(msg)} is not served after the handshake")
         return handler(self, client_id, msg, flags)
 
     def fail_waiters(self, error: BaseException) -> None:
+        """The server is stopping: fail every waiting request (and keep nothing for later)."""
+        self._stopping = True
         self.barriers.fail_all(error)
         self.sync_rounds.fail_all(error)
+        for timer in self._forget_timers.values():
+            timer.cancel()
+        self._forget_timers.clear()
+
+    # ----------------------------------------------------------------- clients coming and going
+
+    def client_connected(self, client_id: int) -> None:
+        """A connection of ``client_id`` finished its handshake."""
+        self._clients[client_id] = self._clients.get(client_id, 0) + 1
+        timer = self._forget_timers.pop(client_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def client_disconnected(self, client_id: int) -> None:
+        """A handshaken connection of ``client_id`` closed. When it was the client's last one,
+        its barrier arrivals and sync-round chunks are withdrawn at once (they must not count
+        toward a barrier or round it is no longer part of; a client that reconnects retries them,
+        and they count again), and its change tracking and replay entries are dropped after
+        ``client_linger`` seconds unless it comes back."""
+        left = self._clients.get(client_id, 0) - 1
+        if left > 0:
+            self._clients[client_id] = left
+            return
+        self._clients.pop(client_id, None)
+        error = ServerError(
+            ErrorCode.BAD_REQUEST, "withdrawn: the client disconnected before the barrier or sync round completed", True
+        )
+        withdrawn = self.barriers.withdraw(client_id, error) + self.sync_rounds.withdraw(client_id, error)
+        if withdrawn:
+            self.replays.discard(client_id, withdrawn)  # a retry must run again, not wait on these
+            log.info("withdrew a disconnected client's waiting requests", client=f"{client_id:016x}", requests=len(withdrawn))
+        if self._stopping:
+            return
+        if self.config.client_linger > 0:
+            loop = asyncio.get_running_loop()
+            self._forget_timers[client_id] = loop.call_later(self.config.client_linger, self._forget_client, client_id)
+        else:
+            self._forget_client(client_id)
+
+    def _forget_client(self, client_id: int) -> None:
+        self._forget_timers.pop(client_id, None)
+        if client_id in self._clients:
+            return
+        self.replays.forget(client_id)
+        for name, shard in self.tables.items():
+            if isinstance(shard, SparseShard) and shard.untrack(client_id):
+                self._forgotten[(client_id, name)] = True
+                while len(self._forgotten) > _MAX_FORGOTTEN:
+                    self._forgotten.popitem(last=False)
+        for key in [key for key in self._changed_leftover if key[0] == client_id]:
+            del self._changed_leftover[key]
+
+    def _reply_fits(self, size: int, table: str, what: str) -> None:
+        """Refuse (TOO_LARGE) a request whose reply would not fit in a frame, before building it."""
+        if size > self.config.max_frame:
+            raise ServerError(
+                ErrorCode.TOO_LARGE,
+                f"table {table!r}: the reply ({what}) would be {size} bytes, over the max frame of "
+                f"{self.config.max_frame}; ask for less per request (aps clients split large pulls)",
+            )
 
     # ----------------------------------------------------------------- tables
 
     def _create_table(self, client_id: int, msg: wire.CreateTable, flags: int) -> wire.Message:
         try:
             spec = spec_from_dict(json.loads(msg.spec_json))
-        except (ValueError, ConfigError) as exc:
+        except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
         if not isinstance(spec, (SparseTable, DenseTable)):
             raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
@@ -109,7 +196,23 @@ class ServerCore:
                     f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}",
                 )
             return wire.Ok(op=wire.Op.CREATE_TABLE)
-        self.tables[spec.name] = make_shard(spec, self.config.server_index, self.config.num_servers)
+        index, servers = self.config.server_index, self.config.num_servers
+        need = shard_nbytes(spec, index, servers)
+        limit = self.config.max_table_bytes
+        if limit and need > limit:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
+                f"(values and optimizer state), over this server's limit of {limit} bytes ({_gib(limit)}; "
+                "aps-server --max-table-bytes)",
+            )
+        try:
+            shard = make_shard(spec, index, servers)
+        except MemoryError:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
+            ) from None
+        self.tables[spec.name] = shard
         self.specs[spec.name] = spec
         log.info("table created", table=spec.name, kind=spec.kind, bytes=self.tables[spec.name].nbytes)
         return wire.Ok(op=wire.Op.CREATE_TABLE)
@@ -167,6 +270,9 @@ class ServerCore:
 
     def _pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
         shard = self._sparse(msg.table)
+        if msg.ids.ndim == 1:  # else _local_ids refuses it
+            n, dim = len(msg.ids), shard.spec.dim
+            self._reply_fits(_array_bytes(0, (n, dim), 4), msg.table, f"{n} rows of {dim} float32")
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=shard.pull(self._local_ids(shard, msg.ids)))
 
     def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
@@ -181,8 +287,11 @@ class ServerCore:
                 assert ids is not None
                 shard.push_grad(ids, values, scale=scale, advance_step=True, client=None)
 
-            done = self.sync_rounds.add((msg.table,), client_id, local, msg.values, final, apply)
-            return _after(done, wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD))
+            # the future itself is the reply (and what the replay cache keeps), so a withdrawn
+            # chunk can be found and forgotten by identity
+            return self.sync_rounds.add(
+                (msg.table,), client_id, local, msg.values, final, apply, result=wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+            )
         shard.push_grad(local, msg.values, advance_step=final, client=client_id)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
 
@@ -198,10 +307,21 @@ class ServerCore:
         key = (client_id, msg.table)
         local = self._changed_leftover.pop(key, None)
         fresh = shard.changed(client_id)
+        if self._forgotten.pop(key, False):
+            # its change tracking was dropped while it was away: any row may have changed
+            fresh = np.arange(shard.local_rows, dtype=np.int64)
         local = fresh if local is None else np.union1d(local, fresh)
-        limit = msg.max_rows or len(local)
+        # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more"
+        fit = max(0, (self.config.max_frame - 64) // (8 + 4 * shard.spec.dim))
+        limit = min(msg.max_rows or len(local), fit)
         if len(local) > limit:
-            self._changed_leftover[key] = local[limit:]
+            self._changed_leftover[key] = local[limit:] if limit else local
+            if not limit:  # not even one row fits: refuse, keeping the rows for a later call
+                raise ServerError(
+                    ErrorCode.TOO_LARGE,
+                    f"table {msg.table!r}: one row of {shard.spec.dim} float32 does not fit in the max frame of "
+                    f"{self.config.max_frame}",
+                )
             local = local[:limit]
         n, k = self.config.num_servers, self.config.server_index
         return wire.ChangedReply(
@@ -211,8 +331,11 @@ class ServerCore:
     # ----------------------------------------------------------------- dense
 
     def _pull_dense(self, client_id: int, msg: wire.PullDense, flags: int) -> wire.Message:
-        values = self._dense(msg.table).pull(msg.block, msg.offset, msg.count)
-        return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values)
+        shard = self._dense(msg.table)
+        block = shard.blocks.get(msg.block)
+        if block is not None and msg.offset + msg.count <= block.size:  # else pull names the bad range
+            self._reply_fits(_array_bytes(0, (msg.count,), 4), msg.table, f"{msg.count} float32")
+        return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=shard.pull(msg.block, msg.offset, msg.count))
 
     def _check_dense_values(self, msg: wire.PushDenseGrad | wire.PushDenseDelta) -> None:
         if msg.values.dtype != np.float32 or msg.values.ndim != 1:
@@ -228,12 +351,13 @@ class ServerCore:
             shard.pull(msg.block, msg.offset, len(msg.values))  # validates the range before waiting
             scale = 1.0 / self.config.num_trainers
 
+            block, offset = msg.block, msg.offset  # not msg: the round keeps its own copy of the values
+
             def apply(_: np.ndarray | None, values: np.ndarray) -> None:
-                shard.push_grad(msg.block, msg.offset, values, scale=scale, advance_step=final)
+                shard.push_grad(block, offset, values, scale=scale, advance_step=final)
 
             key = (msg.table, msg.block, msg.offset)
-            done = self.sync_rounds.add(key, client_id, None, msg.values, True, apply)
-            return _after(done, wire.Ok(op=wire.Op.PUSH_DENSE_GRAD))
+            return self.sync_rounds.add(key, client_id, None, msg.values, True, apply, result=wire.Ok(op=wire.Op.PUSH_DENSE_GRAD))
         shard.push_grad(msg.block, msg.offset, msg.values, advance_step=final)
         return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)
 
@@ -254,7 +378,19 @@ class ServerCore:
 
         return reply()
 
-    def _worker_done(self, client_id: int, msg: wire.WorkerDone, flags: int) -> wire.Message:
+    def _worker_done(self, client_id: int, msg: wire.WorkerDone, flags: int, trainer_id: int = -1) -> wire.Message:
+        # only a trainer may say it is done, and only itself: else any client could stop the cluster
+        if trainer_id < 0:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"worker_done for trainer {msg.trainer_id} from a client that is not a trainer "
+                "(connect(..., trainer_id=i) says which trainer a client is)",
+            )
+        if msg.trainer_id != trainer_id:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"worker_done for trainer {msg.trainer_id} from trainer {trainer_id}: only a trainer itself may say it is done",
+            )
         if msg.trainer_id >= self.config.num_trainers:
             raise ServerError(
                 ErrorCode.BAD_REQUEST, f"trainer id {msg.trainer_id} but this cluster has {self.config.num_trainers} trainers"
@@ -282,19 +418,32 @@ class ServerCore:
 
     # ----------------------------------------------------------------- checkpoints
 
-    def _save(self, client_id: int, msg: wire.Save, flags: int) -> wire.Message:
-        try:
-            save_shard(
-                msg.path, self.tables, self.config.server_index, self.config.num_servers, self.extra, save_id=msg.save_id
+    def _confine(self, path: str) -> str:
+        """The real path of a checkpoint directory a client named, refused outside the root."""
+        if not path or "\0" in path:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"bad checkpoint path {path!r}")
+        real = os.path.realpath(os.path.join(self.checkpoint_root, path))
+        if os.path.commonpath([self.checkpoint_root, real]) != self.checkpoint_root:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"checkpoint path {path!r} is {real}, outside this pserver's checkpoint root {self.checkpoint_root} "
+                "(aps-server --checkpoint-root)",
             )
+        return real
+
+    def _save(self, client_id: int, msg: wire.Save, flags: int) -> wire.Message:
+        path = self._confine(msg.path)
+        try:
+            save_shard(path, self.tables, self.config.server_index, self.config.num_servers, self.extra, save_id=msg.save_id)
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {msg.path!r} failed: {exc}") from None
-        log.info("saved", path=os.path.abspath(msg.path), tables=len(self.tables), save_id=msg.save_id)
+        log.info("saved", path=path, tables=len(self.tables), save_id=msg.save_id)
         return wire.Ok(op=wire.Op.SAVE)
 
     def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> wire.Message:
+        path = self._confine(msg.path)
         try:
-            self._load(msg.path)
+            self._load(path)
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"load from {msg.path!r} failed: {exc}") from None
         except ApsError as exc:
@@ -319,7 +468,6 @@ class ServerCore:
         wire.PushDenseGrad: _push_dense_grad,
         wire.PushDenseDelta: _push_dense_delta,
         wire.Barrier: _barrier,
-        wire.WorkerDone: _worker_done,
         wire.Ping: _ping,
         wire.Stats: _stats,
         wire.Save: _save,
@@ -327,9 +475,25 @@ class ServerCore:
     }
 
 
-async def _after(done: Awaitable[None], reply: wire.Message) -> wire.Message:
-    await done
-    return reply
+def _array_bytes(offset: int, shape: tuple[int, ...], itemsize: int) -> int:
+    """Encoded size of an ``arr`` field that starts ``offset`` bytes into a payload (see codec.py:
+    8-byte head, u64 per dimension, padding to 8 before and after the data)."""
+    head = 8 + 8 * len(shape)
+    head += -(offset + head) % 8
+    data = math.prod(shape) * itemsize
+    return head + data + (-(offset + head + data) % 8)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
+
+
+def checkpoint_root(root: str | None) -> str:
+    """The real path of the directory client-named checkpoints must lie in (default: the cwd)."""
+    real = os.path.realpath(root if root is not None else os.getcwd())
+    if not os.path.isdir(real):
+        raise ConfigError(f"checkpoint root {root}: no such directory")
+    return real
 
 
 def _size(spec: TableSpec) -> dict[str, Any]:

@@ -16,9 +16,11 @@ import structlog
 
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..telemetry import MetricsEndpoint, server_registry
+from ..tls import server_context
 from .config import ServerConfig
-from .connection import ServerConnection
+from .connection import ServerConnection, check_limits
 from .core import ServerCore
+from .throttle import AuthThrottle
 from .warmup import warm_up_kernels
 
 log = structlog.get_logger("aps.server")
@@ -28,10 +30,13 @@ class PServer:
     """One parameter server: owns a shard of every table and serves it over TCP."""
 
     def __init__(self, config: ServerConfig) -> None:
+        check_limits(config)
         self.config = config
         self.core = ServerCore(config, on_all_done=self._all_trainers_done)
         self.connections: set[ServerConnection] = set()
         self.inflight: set[asyncio.Task[Any]] = set()
+        #: bytes in flight over every connection (max_inflight_bytes bounds it; connection.py)
+        self.inflight_bytes = 0
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
         self._closed: asyncio.Event | None = None
@@ -43,6 +48,12 @@ class PServer:
         #: embedding application can expose it itself even without ``metrics_port``
         self.registry = server_registry(self.core)
         self.metrics: MetricsEndpoint | None = None
+        try:
+            self.auth_throttle = AuthThrottle(
+                config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent
+            )
+        except ValueError as exc:
+            raise ConfigError(f"auth_fail_*: {exc}") from None
 
     @property
     def address(self) -> str:
@@ -57,9 +68,10 @@ class PServer:
         loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
         warm_up_kernels()
+        tls = server_context(self.config.tls_cert, self.config.tls_key)
         try:
             self._server = await loop.create_server(
-                lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True
+                lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True, ssl=tls
             )
         except socket.gaierror as exc:  # errno is a resolver code, not an OS errno
             raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: "
@@ -85,6 +97,7 @@ class PServer:
         log.info(
             "pserver listening",
             address=self.address,
+            tls=tls is not None,
             index=self.config.server_index,
             servers=self.config.num_servers,
             trainers=self.config.num_trainers,

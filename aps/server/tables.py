@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ErrorCode, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
-from ..specs import DenseTable, SparseTable, TableSpec
+from ..specs import Adam, DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
 
@@ -178,6 +178,10 @@ class SparseShard:
         bitmap[ids] = False
         return ids
 
+    def untrack(self, client_id: int) -> bool:
+        """Stop recording changes for ``client_id`` (it went away); True if it was tracked."""
+        return self._dirty.pop(int(client_id), None) is not None
+
     def _mark(self, ids: np.ndarray, client: int | None) -> None:
         """Mark ``ids`` dirty for every tracked client except the one that pushed them.
 
@@ -325,6 +329,21 @@ class DenseShard:
 
 
 Shard = Union[SparseShard, DenseShard]
+
+
+def shard_nbytes(spec: TableSpec, shard: int, num_shards: int) -> int:
+    """Bytes that :func:`make_shard` would allocate for server ``shard``'s part of ``spec``:
+    float32 values plus the optimizer's state arrays, plus Adam's int64 step per sparse row.
+    Computed from the spec alone, so a table can be refused before anything is allocated."""
+    arrays = 1 + len(optim.state_names(spec.optimizer))
+    if isinstance(spec, SparseTable):
+        rows = sparse_local_rows(spec.rows, shard, num_shards)
+        steps = rows * 8 if isinstance(spec.optimizer, Adam) else 0
+        return rows * spec.dim * 4 * arrays + steps
+    if isinstance(spec, DenseTable):
+        elements = sum(b.size for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard)
+        return elements * 4 * arrays
+    raise TypeError(f"unknown table spec {spec!r}")
 
 
 def make_shard(spec: TableSpec, shard: int, num_shards: int, *, initialise: bool = True) -> Shard:

@@ -55,6 +55,8 @@ class TrainOptions:
     metrics_host: str = "127.0.0.1"
     #: write the metrics endpoint's bound port here once it listens (for launchers, with port 0)
     metrics_port_file: str | None = None
+    #: TLS to the pservers: None (plain TCP), True (the system's CAs) or an ssl.SSLContext
+    ssl: Any = None
 
 
 @dataclass
@@ -166,6 +168,7 @@ class Trainer:
             timeout=self.strategy.rpc_timeout,
             retries=self.strategy.rpc_retry_times,
             trainer_id=self.trainer_id,
+            ssl=self.options.ssl,
         )
         try:
             await ps.open()
@@ -250,7 +253,7 @@ class Trainer:
             await comm.geo_sync()  # take in what the other trainers sent before the barrier
         extra: dict[str, Any] = {"mode": self.strategy.mode}
         if self.options.save_dir and self.trainer_id == 0:
-            path = os.path.abspath(os.path.join(self.options.save_dir, f"epoch_{epoch}"))
+            path = os.path.join(self.options.save_dir, f"epoch_{epoch}")  # relative: to the pservers' checkpoint root
             await ps.save(path)
             extra["saved"] = path
         return monitor.end_epoch(epoch, extra)

@@ -18,6 +18,7 @@ single payload byte is buffered, so a peer cannot make us allocate a huge body b
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntFlag
 
@@ -66,10 +67,17 @@ class FrameDecoder:
 
     Never touches a socket. Raises :class:`RemoteProtocolError` on a bad header; after that the
     stream is unusable (there is no way to find the next frame boundary) and must be closed.
+
+    ``on_header(opcode, request_id, length)``, when set, is called once per frame as soon as its
+    header is in and valid, before any of its body is buffered (a server charges the declared
+    length to a memory budget there). Whatever it raises comes out of :meth:`next_frame` and
+    leaves the stream broken, as a bad header does.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.max_frame = max_frame
+        self.on_header: Callable[[int, int, int], None] | None = None
+        self._announced = False  # on_header was called for the frame at the front
         self._buf = bytearray()
         self._pos = 0
         self._pending: tuple[int, int, int] | None = None  # header of the body being filled
@@ -90,6 +98,16 @@ class FrameDecoder:
             self._buf += data
 
     @property
+    def pending_length(self) -> int | None:
+        """Declared payload length of the frame being received (header in, body not complete),
+        or None between frames."""
+        if self._body is not None:
+            return len(self._body)
+        if self._announced:
+            return int(HEADER.unpack_from(self._buf, self._pos)[6])
+        return None
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
         header = HEADER_SIZE if self._body is not None else 0  # the header of a large body in progress
@@ -106,13 +124,22 @@ class FrameDecoder:
             opcode, flags, request_id = self._pending
             frame = Frame(opcode, flags, request_id, self._body)
             self._body, self._pending, self._filled = None, None, 0
+            self._announced = False
             return frame
         buf, pos = self._buf, self._pos
         if len(buf) - pos < HEADER_SIZE:
             self._compact()
             return None
         magic, version, opcode, flags, reserved, request_id, length, reserved2 = HEADER.unpack_from(buf, pos)
-        self._check_header(magic, version, reserved, reserved2, length)
+        if not self._announced:
+            self._check_header(magic, version, reserved, reserved2, length)
+            if self.on_header is not None:
+                try:
+                    self.on_header(opcode, request_id, length)
+                except BaseException:
+                    self._broken = True
+                    raise
+            self._announced = True
         start = pos + HEADER_SIZE
         available = len(buf) - start
         if available >= length:
@@ -121,6 +148,7 @@ class FrameDecoder:
             if self._pos == len(buf):
                 self._buf.clear()
                 self._pos = 0
+            self._announced = False
             return Frame(opcode, flags, request_id, payload)
         if length < _DIRECT_BODY:
             self._compact()

@@ -91,7 +91,7 @@ def test_random_vectors_fail_the_planted_analogies(corpus: Path) -> None:
 
 
 async def test_trainer_api_geo_1_pserver_1_trainer_2_workers(corpus: Path, tmp_path: Path) -> None:
-    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
+    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False, checkpoint_root=str(tmp_path))
     try:
         model = Word2Vec(dict_path=str(corpus / "dict.txt"), **MODEL_ARGS)
         options = TrainOptions(save_dir=str(tmp_path / "model"), print_period=60, live_line=False)

@@ -558,7 +558,7 @@ async def test_save_load_round_trip(tmp_path) -> None:
     g2 = rng(4).standard_normal((len(ids), 8)).astype(np.float32)
     d1 = rng(5).standard_normal(dense.shape).astype(np.float32)
     path = str(tmp_path / "ckpt")
-    async with cluster(2) as servers, aps.connect(addrs(servers)) as ps:
+    async with cluster(2, checkpoint_root=str(tmp_path)) as servers, aps.connect(addrs(servers)) as ps:
         await ps.create_table(sparse)
         await ps.create_table(dense)
         await ps.push_sparse_grad("emb", ids, g1)
@@ -582,7 +582,7 @@ async def test_save_load_round_trip(tmp_path) -> None:
         np.testing.assert_allclose(await ps.pull_dense("fc"), trained_dense, rtol=1e-6, atol=1e-7)
         assert await ps.table_spec("emb") == sparse
     # a cluster of another size loads the same checkpoint (re-sharded)
-    async with cluster(3) as servers, aps.connect(addrs(servers)) as ps:
+    async with cluster(3, checkpoint_root=str(tmp_path)) as servers, aps.connect(addrs(servers)) as ps:
         await ps.load(path)
         assert await ps.table_spec("fc") == dense
         np.testing.assert_array_equal(await ps.pull_sparse("emb", np.arange(1000)), saved)
@@ -592,7 +592,7 @@ async def test_save_load_round_trip(tmp_path) -> None:
 async def test_save_and_load_failures_are_server_errors(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    async with cluster(1) as servers, aps.connect(addrs(servers)) as ps:
+    async with cluster(1, checkpoint_root=str(tmp_path)) as servers, aps.connect(addrs(servers)) as ps:
         await ps.create_table(SPARSE)
         before = await ps.pull_sparse("emb", [1, 2])
         with pytest.raises(aps.ServerError) as info:

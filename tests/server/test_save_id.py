@@ -19,7 +19,7 @@ from tests.conftest import BIN
 
 
 async def _two_saves(tmp_path: Path) -> tuple[Path, Path]:
-    servers = [await aps.serve(num_trainers=1, server_index=k, num_servers=2) for k in range(2)]
+    servers = [await aps.serve(num_trainers=1, server_index=k, num_servers=2, checkpoint_root=str(tmp_path)) for k in range(2)]
     try:
         async with aps.connect([s.address for s in servers]) as ps:
             await ps.create_table(aps.SparseTable("emb", rows=100, dim=4, optimizer=aps.SGD(lr=1.0)))
