@@ -1,8 +1,8 @@
 """What the CTR models share: Criteo batches, the settings every one takes, AUC predictions.
 
 A CTR model subclasses :class:`CriteoModel` and writes three things: its tables
-(``_build_tables``), ``forward`` (fill ``batch.data.probs``, return the summed loss) and
-``compute`` (``forward`` plus gradients). :mod:`aps.models.ctr_dnn.model` is the template.
+(``_build_tables``), ``_forward`` (fill ``batch.data.probs``; return the summed loss and what
+the backward pass needs) and ``compute`` (``_forward`` plus gradients). :mod:`aps.models.ctr_dnn.model` is the template.
 """
 
 from __future__ import annotations
@@ -120,6 +120,11 @@ class CriteoModel(Model):
 
     def forward(self, batch: Batch, params: Params) -> float:
         """Fill ``batch.data.probs``; return the summed loss (inference uses this alone)."""
+        return self._forward(batch, params)[0]
+
+    def _forward(self, batch: Batch, params: Params) -> tuple[float, np.ndarray, np.ndarray]:
+        """The forward pass: (summed loss, the first layer's input, dLoss/dLogits of the batch
+        mean), for ``compute`` to carry on with the backward pass."""
         raise NotImplementedError
 
     def _mlp(self) -> MLP:

@@ -21,7 +21,7 @@ reference's Python ``hash`` is salted per process). ``meta=path/meta.json`` read
 (numbers of dense and slot columns, normalisation, buckets), e.g. the Adult census data.
 
 To write your own CTR model, copy this file: ``_build_tables`` says what lives on the pservers,
-``forward``/``compute`` are a handful of kernel calls; batching, the common arguments and AUC
+``_forward``/``compute`` are a handful of kernel calls; batching, the common arguments and AUC
 come from :class:`~aps.models.ctr_model.CriteoModel`.
 """
 
@@ -70,9 +70,6 @@ class CtrDnn(CriteoModel):
         for layer in self.layers:
             tables.extend(layer.tables(optimizer, self.seed))
         return tables
-
-    def forward(self, batch: Batch, params: Params) -> float:
-        return self._forward(batch, params)[0]
 
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""

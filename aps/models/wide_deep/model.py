@@ -64,9 +64,6 @@ class WideDeep(CriteoModel):
             tables.extend(layer.tables(optimizer, self.seed))
         return tables
 
-    def forward(self, batch: Batch, params: Params) -> float:
-        return self._forward(batch, params)[0]
-
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""
         loss, x, d_logit = self._forward(batch, params)
