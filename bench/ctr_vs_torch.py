@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import machine_busy_seconds  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -72,21 +73,9 @@ CHUNK_BYTES = 1 << 20  # aps-trainer's default --chunk-bytes: batches never cros
 BATCH = 1000  # ctr_dnn's default batch_size
 BUSY_LOAD = 1.0  # 1-minute load average above this before starting: warn
 NOISY_OTHER_CPU = 0.2  # other processes used more than this many cores during a run: mark it
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- machine
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds every process on the machine has used since boot (/proc/stat)."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = f.readline().split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        return (user + nice + system + irq + softirq + steal) / _CLK_TCK
-    except (OSError, ValueError):
-        return None
 
 
 def own_cpu_seconds() -> float:

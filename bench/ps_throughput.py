@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from machine import machine_busy_seconds, process_cpu_seconds  # bench/machine.py
 
 import aps
 
@@ -61,32 +62,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_cpu(pid: int | None) -> float | None:
-    """user+system CPU seconds of process ``pid`` (Linux /proc), None when unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _machine_busy() -> float | None:
-    """CPU seconds all processes of the machine have used since boot (/proc/stat), None if unknown."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = f.readline().split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        return (user + nice + system + irq + softirq + steal) / _CLK_TCK
-    except (OSError, ValueError):
-        return None
-
-
 class CpuMeter:
     """CPU used during one measurement, in CPUs (1.0 = one core busy all the time).
 
@@ -101,14 +76,14 @@ class CpuMeter:
     def __enter__(self) -> CpuMeter:
         self.t0 = time.perf_counter()
         self.c0 = time.process_time()
-        self.s0 = _proc_cpu(self.server_pid)
-        self.m0 = _machine_busy()
+        self.s0 = process_cpu_seconds(self.server_pid)
+        self.m0 = machine_busy_seconds()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = max(1e-9, time.perf_counter() - self.t0)
         self.client_cpu = (time.process_time() - self.c0) / wall
-        s1, m1 = _proc_cpu(self.server_pid), _machine_busy()
+        s1, m1 = process_cpu_seconds(self.server_pid), machine_busy_seconds()
         self.server_cpu = None if s1 is None or self.s0 is None else (s1 - self.s0) / wall
         self.other_cpu = None
         if m1 is not None and self.m0 is not None and self.server_cpu is not None:
