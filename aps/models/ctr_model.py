@@ -83,15 +83,9 @@ class CriteoModel(Model):
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr))
-        self._cache: dict[str, Any] = {}  # per process, never pickled: batcher, buffers
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         raise NotImplementedError
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_cache"] = {}
-        return state
 
     # ------------------------------------------------------------ contract
 
@@ -109,9 +103,7 @@ class CriteoModel(Model):
         }
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        batcher = self._cache.get("batcher")
-        if batcher is None:
-            batcher = self._cache["batcher"] = CtrBatcher(self.format, self.batch_size, self.slot_tables)
+        batcher = self.local("batcher", lambda: CtrBatcher(self.format, self.batch_size, self.slot_tables))
         return batcher.batches(chunk, ctx)
 
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -129,14 +121,8 @@ class CriteoModel(Model):
 
     def _mlp(self) -> MLP:
         """This process's buffers for the model's fully connected stack (``self.layers``)."""
-        mlp = self._cache.get("mlp")
-        if mlp is None:
-            mlp = self._cache["mlp"] = MLP(self.layers, self.batch_size)
-        return mlp
+        return self.local("mlp", lambda: MLP(self.layers, self.batch_size))
 
     def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A float32 scratch array of this process, allocated on first use."""
-        buf = self._cache.get(name)
-        if buf is None:
-            buf = self._cache[name] = np.zeros(shape, np.float32)
-        return buf
+        return self.local(name, lambda: np.zeros(shape, np.float32))

@@ -11,15 +11,16 @@ Gradients are of the loss *as the model defines it* (say so in its docstring: me
 the batch); the runtime never rescales them, so a learning rate means the same locally and on
 the pservers.
 
-A model object is pickled once to start each worker process, so keep only settings in it.
+A model object is pickled once to start each worker process, so keep only settings in it;
+per-process objects (buffers, lookup tables) go through :meth:`Model.local`, which never pickles them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -74,6 +75,9 @@ class WorkerContext:
     bad_lines: int = 0
 
 
+T = TypeVar("T")
+
+
 class Model(ABC):
     """Base class of model plug-ins (word2vec, a user's own)."""
 
@@ -108,6 +112,20 @@ class Model(ABC):
         the positive class and its 0/1 labels. A model that returns them gets AUC (global and
         over the last 20 batches, merged across workers) in its progress reports and metrics."""
         return None
+
+    def local(self, key: str, make: Callable[[], T]) -> T:
+        """A per-process object (scratch buffers, lookup tables, a batcher) built by ``make`` on
+        first use in this process and kept for the next calls; never pickled, so the model that
+        is sent to each worker stays a handful of settings."""
+        store = self.__dict__.setdefault("_process_local", {})
+        if key not in store:
+            store[key] = make()
+        return store[key]  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_process_local", None)
+        return state
 
     def max_batch_ids(self, table: str) -> int:
         """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers."""

@@ -183,3 +183,19 @@ def test_reference_sizes_and_inits() -> None:
 def test_bad_model_arguments_are_config_errors(args: dict) -> None:
     with pytest.raises(ConfigError):
         CtrDnn(**args)
+
+
+@pytest.mark.parametrize("cls", [CtrDnn, WideDeep], ids=["ctr_dnn", "wide_deep"])
+def test_pickled_model_carries_settings_not_buffers(cls, meta: str) -> None:
+    """The model goes to every worker by pickle: its per-process batcher and buffers stay home."""
+    import pickle
+
+    rng = np.random.default_rng(3)
+    model = cls(meta=meta, hidden="8,6", embedding_size=3, batch_size=32)
+    batch = next(iter(model.batches(_chunk(rng, 32), WorkerContext(0, 0, 1, 1, rng))))
+    _run(model, batch, _params(model, rng))
+    assert {"batcher", "mlp", "x"} <= set(model._process_local)
+    blob = pickle.dumps(model)
+    assert len(blob) < 8192
+    clone = pickle.loads(blob)
+    assert "_process_local" not in vars(clone) and clone.tables() == model.tables()

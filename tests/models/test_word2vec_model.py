@@ -367,11 +367,11 @@ def test_pickled_model_is_small_and_carries_no_caches(dict_path: Path) -> None:
     model = Word2Vec(dict_path=str(dict_path), dim=8, batch_size=5)
     batch = first_batch(model, LINES)
     model.local_sgd(batch, random_params(model), {EMB: 0.1, EMB_W: 0.1, EMB_B: 0.1}, {k: np.zeros(VOCAB, np.uint8) for k in (EMB, EMB_W, EMB_B)})
-    assert model._cache  # the cdf and scratch buffers exist in this process
+    assert set(model._process_local) >= {"cdf", "grad"}  # the cdf and scratch buffers exist in this process
     blob = pickle.dumps(model)
     assert len(blob) < 4096
     clone = pickle.loads(blob)
-    assert clone._cache == {} and clone.tables() == model.tables()
+    assert "_process_local" not in vars(clone) and clone.tables() == model.tables()
 
 
 # ---------------------------------------------------------------- evaluation and export

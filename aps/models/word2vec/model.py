@@ -195,14 +195,6 @@ class Word2Vec(Model):
             SparseTable(EMB_B, self.vocab_size, 1, Constant(0.0), optimizer, seed=self.seed),
         )
         self._by_name = {t.name: t for t in self._tables}
-        self._cache: dict[str, Any] = {}  # per process, never pickled: cdf, scratch
-
-    # ------------------------------------------------------------ pickling (spawn)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_cache"] = {}
-        return state
 
     # ------------------------------------------------------------ contract
 
@@ -234,22 +226,19 @@ class Word2Vec(Model):
 
     def negative_cdf(self) -> np.ndarray:
         """The unigram^0.75 cumulative table, read from the dictionary on first use."""
-        cdf = self._cache.get("cdf")
-        if cdf is None:
-            counts = read_counts(Path(self.dict_path))
-            if counts.shape[0] != self.vocab_size:
-                raise ConfigError(
-                    f"{self.dict_path} has {counts.shape[0]} entries now, {self.vocab_size} when the model was made"
-                )
-            cdf = self._cache["cdf"] = negative_cdf(counts)
-        return cdf
+        return self.local("cdf", self._read_cdf)
+
+    def _read_cdf(self) -> np.ndarray:
+        counts = read_counts(Path(self.dict_path))
+        if counts.shape[0] != self.vocab_size:
+            raise ConfigError(
+                f"{self.dict_path} has {counts.shape[0]} entries now, {self.vocab_size} when the model was made"
+            )
+        return negative_cdf(counts)
 
     def negative_guide(self) -> np.ndarray:
         """Bucket index over :meth:`negative_cdf` for the per-pair sampler (built on first use)."""
-        guide = self._cache.get("guide")
-        if guide is None:
-            guide = self._cache["guide"] = K.negative_guide(self.negative_cdf())
-        return guide
+        return self.local("guide", lambda: K.negative_guide(self.negative_cdf()))
 
     def parse(self, chunk: Chunk, ctx: WorkerContext) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and line offsets of a chunk; DataError(file, line) on a bad token."""
@@ -364,11 +353,8 @@ class Word2Vec(Model):
     def _scratch(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Row buffers for one batch (``gather``: its parameter rows, ``grad``: the fused step's
         gradients), allocated once per process at the largest batch size."""
-        bufs = self._cache.get(kind)
-        if bufs is None:
-            bufs = self._cache[kind] = (
-                np.zeros((self.max_batch_ids(EMB), self.dim), np.float32),
-                np.zeros((self.max_batch_ids(EMB_W), self.dim), np.float32),
-                np.zeros((self.max_batch_ids(EMB_B), 1), np.float32),
-            )
-        return bufs  # type: ignore[return-value]
+        return self.local(kind, lambda: (
+            np.zeros((self.max_batch_ids(EMB), self.dim), np.float32),
+            np.zeros((self.max_batch_ids(EMB_W), self.dim), np.float32),
+            np.zeros((self.max_batch_ids(EMB_B), 1), np.float32),
+        ))
