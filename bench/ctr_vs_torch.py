@@ -44,6 +44,7 @@ PyTorch is a bench-only dependency, not in pyproject: ``.venv/bin/pip install to
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -171,12 +172,15 @@ def parse_batches(files: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.nda
     """(ids, dense, labels) per batch, cut exactly as aps's workers cut them: each file read in
     CHUNK_BYTES line-aligned chunks, each chunk parsed by CriteoFormat and split into BATCH lines."""
     from aps.models.criteo import CriteoFormat
-    from aps.models.ctr_eval import read_chunks
+    from aps.trainer.reader import read_chunks
+
+    async def chunks(path: str) -> list:
+        return [c async for c in read_chunks(path, CHUNK_BYTES)]
 
     fmt = CriteoFormat()
     out = []
     for path in files:
-        for chunk in read_chunks(path, CHUNK_BYTES):
+        for chunk in asyncio.run(chunks(path)):
             rec = fmt.parse(chunk)
             for lo in range(0, rec.n, BATCH):
                 hi = min(rec.n, lo + BATCH)
@@ -340,21 +344,18 @@ def aps_infer(checkpoint: str, data: Path, work: Path) -> dict:
 def aps_predict(checkpoint: str, files: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """aps's test predictions (its own forward kernel on the checkpoint) for the exact AUC."""
     from aps.models.ctr_dnn.model import CtrDnn
-    from aps.models.ctr_eval import load_params, read_chunks
+    from aps.models.ctr_eval import load_params, predict
     from aps.trainer.model import WorkerContext
 
     net = CtrDnn()
     params = load_params(net, checkpoint)
     ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
-    probs, labels = [], []
-    for path in files:
-        for chunk in read_chunks(path):
-            for batch in net.batches(chunk, ctx):
-                net.forward(batch, params)
-                p, y = net.predictions(batch)
-                probs.append(p.copy())
-                labels.append(y.copy())
-    return np.concatenate(probs), np.concatenate(labels)
+
+    async def collect() -> list:
+        return [(p.copy(), y.copy()) async for p, y in predict(net, params, files, ctx)]
+
+    pairs = asyncio.run(collect())
+    return np.concatenate([p for p, _ in pairs]), np.concatenate([y for _, y in pairs])
 
 
 # ----------------------------------------------------------------------------- report

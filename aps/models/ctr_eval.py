@@ -2,14 +2,15 @@
 
 The reference's inference step loads the saved parameters, *resets the AUC state* ("set_zero")
 and runs the network forward over the test files. Here the checkpoint may come from any number
-of pservers (it is read back as one shard), the files are parsed by the model's own batcher,
+of pservers (it is read back as one shard), the files are read by the trainers' own reader and parsed by the model's batcher,
 and the forward pass is the model's ``forward`` kernel - the same code that trained it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ from ..metrics import Auc, logloss
 from ..specs import DenseTable, SparseTable
 from ..trainer.files import expand_inputs
 from ..trainer.model import Batch, Model, Params, WorkerContext
-from ..trainer.reader import Chunk
+from ..trainer.reader import Chunk, read_chunks
 
 
 class Predictor(Protocol):
@@ -63,43 +64,35 @@ def _shape(spec: SparseTable | DenseTable) -> tuple[int, ...]:
     return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
 
 
-def read_chunks(path: str, block: int = 4 << 20) -> Iterator[Chunk]:
-    """Whole-line chunks of a file, with their first line numbers (for error messages)."""
-    line = 1
-    carry = b""
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(block)
-            if not data:
-                break
-            data = carry + data
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                lines = data.count(b"\n", 0, cut)
-                yield Chunk(path, line, data[:cut], lines)
-                line += lines
-    if carry:
-        yield Chunk(path, line, carry + b"\n", 1)
-
-
-def evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines: bool = False) -> dict[str, Any]:
-    """AUC (bucketed, from a reset state), mean logloss and example count over ``files``."""
-    auc = Auc()  # a fresh, zeroed state: the reference's set_zero before inference
-    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0), skip_bad_lines=skip_bad_lines)
-    loss_sum = 0.0
-    examples = 0
+async def predict(
+    model: Model, params: Params, files: Sequence[str], ctx: WorkerContext
+) -> AsyncIterator[tuple[np.ndarray, np.ndarray]]:
+    """Each batch's predicted click probabilities and labels over ``files`` (read by the
+    trainers' own line-aligned reader, batched by the model, forward kernel only)."""
     for path in expand_inputs(list(files)):
-        for chunk in read_chunks(path):
+        async for chunk in read_chunks(path, chunk_bytes=4 << 20):
             for batch in model.batches(chunk, ctx):
                 model.forward(batch, params)  # type: ignore[attr-defined]
                 predicted = model.predictions(batch)
                 if predicted is None:
                     raise ConfigError(f"model {model.name!r} does not predict probabilities: no AUC to compute")
-                probs, labels = predicted
-                auc.update(probs, labels)
-                loss_sum += logloss(probs, labels) * len(labels)
-                examples += len(labels)
+                yield predicted
+
+
+def evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines: bool = False) -> dict[str, Any]:
+    """AUC (bucketed, from a reset state), mean logloss and example count over ``files``."""
+    return asyncio.run(_evaluate(model, params, files, skip_bad_lines))
+
+
+async def _evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines: bool) -> dict[str, Any]:
+    auc = Auc()  # a fresh, zeroed state: the reference's set_zero before inference
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0), skip_bad_lines=skip_bad_lines)
+    loss_sum = 0.0
+    examples = 0
+    async for probs, labels in predict(model, params, files, ctx):
+        auc.update(probs, labels)
+        loss_sum += logloss(probs, labels) * len(labels)
+        examples += len(labels)
     if examples == 0:
         raise DataError("no examples in the test files", ", ".join(map(str, files)))
     return {"auc": auc.global_auc(), "logloss": loss_sum / examples, "examples": examples, "bad_lines": ctx.bad_lines}
