@@ -11,9 +11,10 @@ import asyncio
 import json
 import math
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -26,12 +27,14 @@ from ..wire.messages import message_op
 from .checkpoint import load_shards, save_shard
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
+from .gate import WriteGate
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 
 log = structlog.get_logger("aps.server")
 
 Reply = wire.Message | Awaitable[wire.Message]
+T = TypeVar("T")
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 Shard = SparseShard | DenseShard
@@ -98,6 +101,9 @@ class ServerCore:
         self._stopping = False
         self.extra: dict[str, Any] = {}
         self.checkpoint_root = checkpoint_root(config.checkpoint_root)
+        #: pushes, creates, saves and loads wait here while a save or load runs off the loop
+        self.gate = WriteGate()
+        self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
         if config.init_model:
             self._load(config.init_model)
 
@@ -111,6 +117,8 @@ class ServerCore:
         handler = self._handlers.get(type(msg))
         if handler is None:
             raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {message_op(msg)} is not served after the handshake")
+        if type(msg) in _WRITES and self.gate.busy:
+            return self.gate.after(lambda: handler(self, client_id, msg, flags))
         return handler(self, client_id, msg, flags)
 
     def fail_waiters(self, error: BaseException) -> None:
@@ -181,7 +189,7 @@ class ServerCore:
 
     # ----------------------------------------------------------------- tables
 
-    def _create_table(self, client_id: int, msg: wire.CreateTable, flags: int) -> wire.Message:
+    def _create_table(self, client_id: int, msg: wire.CreateTable, flags: int) -> Reply:
         try:
             spec = spec_from_dict(json.loads(msg.spec_json))
         except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
@@ -190,12 +198,12 @@ class ServerCore:
             raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
         existing = self.specs.get(spec.name)
         if existing is not None:
-            if existing != spec:
-                raise ServerError(
-                    ErrorCode.TABLE_EXISTS,
-                    f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}",
-                )
+            self._same_spec(existing, spec)
             return wire.Ok(op=wire.Op.CREATE_TABLE)
+        creating = self._creating.get(spec.name)
+        if creating is not None:  # another client's create of it is running: share its outcome
+            self._same_spec(creating[0], spec)
+            return _after(asyncio.shield(creating[1]), wire.Ok(op=wire.Op.CREATE_TABLE))
         index, servers = self.config.server_index, self.config.num_servers
         need = shard_nbytes(spec, index, servers)
         limit = self.config.max_table_bytes
@@ -206,15 +214,43 @@ class ServerCore:
                 f"(values and optimizer state), over this server's limit of {limit} bytes ({_gib(limit)}; "
                 "aps-server --max-table-bytes)",
             )
-        try:
-            shard = make_shard(spec, index, servers)
-        except MemoryError:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._creating[spec.name] = (spec, done)
+        return self._build_table(spec, need, done)
+
+    @staticmethod
+    def _same_spec(existing: TableSpec, spec: TableSpec) -> None:
+        if existing != spec:
             raise ServerError(
-                ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
-            ) from None
-        self.tables[spec.name] = shard
-        self.specs[spec.name] = spec
-        log.info("table created", table=spec.name, kind=spec.kind, bytes=self.tables[spec.name].nbytes)
+                ErrorCode.TABLE_EXISTS, f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}"
+            )
+
+    async def _build_table(self, spec: TableSpec, need: int, done: asyncio.Future[None]) -> wire.Message:
+        """Allocate and initialise a shard in a thread (a 5 GB one takes seconds): the loop keeps
+        serving meanwhile; creates of the same table that arrive in between wait for this one."""
+        index, servers = self.config.server_index, self.config.num_servers
+        try:
+            try:
+                shard = await asyncio.to_thread(make_shard, spec, index, servers)
+            except MemoryError:
+                raise ServerError(
+                    ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
+                ) from None
+            existing = self.specs.get(spec.name)
+            if existing is not None:  # a LOAD that ran meanwhile brought a table of this name
+                self._same_spec(existing, spec)
+            else:
+                self.tables[spec.name] = shard
+                self.specs[spec.name] = spec
+                log.info("table created", table=spec.name, kind=spec.kind, bytes=shard.nbytes)
+        except BaseException as exc:
+            done.set_exception(exc if isinstance(exc, ServerError) else ServerError(ErrorCode.INTERNAL, f"create failed: {exc!r}"))
+            done.exception()  # read: nobody may be waiting, and that is not an error
+            raise
+        else:
+            done.set_result(None)
+        finally:
+            self._creating.pop(spec.name, None)
         return wire.Ok(op=wire.Op.CREATE_TABLE)
 
     def _table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:
@@ -431,27 +467,51 @@ class ServerCore:
             )
         return real
 
-    def _save(self, client_id: int, msg: wire.Save, flags: int) -> wire.Message:
+    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
         path = self._confine(msg.path)
+        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path))
+
+    def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """Close the write gate now and run ``work`` (a save or load) while writes wait."""
+        self.gate.close()
+        return self.gate.exclusive(work)
+
+    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None) -> wire.Message:
+        """Write this server's shard under ``path`` from a thread; the caller holds the write
+        gate, so the tables do not change until it is done (a consistent snapshot)."""
+        tables, extra = dict(self.tables), dict(self.extra)
+        index, servers = self.config.server_index, self.config.num_servers
+        started = time.monotonic()
         try:
-            save_shard(path, self.tables, self.config.server_index, self.config.num_servers, self.extra, save_id=msg.save_id)
+            await asyncio.to_thread(save_shard, path, tables, index, servers, extra, save_id=save_id)
         except OSError as exc:
-            raise ServerError(ErrorCode.IO_ERROR, f"save to {msg.path!r} failed: {exc}") from None
-        log.info("saved", path=path, tables=len(self.tables), save_id=msg.save_id)
+            raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
+        self.stats.last_save_seconds = time.monotonic() - started
+        self.stats.saves += 1
+        log.info("saved", path=path, tables=len(tables), save_id=save_id, seconds=round(self.stats.last_save_seconds, 3))
         return wire.Ok(op=wire.Op.SAVE)
 
-    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> wire.Message:
+    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
         path = self._confine(msg.path)
+        return self.exclusive(lambda: self._load_off_loop(path, msg.path))
+
+    async def _load_off_loop(self, path: str, shown: str) -> wire.Message:
+        index, servers = self.config.server_index, self.config.num_servers
         try:
-            self._load(path)
+            shards, extra = await asyncio.to_thread(load_shards, path, index, servers)
         except OSError as exc:
-            raise ServerError(ErrorCode.IO_ERROR, f"load from {msg.path!r} failed: {exc}") from None
+            raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
         except ApsError as exc:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"load from {msg.path!r} failed: {exc}") from None
+            raise ServerError(ErrorCode.BAD_REQUEST, f"load from {shown!r} failed: {exc}") from None
+        self._install(path, shards, extra)
         return wire.Ok(op=wire.Op.LOAD)
 
     def _load(self, path: str) -> None:
+        """Load at start (``init_model``, ``resume``), before anything is served."""
         shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
+        self._install(path, shards, extra)
+
+    def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
         self.tables = dict(shards)
         self.specs = {name: shard.spec for name, shard in shards.items()}
         self.extra = dict(extra)
@@ -473,6 +533,20 @@ class ServerCore:
         wire.Save: _save,
         wire.Load: _load_msg,
     }
+
+
+#: requests that change the tables: they wait behind the write gate while a save or load runs
+_WRITES = frozenset(
+    {
+        wire.CreateTable, wire.PushSparseGrad, wire.PushSparseDelta, wire.PushDenseGrad, wire.PushDenseDelta,
+        wire.Save, wire.Load,
+    }
+)
+
+
+async def _after(done: Awaitable[Any], reply: wire.Message) -> wire.Message:
+    await done
+    return reply
 
 
 def _array_bytes(offset: int, shape: tuple[int, ...], itemsize: int) -> int:

@@ -81,6 +81,9 @@ class ServerStats:
         self.ops: dict[str, OpStats] = {}
         self.connections = 0
         self.connections_total = 0
+        #: seconds the last checkpoint took to write (0: none yet), and how many were written
+        self.last_save_seconds = 0.0
+        self.saves = 0
 
     def record(self, op: str, elapsed_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
         stats = self.ops.get(op)
@@ -92,6 +95,8 @@ class ServerStats:
         return {
             "connections": self.connections,
             "connections_total": self.connections_total,
+            "last_save_seconds": self.last_save_seconds,
+            "saves": self.saves,
             "requests": sum(s.count for s in self.ops.values()),
             "bytes_in": sum(s.bytes_in for s in self.ops.values()),
             "bytes_out": sum(s.bytes_out for s in self.ops.values()),
