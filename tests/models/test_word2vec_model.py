@@ -92,14 +92,15 @@ def first_batch(model: Word2Vec, lines: list[str], seed: int = 0) -> Batch:
 LINES = ["3 3 3 5 1 0 7", "9 2 4 4 11 12 3 8 20 21 22", "5", "", "30 31 32 33 34 35 36 37 38 39 1 2"]
 
 
-NEGATIVES = pytest.mark.parametrize("negatives", ["batch", "pair"])
+NEGATIVES = pytest.mark.parametrize("negatives", ["batch", "pair"])  # the reference modes
 
 
 @NEGATIVES
 @pytest.mark.parametrize("scale", [0.3, 30.0], ids=["moderate", "saturated"])
 def test_gradients_match_numpy_reference(dict_path: Path, scale: float, negatives: str) -> None:
     # "3 3 3": adjacent equal centres share a run; scale 30 pushes logits past |30| (the clipped branch)
-    model = Word2Vec(dict_path=str(dict_path), dim=8, window=3, neg_num=4, batch_size=1000, negatives=negatives)
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=3, neg_num=4, batch_size=1000, negatives=negatives,
+                     lr_schedule="exponential")
     batch = first_batch(model, LINES)
     params = random_params(model, scale=scale)
     grads = zero_grads(batch, model)
@@ -117,7 +118,8 @@ def test_gradients_match_numpy_reference(dict_path: Path, scale: float, negative
 @NEGATIVES
 def test_gradients_match_finite_differences(dict_path: Path, negatives: str) -> None:
     """d(mean loss)/d(param) by central differences of the float64 reference loss."""
-    model = Word2Vec(dict_path=str(dict_path), dim=6, window=2, neg_num=3, batch_size=1000, negatives=negatives)
+    model = Word2Vec(dict_path=str(dict_path), dim=6, window=2, neg_num=3, batch_size=1000, negatives=negatives,
+                     lr_schedule="exponential")
     batch = first_batch(model, LINES)
     params = random_params(model, seed=3)
     grads = zero_grads(batch, model)
@@ -145,7 +147,8 @@ def test_gradients_match_finite_differences(dict_path: Path, negatives: str) -> 
 @NEGATIVES
 def test_local_sgd_equals_compute_then_sgd(dict_path: Path, negatives: str) -> None:
     """The fused geo step against the runtime's generic path (compute, then sgd_rows), bit for bit."""
-    model = Word2Vec(dict_path=str(dict_path), dim=8, window=4, neg_num=3, batch_size=7, negatives=negatives)
+    model = Word2Vec(dict_path=str(dict_path), dim=8, window=4, neg_num=3, batch_size=7, negatives=negatives,
+                     lr_schedule="exponential")
     lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 15)) for k in range(20)]
     fused = random_params(model, seed=5, scale=0.2)
     plain = Params({k: v.copy() for k, v in fused.sparse.items()}, {})
@@ -171,7 +174,7 @@ def test_local_sgd_equals_compute_then_sgd(dict_path: Path, negatives: str) -> N
 
 
 def test_windows_are_uniform_in_1_to_window_and_stay_in_line(dict_path: Path) -> None:
-    model = Word2Vec(dict_path=str(dict_path), dim=4, window=4, neg_num=2, batch_size=64)
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=4, neg_num=2, batch_size=64, negatives="batch")
     # distinct ids inside each line, so a centre's run of pairs is that one token's contexts
     lines = [" ".join(str(x) for x in np.random.default_rng(k).permutation(np.arange(1, VOCAB))[:25]) for k in range(40)]
     batches = list(model.batches(chunk(lines), ctx(9)))
@@ -197,7 +200,7 @@ def test_windows_are_uniform_in_1_to_window_and_stay_in_line(dict_path: Path) ->
 
 
 def test_batches_unique_ids_inverse_and_shared_negatives(dict_path: Path) -> None:
-    model = Word2Vec(dict_path=str(dict_path), dim=4, window=5, neg_num=5, batch_size=50)
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=5, neg_num=5, batch_size=50, negatives="batch")
     lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 30)) for k in range(30)]
     batches = list(model.batches(chunk(lines), ctx(4)))
     sizes = [b.examples for b in batches]
@@ -217,7 +220,7 @@ def test_batches_unique_ids_inverse_and_shared_negatives(dict_path: Path) -> Non
         for name in (EMB, EMB_W, EMB_B):
             assert len(b.sparse_ids[name]) <= model.max_batch_ids(name)
     assert (model.max_batch_ids(EMB), model.max_batch_ids(EMB_W)) == (40, 40)  # the vocabulary bounds both
-    small = Word2Vec(dict_path=str(dict_path), batch_size=20, neg_num=5)
+    small = Word2Vec(dict_path=str(dict_path), batch_size=20, neg_num=5, negatives="batch")
     assert (small.max_batch_ids(EMB), small.max_batch_ids(EMB_W), small.max_batch_ids(EMB_B)) == (20, 25, 25)
 
 
@@ -263,7 +266,7 @@ def test_per_pair_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
 
 
 def test_guided_sampler_equals_searchsorted() -> None:
-    from aps.models.word2vec import kernels as K
+    from aps.models.word2vec import batching as K
     from aps.models.word2vec.model import sample_negatives
 
     rng = np.random.default_rng(3)
@@ -277,7 +280,7 @@ def test_guided_sampler_equals_searchsorted() -> None:
 
 
 def test_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
-    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, neg_num=5, batch_size=1)
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, neg_num=5, batch_size=1, negatives="batch")
     lines = ["1 2"] * 4000  # 8000 one-pair batches, 40000 negatives
     negs = np.concatenate([b.data.negatives for b in model.batches(chunk(lines), ctx(1))])
     counts = np.array([int(line.split()[1]) for line in dict_path.read_text().splitlines()], np.float64)
@@ -312,7 +315,7 @@ def test_bad_token_is_a_data_error_with_file_and_line(dict_path: Path, bad: str,
 
 
 def test_skip_bad_lines_drops_and_counts_them(dict_path: Path) -> None:
-    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, batch_size=1000)
+    model = Word2Vec(dict_path=str(dict_path), dim=4, window=1, batch_size=1000, negatives="batch")
     c = ctx(skip=True)
     lines = ["1 2", "3 oops 4", "5 6", "7 999", "\t8 \t9\r", ""]
     ids, offsets = model.parse(chunk(lines), c)
@@ -334,7 +337,7 @@ def test_empty_chunk_gives_no_batches(dict_path: Path) -> None:
 
 
 def test_tables_match_the_reference_network(dict_path: Path) -> None:
-    model = Word2Vec(dict_path=str(dict_path), dim=20, lr=1.0)
+    model = Word2Vec(dict_path=str(dict_path), dim=20, lr=1.0, negatives="batch", lr_schedule="exponential")
     emb, emb_w, emb_b = model.tables()
     assert (emb.name, emb.rows, emb.dim, emb.init) == (EMB, VOCAB, 20, Uniform(-0.025, 0.025))
     assert (emb_w.name, emb_w.rows, emb_w.dim, emb_w.init) == (EMB_W, VOCAB, 20, Constant(0.0))
@@ -356,7 +359,11 @@ def test_model_args_from_the_command_line(dict_path: Path) -> None:
         Word2Vec(dict_path=str(dict_path), window=0)
     model = cls(**parse_model_args([f"dict_path={dict_path}", "negatives=pair"]))
     assert model.negatives == "pair" and model.describe()["negatives"] == "pair"
-    assert Word2Vec(dict_path=str(dict_path)).negatives == "batch"  # the reference is the default
+    default = Word2Vec(dict_path=str(dict_path))
+    assert (default.negatives, default.lr, default.lr_schedule) == ("window", 0.025, "linear")  # the best is the default
+    assert default.table(EMB).optimizer == SGD(0.025)  # the model scales it (linear schedule, geo)
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        Word2Vec(dict_path=str(dict_path), lr_schedule="cosine")
     with pytest.raises(ConfigError, match="negatives"):
         Word2Vec(dict_path=str(dict_path), negatives="word")
     with pytest.raises(ConfigError, match="not found"):
@@ -367,7 +374,7 @@ def test_pickled_model_is_small_and_carries_no_caches(dict_path: Path) -> None:
     model = Word2Vec(dict_path=str(dict_path), dim=8, batch_size=5)
     batch = first_batch(model, LINES)
     model.local_sgd(batch, random_params(model), {EMB: 0.1, EMB_W: 0.1, EMB_B: 0.1}, {k: np.zeros(VOCAB, np.uint8) for k in (EMB, EMB_W, EMB_B)})
-    assert set(model._process_local) >= {"cdf", "grad"}  # the cdf and scratch buffers exist in this process
+    assert set(model._process_local) >= {"cdf", "window"}  # the cdf and scratch buffers exist in this process
     blob = pickle.dumps(model)
     assert len(blob) < 4096
     clone = pickle.loads(blob)
@@ -468,3 +475,134 @@ def test_read_helpers(tmp_path: Path) -> None:
         read_questions(tmp_path / "bad.txt")
     rows = normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
     np.testing.assert_allclose(rows, [[0.6, 0.8], [0.0, 0.0]])
+
+
+# ---------------------------------------------------------------- window mode (pWord2Vec sharing)
+
+
+def window_reference(params: Params, targets: list[tuple[int, list[int], list[int]]], lr: float | None) -> tuple[float, dict[str, np.ndarray]]:
+    """Window mode in float64, pair by pair: for each ``(target, contexts, negatives)`` every
+    context is an input scored against the target (label 1) and each negative not equal to the
+    target (label 0). ``lr=None``: gradients of the summed loss, all at the starting parameters.
+    ``lr`` set: SGD applied after each target (what the in-place geo step does), returned as the
+    final tables. Returns the summed loss and the gradients or tables."""
+    p = {k: v.astype(np.float64).copy() for k, v in params.sparse.items()}
+    g = {k: np.zeros_like(v) for k, v in p.items()}
+    loss = 0.0
+    for target, contexts, negatives in targets:
+        d = {k: np.zeros_like(v) for k, v in p.items()}
+        outs = [(target, 1.0)] + [(n, 0.0) for n in negatives if n != target]
+        for c in contexts:
+            for o, label in outs:
+                s = p[EMB][c] @ p[EMB_W][o] + p[EMB_B][o, 0]
+                loss += np.logaddexp(0.0, -s) if label else np.logaddexp(0.0, s)
+                ds = 0.5 * (1.0 + np.tanh(s / 2)) - label
+                d[EMB][c] += ds * p[EMB_W][o]
+                d[EMB_W][o] += ds * p[EMB][c]
+                d[EMB_B][o, 0] += ds
+        for k in p:
+            if lr is None:
+                g[k] += d[k]
+            else:
+                p[k] -= lr * d[k]
+    return loss, (g if lr is None else p)
+
+
+def window_targets(batch: Batch) -> list[tuple[int, list[int], list[int]]]:
+    d = batch.data
+    off = d.ctx_off - d.ctx_off[0]
+    return [(int(t), d.context[off[i] : off[i + 1]].tolist(), d.negatives[i].tolist()) for i, t in enumerate(d.target)]
+
+
+def window_model(dict_path: Path, **kw: object) -> Word2Vec:
+    args = {"dim": 8, "window": 3, "neg_num": 4, "batch_size": 1000, "negatives": "window", "lr_schedule": "exponential"}
+    return Word2Vec(dict_path=str(dict_path), **{**args, **kw})
+
+
+@pytest.mark.parametrize("scale", [0.3, 30.0], ids=["moderate", "saturated"])
+def test_window_gradient_matches_numpy_reference(dict_path: Path, scale: float) -> None:
+    model = window_model(dict_path)
+    batch = first_batch(model, LINES)
+    targets = window_targets(batch)
+    # the tiny skewed vocabulary makes some negative equal its target: those are skipped
+    assert any(t in negs for t, _, negs in targets)
+    assert sum(len(c) for _, c, _ in targets) == batch.examples
+    params = random_params(model, scale=scale)
+    grads = zero_grads(batch, model)
+    loss = model.compute(batch, params, grads)
+    ref_loss, ref = window_reference(params, targets, lr=None)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for name in (EMB, EMB_W, EMB_B):
+        ids = batch.sparse_ids[name]
+        atol = 1e-6 * max(1.0, np.abs(ref[name]).max())
+        np.testing.assert_allclose(grads.sparse[name], ref[name][ids], rtol=2e-4, atol=atol)
+        assert not ref[name][np.setdiff1d(np.arange(model.vocab_size), ids)].any()
+
+
+def test_window_geo_step_is_sgd_in_place_target_by_target(dict_path: Path) -> None:
+    model = window_model(dict_path, batch_size=20)
+    batches = list(model.batches(chunk(LINES), ctx(5)))
+    assert len(batches) > 1
+    params = random_params(model, seed=7, scale=0.3)
+    start = Params({k: v.copy() for k, v in params.sparse.items()}, {})
+    dirty = {k: np.zeros(VOCAB, np.uint8) for k in params.sparse}
+    lr = 0.05
+    loss = sum(model.local_sgd(b, params, {EMB: lr, EMB_W: lr, EMB_B: lr}, dirty) for b in batches)
+    targets = [t for b in batches for t in window_targets(b)]
+    ref_loss, ref = window_reference(start, targets, lr=lr)
+    assert loss == pytest.approx(ref_loss, rel=1e-4)
+    for name in (EMB, EMB_W, EMB_B):
+        np.testing.assert_allclose(params.sparse[name], ref[name], rtol=1e-4, atol=1e-6)
+        changed = np.flatnonzero((params.sparse[name] != start.sparse[name]).any(axis=1))
+        assert set(changed.tolist()) <= set(np.flatnonzero(dirty[name]).tolist())  # every written row is dirty
+    assert set(np.flatnonzero(dirty[EMB]).tolist()) == {c for _, cs, _ in targets for c in cs}
+
+
+def test_window_batches_are_whole_targets_of_about_batch_size_pairs(dict_path: Path) -> None:
+    model = window_model(dict_path, batch_size=30, window=5, neg_num=5, dim=4)
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(0, VOCAB, 30)) for k in range(30)]
+    batches = list(model.batches(chunk(lines), ctx(4)))
+    for b in batches[:-1]:
+        assert 30 - 2 * 5 < b.examples <= 30 - 1 + 2 * 5
+    for b in batches:
+        d = b.data
+        emb_ids, w_ids = b.sparse_ids[EMB], b.sparse_ids[EMB_W]
+        np.testing.assert_array_equal(emb_ids[d.inv_context], d.context)
+        np.testing.assert_array_equal(w_ids[d.inv_target], d.target)
+        np.testing.assert_array_equal(w_ids[d.inv_negatives], d.negatives)
+        assert set(w_ids.tolist()) == set(d.target.tolist()) | set(d.negatives.ravel().tolist())
+        assert d.negatives.shape == (len(d.target), 5)  # K negatives per target, shared by its contexts
+        for name in (EMB, EMB_W, EMB_B):
+            assert len(b.sparse_ids[name]) <= model.max_batch_ids(name)
+
+
+def test_linear_schedule_reaches_the_floor_at_the_end_of_the_run(dict_path: Path) -> None:
+    """Two workers, two epochs: each worker's share of the run, chunk by chunk, ends at the floor."""
+    lines = [" ".join(str(x) for x in np.random.default_rng(k).integers(1, VOCAB, 12)) for k in range(100)]
+    # the corpus: 2400 tokens an epoch, of which this worker (one of two) reads its 1200
+    model = Word2Vec(dict_path=str(dict_path), dim=4, batch_size=50, epochs=2, epoch_tokens=2400, lr_floor=1e-3)
+    assert model.describe()["epoch_tokens_from"] == "epoch_tokens"
+    worker = WorkerContext(trainer_id=0, worker_id=1, num_trainers=1, num_workers=2, rng=np.random.default_rng(0))
+    factors = []
+    for _epoch in range(2):
+        for part in (lines[:50], lines[50:]):
+            factors += [model.lr_factor(b.data.progress) for b in model.batches(chunk(part), worker)]
+    assert 0.98 < factors[0] < 1.0  # one batch of ~50 pairs: ~10 of this worker's 2400 tokens
+    assert all(a >= b for a, b in zip(factors, factors[1:]))  # it only decays
+    assert factors[-1] == 1e-3  # the configured floor, reached at the end of the run
+    assert factors[len(factors) // 2] == pytest.approx(0.5, abs=0.05)
+    with pytest.raises(ConfigError, match="epochs"):
+        for part in (lines, lines):  # a third epoch the schedule does not span: 1.5x and beyond
+            for b in model.batches(chunk(part), worker):
+                model.lr_factor(b.data.progress)
+
+
+def test_linear_schedule_needs_geo_and_reads_the_prepared_token_count(dict_path: Path) -> None:
+    model = Word2Vec(dict_path=str(dict_path), dim=4)
+    assert model.epoch_tokens == sum(int(line.split()[1]) for line in dict_path.read_text().splitlines())
+    batch = first_batch(model, LINES)
+    with pytest.raises(ConfigError, match="geo"):
+        model.compute(batch, random_params(model), zero_grads(batch, model))
+    (dict_path.parent / "meta.json").write_text('{"tokens_after_downsampling": 12345}')
+    prepared = Word2Vec(dict_path=str(dict_path), dim=4)
+    assert (prepared.epoch_tokens, prepared.describe()["epoch_tokens_from"]) == (12345, str(dict_path.parent / "meta.json"))

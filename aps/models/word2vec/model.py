@@ -41,6 +41,7 @@ needs them, so the pickled model stays a handful of settings.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -51,31 +52,34 @@ from ...errors import ConfigError, DataError
 from ...specs import SGD, Constant, ExponentialDecay, SparseTable, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Model, Params, WorkerContext
 from ...trainer.reader import Chunk
-from . import kernels as K
+from . import batching as B
+from . import step as S
 
 EMB = "emb"
 EMB_W = "emb_w"
 EMB_B = "emb_b"
 
-NEGATIVES = ("batch", "pair")
+NEGATIVES = ("window", "pair", "batch")
+LR_SCHEDULES = ("linear", "exponential")
+#: default ``lr`` per sampling mode: the per-pair step is gensim's 0.025 in every one of them
+DEFAULT_LR = {"window": 0.025, "pair": 2.5, "batch": 1.0}
 
 _PARSE_ERRORS = {
-    K.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
-    K.PARSE_OUT_OF_RANGE: "is not a word id of the dictionary (id >= vocabulary size {vocab})",
+    B.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
+    B.PARSE_OUT_OF_RANGE: "is not a word id of the dictionary (id >= vocabulary size {vocab})",
 }
 
 
 class PairBatch(NamedTuple):
-    """``Batch.data`` of word2vec: where each pair's and negative's rows are, plus global ids.
+    """``Batch.data`` of the reference modes (``negatives="batch"`` / ``"pair"``).
 
     ``inv_centre[p]`` is the position of pair ``p``'s centre in ``batch.sparse_ids["emb"]``;
-    ``inv_context[p]`` and ``inv_negatives[k]`` are positions in ``batch.sparse_ids["emb_w"]``
-    (the same list as ``["emb_b"]``); with ``negatives="pair"``, ``inv_negatives`` and
-    ``negatives`` are ``[pairs, neg_num]`` and row ``p`` holds pair ``p``'s own negatives.
-    ``centre``/``context``/``negatives`` are the global ids (for inspection and tests; the
-    kernels use the positions). All are int32 views of per-chunk arrays, so a batch stays valid
-    after the next one is made. A NamedTuple because one is built per batch and tuple
-    construction is the cheapest.
+    ``inv_context[p]`` and ``inv_negatives`` are positions in ``batch.sparse_ids["emb_w"]`` (the
+    same list as ``["emb_b"]``): ``[neg_num]`` shared by the batch, or ``[pairs, neg_num]`` with
+    ``negatives="pair"``. ``centre`` / ``context`` / ``negatives`` are the global ids (for
+    inspection and tests; the kernels use the positions). ``progress`` is the fraction of the run
+    this worker will have trained at the end of the batch (the linear schedule's clock). All arrays
+    are views of per-chunk arrays, so a batch stays valid after the next one is made.
     """
 
     inv_centre: np.ndarray
@@ -84,6 +88,28 @@ class PairBatch(NamedTuple):
     centre: np.ndarray
     context: np.ndarray
     negatives: np.ndarray
+    progress: float
+
+
+class WindowBatch(NamedTuple):
+    """``Batch.data`` of ``negatives="window"``: whole targets with their contexts.
+
+    Target ``t`` of the batch is ``target[t]``; its contexts are
+    ``context[ctx_off[t] - ctx_off[0]:ctx_off[t + 1] - ctx_off[0]]`` and its ``neg_num``
+    negatives ``negatives[t]``, shared by those contexts. ``inv_*`` are the same in positions of
+    ``batch.sparse_ids`` (contexts in ``["emb"]``, targets and negatives in ``["emb_w"]``), used
+    by :meth:`Word2Vec.compute`; the geo step uses the global ids. ``progress`` as in
+    :class:`PairBatch`.
+    """
+
+    inv_context: np.ndarray
+    inv_target: np.ndarray
+    inv_negatives: np.ndarray
+    ctx_off: np.ndarray
+    context: np.ndarray
+    target: np.ndarray
+    negatives: np.ndarray
+    progress: float
 
 
 def count_lines(path: Path) -> int:
@@ -146,8 +172,29 @@ def _float(name: str, value: Any) -> float:
     return out
 
 
+def _fraction(name: str, value: Any) -> float:
+    out = _float(name, value)
+    if out >= 1.0:
+        raise ConfigError(f"word2vec {name} must be below 1, got {value!r}")
+    return out
+
+
+def epoch_tokens_of(dict_path: Path) -> tuple[int, str]:
+    """Tokens one epoch trains on, and where that number comes from: prepare_data.py's
+    ``meta.json`` beside the dictionary (tokens after its downsampling) when there is one, else
+    the dictionary's counts (a corpus trained as counted)."""
+    meta = dict_path.parent / "meta.json"
+    if meta.is_file():
+        try:
+            tokens = int(json.loads(meta.read_text())["tokens_after_downsampling"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"no 'tokens_after_downsampling' number in it ({exc})", str(meta), 1) from None
+        return tokens, str(meta)
+    return int(read_counts(dict_path).sum()), str(dict_path)
+
+
 class Word2Vec(Model):
-    """Skip-gram with shared (or per-pair) negatives; see the module docstring for the exact semantics.
+    """Skip-gram with negative sampling; see the module docstring for the exact semantics.
 
     Every argument has a default and accepts text (``--model-arg dim=300``).
     """
@@ -161,11 +208,15 @@ class Word2Vec(Model):
         window: int = 5,
         neg_num: int = 5,
         batch_size: int = 100,
-        lr: float = 1.0,
+        lr: float | None = None,
         decay_steps: int = 100_000,
         decay_rate: float = 0.999,
         seed: int = 0,
-        negatives: str = "batch",
+        negatives: str = "window",
+        lr_schedule: str = "linear",
+        lr_floor: float = 1e-4,
+        epochs: int = 1,
+        epoch_tokens: int = 0,
     ) -> None:
         path = Path(str(dict_path)).expanduser().resolve()
         if not path.is_file():
@@ -176,18 +227,30 @@ class Word2Vec(Model):
         self.vocab_size = count_lines(path)
         if self.vocab_size < 2:
             raise ConfigError(f"word2vec dictionary {path} has {self.vocab_size} lines; need <UNK> and words")
+        if negatives not in NEGATIVES:
+            raise ConfigError(f"word2vec negatives must be one of {', '.join(NEGATIVES)}, got {negatives!r}")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"word2vec lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}")
+        self.negatives = str(negatives)
+        self.lr_schedule = str(lr_schedule)
         self.dim = _int("dim", dim)
         self.window = _int("window", window)
         self.neg_num = _int("neg_num", neg_num)
         self.batch_size = _int("batch_size", batch_size)
-        self.lr = _float("lr", lr)
+        self.lr = DEFAULT_LR[self.negatives] if lr is None or lr == "" else _float("lr", lr)
         self.decay_steps = _int("decay_steps", decay_steps)
         self.decay_rate = _float("decay_rate", decay_rate)
+        self.lr_floor = _fraction("lr_floor", lr_floor)
+        self.epochs = _int("epochs", epochs)
         self.seed = _int("seed", seed, low=0)
-        if negatives not in NEGATIVES:
-            raise ConfigError(f"word2vec negatives must be one of {', '.join(NEGATIVES)}, got {negatives!r}")
-        self.negatives = str(negatives)
-        optimizer = SGD(self.lr, ExponentialDecay(self.decay_steps, self.decay_rate, staircase=True))
+        self.epoch_tokens = _int("epoch_tokens", epoch_tokens, low=0)
+        self.epoch_tokens_from = "epoch_tokens"
+        if self.epoch_tokens == 0:
+            self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path)
+        if self.lr_schedule == "linear":
+            optimizer = SGD(self.lr)  # the model scales it: see lr_factor
+        else:
+            optimizer = SGD(self.lr, ExponentialDecay(self.decay_steps, self.decay_rate, staircase=True))
         width = 0.5 / self.dim
         self._tables: tuple[SparseTable, ...] = (
             SparseTable(EMB, self.vocab_size, self.dim, Uniform(-width, width), optimizer, seed=self.seed),
@@ -205,22 +268,47 @@ class Word2Vec(Model):
         return self._by_name[name]
 
     def max_batch_ids(self, table: str) -> int:
-        """A batch reads at most one distinct centre per pair, and one context per pair plus the
-        negatives: ``neg_num`` shared ones, or ``neg_num`` per pair (never more than the vocabulary)."""
+        """Distinct rows a batch may read, never more than the vocabulary. Reference modes: one
+        centre per pair; one context per pair plus ``neg_num`` shared negatives, or ``neg_num``
+        per pair. Window mode: a batch is whole targets, at most ``batch_size - 1 + 2 * window``
+        pairs (contexts), and at most one target and ``neg_num`` negatives per pair."""
+        pairs = self.batch_size
+        if self.negatives == "window":
+            pairs = self.batch_size - 1 + 2 * self.window
         if table == EMB:
-            return min(self.batch_size, self.vocab_size)
+            return min(pairs, self.vocab_size)
         if table in (EMB_W, EMB_B):
-            if self.negatives == "pair":
-                return min(self.batch_size * (1 + self.neg_num), self.vocab_size)
-            return min(self.batch_size + self.neg_num, self.vocab_size)
+            if self.negatives == "batch":
+                return min(pairs + self.neg_num, self.vocab_size)
+            return min(pairs * (1 + self.neg_num), self.vocab_size)
         raise KeyError(table)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "model": self.name, "vocab": self.vocab_size, "dim": self.dim, "window": self.window,
-            "neg_num": self.neg_num, "batch_size": self.batch_size, "lr": self.lr,
-            "decay_steps": self.decay_steps, "decay_rate": self.decay_rate, "negatives": self.negatives,
+            "neg_num": self.neg_num, "batch_size": self.batch_size, "negatives": self.negatives, "lr": self.lr,
+            "lr_schedule": self.lr_schedule,
         }
+        if self.lr_schedule == "linear":
+            out.update(lr_floor=self.lr_floor, epochs=self.epochs, epoch_tokens=self.epoch_tokens,
+                       epoch_tokens_from=self.epoch_tokens_from)
+        else:
+            out.update(decay_steps=self.decay_steps, decay_rate=self.decay_rate)
+        return out
+
+    def lr_factor(self, progress: float) -> float:
+        """The linear schedule's factor at ``progress`` (fraction of the run trained):
+        word2vec.c's ``1 - progress``, never below ``lr_floor``; 1 for the exponential schedule,
+        whose decay the optimizer spec carries."""
+        if self.lr_schedule != "linear":
+            return 1.0
+        if progress > 1.5:
+            raise ConfigError(
+                f"word2vec lr_schedule=linear: this worker has trained {progress:.2f}x the run the schedule "
+                f"spans (epochs={self.epochs} x {self.epoch_tokens:,} tokens); pass --model-arg epochs=<--epochs> "
+                "and, if the corpus is not the dictionary's, epoch_tokens=N"
+            )
+        return max(self.lr_floor, 1.0 - progress)
 
     # ------------------------------------------------------------ data
 
@@ -237,8 +325,15 @@ class Word2Vec(Model):
         return negative_cdf(counts)
 
     def negative_guide(self) -> np.ndarray:
-        """Bucket index over :meth:`negative_cdf` for the per-pair sampler (built on first use)."""
-        return self.local("guide", lambda: K.negative_guide(self.negative_cdf()))
+        """Bucket index over :meth:`negative_cdf` for the sampler (built on first use)."""
+        return self.local("guide", lambda: B.negative_guide(self.negative_cdf()))
+
+    def draw_negatives(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` ids from the exact unigram^0.75 distribution (inverse CDF of float64 uniforms:
+        what word2vec.c's 1e8-entry table approximates)."""
+        out = np.empty(n, dtype=np.int32)
+        B.sample_cdf(self.negative_cdf(), self.negative_guide(), rng.random(n), out)
+        return out
 
     def parse(self, chunk: Chunk, ctx: WorkerContext) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and line offsets of a chunk; DataError(file, line) on a bad token."""
@@ -246,8 +341,8 @@ class Word2Vec(Model):
         ids = np.empty(buf.shape[0] // 2 + 1, dtype=np.int32)
         sent_off = np.empty(chunk.lines + 2, dtype=np.int64)
         info = np.zeros(8, dtype=np.int64)
-        K.parse_ids(buf, self.vocab_size, ctx.skip_bad_lines, ids, sent_off, info)
-        if info[0] != K.PARSE_OK:
+        B.parse_ids(buf, self.vocab_size, ctx.skip_bad_lines, ids, sent_off, info)
+        if info[0] != B.PARSE_OK:
             token = bytes(chunk.data[info[5] : info[6]]).decode("utf-8", "replace")
             message = _PARSE_ERRORS[int(info[0])].format(vocab=self.vocab_size)
             raise DataError(f"token {token[:40]!r} {message}", chunk.file, chunk.first_line + int(info[4]))
@@ -255,106 +350,149 @@ class Word2Vec(Model):
         return ids[: info[1]], sent_off[: info[2] + 1]
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        """Pairs of the chunk, ``batch_size`` at a time, with their shared (or per-pair) negatives."""
+        """The chunk's windows as batches of about ``batch_size`` pairs, with their negatives."""
         ids, sent_off = self.parse(chunk, ctx)
         nsent = sent_off.shape[0] - 1
         wins = ctx.rng.integers(1, self.window + 1, size=ids.shape[0], dtype=np.int32)
-        npairs = K.count_pairs(sent_off, nsent, wins)
+        ntgt, npairs = B.count_windows(sent_off, nsent, wins)
+        seen = self.local("tokens_seen", lambda: np.zeros(1, np.int64))
+        start = int(seen[0])
+        seen[0] += ids.shape[0]
         if npairs == 0:
             return
-        cen = np.empty(npairs, dtype=np.int32)
+        tgt = np.empty(ntgt, dtype=np.int32)
+        ctx_off = np.empty(ntgt + 1, dtype=np.int64)
         ctx_ids = np.empty(npairs, dtype=np.int32)
-        K.make_pairs(ids, sent_off, nsent, wins, cen, ctx_ids)
-        if self.negatives == "pair":
-            yield from self._pair_batches(cen, ctx_ids, ctx)
-            return
-        b = self.batch_size
-        nb = -(-npairs // b)
-        negs = sample_negatives(self.negative_cdf(), ctx.rng.random((nb, self.neg_num)))
-        mark = np.full(self.vocab_size, -1, dtype=np.int32)
-        uc = np.empty(npairs, dtype=np.int64)
-        uw = np.empty(npairs + nb * self.neg_num, dtype=np.int64)
-        uc_off = np.empty(nb + 1, dtype=np.int64)
-        uw_off = np.empty(nb + 1, dtype=np.int64)
-        inv_c = np.empty(npairs, dtype=np.int32)
-        inv_t = np.empty(npairs, dtype=np.int32)
-        inv_n = np.empty((nb, self.neg_num), dtype=np.int32)
-        K.index_batches(cen, ctx_ids, b, negs, mark, uc, uc_off, uw, uw_off, inv_c, inv_t, inv_n)
-        uc_off_l = uc_off.tolist()
-        uw_off_l = uw_off.tolist()
-        for i in range(nb):
-            p0 = i * b
-            p1 = min(npairs, p0 + b)
-            w_ids = uw[uw_off_l[i] : uw_off_l[i + 1]]
-            data = PairBatch(inv_c[p0:p1], inv_t[p0:p1], inv_n[i], cen[p0:p1], ctx_ids[p0:p1], negs[i])
-            yield Batch({EMB: uc[uc_off_l[i] : uc_off_l[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+        tok_before = np.empty(ntgt, dtype=np.int64)
+        B.make_windows(ids, sent_off, nsent, wins, tgt, ctx_off, ctx_ids, tok_before)
+        # the run's progress at each target's end, counted in tokens over every worker (each reads its share)
+        per_token = ctx.num_workers * ctx.num_trainers / (self.epoch_tokens * self.epochs)
+        done = (start + tok_before + 1) * per_token
+        done[-1] = (start + ids.shape[0]) * per_token  # the chunk's last batch covers its tail too
+        if self.negatives == "window":
+            yield from self._window_batches(tgt, ctx_off, ctx_ids, done, ctx)
+        else:
+            yield from self._pair_batches(tgt, ctx_off, ctx_ids, done, ctx)
 
-    def _pair_batches(self, cen: np.ndarray, ctx_ids: np.ndarray, ctx: WorkerContext) -> Iterator[Batch]:
-        """:meth:`batches` with ``neg_num`` negatives drawn for every pair."""
-        npairs = cen.shape[0]
-        b = self.batch_size
-        nb = -(-npairs // b)
+    def _index(self, inp: np.ndarray, in_b: np.ndarray, pos: np.ndarray, pos_b: np.ndarray, neg: np.ndarray,
+               neg_b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:func:`~.batching.index_batches` with its output arrays allocated here."""
+        nb = in_b.shape[0] - 1
+        mark = self.local("mark", lambda: np.full(self.vocab_size, -1, dtype=np.int32))
+        u_in = np.empty(inp.shape[0], dtype=np.int64)
+        u_out = np.empty(pos.shape[0] + neg.shape[0], dtype=np.int64)
+        u_in_off = np.empty(nb + 1, dtype=np.int64)
+        u_out_off = np.empty(nb + 1, dtype=np.int64)
+        inv_in = np.empty(inp.shape[0], dtype=np.int32)
+        inv_pos = np.empty(pos.shape[0], dtype=np.int32)
+        inv_neg = np.empty(neg.shape[0], dtype=np.int32)
+        B.index_batches(inp, in_b, pos, pos_b, neg, neg_b, mark, u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg)
+        return u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg
+
+    def _window_batches(self, tgt: np.ndarray, ctx_off: np.ndarray, ctx_ids: np.ndarray, done: np.ndarray,
+                        ctx: WorkerContext) -> Iterator[Batch]:
+        """Batches of whole targets (about ``batch_size`` pairs), ``neg_num`` negatives per target."""
         k = self.neg_num
-        negs = np.empty((npairs, k), dtype=np.int32)
-        K.sample_cdf(self.negative_cdf(), self.negative_guide(), ctx.rng.random(npairs * k), negs.reshape(-1))
-        mark = np.full(self.vocab_size, -1, dtype=np.int32)
-        uc = np.empty(npairs, dtype=np.int64)
-        uw = np.empty(npairs * (1 + k), dtype=np.int64)
-        uc_off = np.empty(nb + 1, dtype=np.int64)
-        uw_off = np.empty(nb + 1, dtype=np.int64)
-        inv_c = np.empty(npairs, dtype=np.int32)
-        inv_t = np.empty(npairs, dtype=np.int32)
-        inv_n = np.empty((npairs, k), dtype=np.int32)
-        K.index_batches_pair(cen, ctx_ids, b, negs, mark, uc, uc_off, uw, uw_off, inv_c, inv_t, inv_n)
-        uc_off_l = uc_off.tolist()
-        uw_off_l = uw_off.tolist()
+        tb = B.batch_bounds(ctx_off, self.batch_size)
+        negs = self.draw_negatives(tgt.shape[0] * k, ctx.rng)
+        pb = ctx_off[tb]
+        u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg = self._index(ctx_ids, pb, tgt, tb, negs, tb * k)
+        negs2 = negs.reshape(-1, k)
+        inv_neg2 = inv_neg.reshape(-1, k)
+        tb_l, pb_l, ui, uo = tb.tolist(), pb.tolist(), u_in_off.tolist(), u_out_off.tolist()
+        for i in range(tb.shape[0] - 1):
+            t0, t1, p0, p1 = tb_l[i], tb_l[i + 1], pb_l[i], pb_l[i + 1]
+            w_ids = u_out[uo[i] : uo[i + 1]]
+            data = WindowBatch(inv_in[p0:p1], inv_pos[t0:t1], inv_neg2[t0:t1], ctx_off[t0 : t1 + 1], ctx_ids[p0:p1],
+                               tgt[t0:t1], negs2[t0:t1], float(done[t1 - 1]))
+            yield Batch({EMB: u_in[ui[i] : ui[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+
+    def _pair_batches(self, tgt: np.ndarray, ctx_off: np.ndarray, ctx_ids: np.ndarray, done: np.ndarray,
+                      ctx: WorkerContext) -> Iterator[Batch]:
+        """The reference modes: ``batch_size`` consecutive (centre, context) pairs per batch, with
+        ``neg_num`` negatives shared by the batch or drawn for every pair."""
+        npairs = ctx_ids.shape[0]
+        k = self.neg_num
+        counts = np.diff(ctx_off)
+        cen = np.repeat(tgt, counts)
+        pb = np.append(np.arange(0, npairs, self.batch_size, dtype=np.int64), npairs)
+        nb = pb.shape[0] - 1
+        per_pair = self.negatives == "pair"
+        rows = npairs if per_pair else nb
+        negs = self.draw_negatives(rows * k, ctx.rng)
+        neg_b = pb * k if per_pair else np.arange(nb + 1, dtype=np.int64) * k
+        u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg = self._index(cen, pb, ctx_ids, pb, negs, neg_b)
+        negs2 = negs.reshape(rows, k)
+        inv_neg2 = inv_neg.reshape(rows, k)
+        last_target = np.searchsorted(ctx_off, pb[1:] - 1, side="right") - 1
+        pb_l, ui, uo = pb.tolist(), u_in_off.tolist(), u_out_off.tolist()
         for i in range(nb):
-            p0 = i * b
-            p1 = min(npairs, p0 + b)
-            w_ids = uw[uw_off_l[i] : uw_off_l[i + 1]]
-            data = PairBatch(inv_c[p0:p1], inv_t[p0:p1], inv_n[p0:p1], cen[p0:p1], ctx_ids[p0:p1], negs[p0:p1])
-            yield Batch({EMB: uc[uc_off_l[i] : uc_off_l[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+            p0, p1 = pb_l[i], pb_l[i + 1]
+            n0, n1 = (p0, p1) if per_pair else (i, i + 1)
+            neg_rows = negs2[n0:n1] if per_pair else negs2[i]
+            inv_rows = inv_neg2[n0:n1] if per_pair else inv_neg2[i]
+            w_ids = u_out[uo[i] : uo[i + 1]]
+            data = PairBatch(inv_in[p0:p1], inv_pos[p0:p1], inv_rows, cen[p0:p1], ctx_ids[p0:p1], neg_rows,
+                             float(done[last_target[i]]))
+            yield Batch({EMB: u_in[ui[i] : ui[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
 
     # ------------------------------------------------------------ compute
 
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
-        """Gradients of the batch-mean loss into ``grads``; returns the loss summed over pairs."""
-        d: PairBatch = batch.data
-        s = params.sparse
-        ids = batch.sparse_ids
-        e, w, b = self._scratch("gather")
-        kernel = K.batch_grad_pair if self.negatives == "pair" else K.batch_grad
-        return float(
-            kernel(
-                s[EMB], s[EMB_W], s[EMB_B], ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives,
-                e, w, b, grads.sparse[EMB], grads.sparse[EMB_W], grads.sparse[EMB_B],
+        """Gradients into ``grads`` (of the batch-mean loss in the reference modes, of the summed
+        loss in window mode); returns the loss summed over pairs.
+
+        The linear schedule runs in the model's local step, so it needs geo mode: in the modes
+        that push gradients the pservers apply ``lr`` (and only the exponential schedule)."""
+        if self.lr_schedule == "linear":
+            raise ConfigError(
+                "word2vec lr_schedule=linear runs in the workers' local SGD (geo mode only); "
+                "in sync/async/half_async pass --model-arg lr_schedule=exponential"
             )
-        )
+        d = batch.data
+        full = S.Tables(params.sparse[EMB], params.sparse[EMB_W], params.sparse[EMB_B])
+        g = S.Tables(grads.sparse[EMB], grads.sparse[EMB_W], grads.sparse[EMB_B])
+        ids = batch.sparse_ids
+        if isinstance(d, WindowBatch):
+            return float(S.window_grad(full, ids[EMB], ids[EMB_W], d.inv_context, d.ctx_off, d.inv_target,
+                                       d.inv_negatives.reshape(-1), self._scratch("gather"), g, self._window_scratch()))
+        return float(S.batch_grad(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
+                                  self.negatives == "pair", self._scratch("gather"), g))
 
     def local_sgd(
         self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]
     ) -> float:
-        """Geo's fused step: the :meth:`compute` gradient into per-process scratch, then SGD on
-        the shared replica and the dirty marks, all in one kernel call (Hogwild with the other
-        workers, like the reference's threads)."""
-        d: PairBatch = batch.data
+        """Geo's step, Hogwild with the other workers on the shared replica (like word2vec.c's
+        threads). Window mode updates the replica in place target by target with global ids (no
+        gathered copy, no gradient buffer); the reference modes compute the :meth:`compute`
+        gradient into per-process scratch, then apply SGD, in one kernel call. The learning
+        rates are the runtime's times :meth:`lr_factor` of the batch's progress."""
+        d = batch.data
         s = params.sparse
+        full = S.Tables(s[EMB], s[EMB_W], s[EMB_B])
+        f = self.lr_factor(d.progress)
+        lr = S.Rates(lrs[EMB] * f, lrs[EMB_W] * f, lrs[EMB_B] * f)
+        marks = S.Marks(dirty[EMB], dirty[EMB_W], dirty[EMB_B])
+        if isinstance(d, WindowBatch):
+            return float(S.window_sgd(full, d.context, d.ctx_off, d.target, d.negatives.reshape(-1), lr,
+                                      self._window_scratch(), marks))
         ids = batch.sparse_ids
-        e, w, b = self._scratch("gather")
-        g_e, g_w, g_b = self._scratch("grad")
-        kernel = K.local_step_pair if self.negatives == "pair" else K.local_step
-        return float(
-            kernel(
-                s[EMB], s[EMB_W], s[EMB_B], ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives,
-                lrs[EMB], lrs[EMB_W], lrs[EMB_B], e, w, b, g_e, g_w, g_b, dirty[EMB], dirty[EMB_W], dirty[EMB_B],
-            )
-        )
+        return float(S.local_step(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
+                                  self.negatives == "pair", lr, self._scratch("gather"), self._scratch("grad"), marks))
 
-    def _scratch(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _scratch(self, kind: str) -> S.Tables:
         """Row buffers for one batch (``gather``: its parameter rows, ``grad``: the fused step's
         gradients), allocated once per process at the largest batch size."""
-        return self.local(kind, lambda: (
+        return self.local(kind, lambda: S.Tables(
             np.zeros((self.max_batch_ids(EMB), self.dim), np.float32),
             np.zeros((self.max_batch_ids(EMB_W), self.dim), np.float32),
             np.zeros((self.max_batch_ids(EMB_B), 1), np.float32),
+        ))
+
+    def _window_scratch(self) -> S.WindowScratch:
+        """One target's buffers (window mode), allocated once per process."""
+        n = 2 * self.window
+        return self.local("window", lambda: S.WindowScratch(
+            np.zeros((n, 1 + self.neg_num), np.float32), np.zeros((n, self.dim), np.float32),
+            np.zeros(1 + self.neg_num, np.int64),
         ))
