@@ -1,0 +1,123 @@
+"""Protocol fuzzing against a real pserver process, with and without a token.
+
+Over 10k hostile frames per run, on hundreds of connections (bench/hostile.py draws them): random
+bytes, real request frames with bytes flipped in the header or the payload, frames cut short,
+headers promising bodies of up to 4 GiB, requests before the handshake, wrong AUTHs. Between
+bursts a well-behaved client must be served bit-exact, both on its long-lived connection and on
+a fresh one.
+
+Memory: the server's RSS (/proc/PID/status) is read after N and after 2N hostile frames, once
+the attack's connections are gone and their clients' linger time has passed (the server keeps a
+gone client's change tracking and replay entries for ``--client-linger`` seconds; this test sets
+1 s so that what is measured is what stays). Growth from N to 2N, less the bytes of any table a
+hostile CREATE_TABLE made, must stay under RSS_GROWTH_BOUND, a constant: memory that leaked per
+frame or per connection would pass it.
+
+The RNG seed is printed and named in every failure; ``APS_FUZZ_SEED=S`` replays a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import hostile  # the attack itself, shared with bench/fuzz_protocol.py
+
+pytestmark = pytest.mark.timeout(120)
+
+MIB = 1 << 20
+#: limits of the attacked server: small, so that bodies it buffers for huge-length headers stay
+#: small on a shared CI machine (bench/fuzz_protocol.py runs with the defaults)
+MAX_FRAME = 1 * MIB
+SERVER_LIMITS = (
+    "--max-frame", str(MAX_FRAME), "--max-connection-bytes", str(4 * MIB), "--max-inflight-bytes", str(32 * MIB),
+    "--max-table-bytes", str(1 * MIB), "--client-linger", "1",
+)
+LINGER = 1.0
+WARMUP_FRAMES = 3000  # before the first reading: allocator pools, caches, numba dispatch
+BURST_FRAMES = 2000
+BURSTS_PER_HALF = 2  # N = 4000 hostile frames between the two readings
+#: RSS growth allowed from N to 2N frames; measured growth is 0 to 2 MiB (allocator noise)
+RSS_GROWTH_BOUND = 8 * MIB
+CONCURRENCY = 32
+
+
+def fuzz_seed() -> int:
+    return int(os.environ.get("APS_FUZZ_SEED") or np.random.SeedSequence().entropy % (1 << 32))
+
+
+async def attack_and_measure(server: hostile.ServerProcess, token: str | None, seed: int) -> dict[str, object]:
+    rng = np.random.default_rng(seed)
+    attack = hostile.Attack("127.0.0.1", server.port, token, MAX_FRAME, sources=hostile.source_pool(rng, 400))
+    probe = await hostile.Probe(server.address, token, seed).open()
+    total = hostile.Tally()
+    readings: list[tuple[int, int]] = []  # (rss, table bytes) after the warm-up, N and 2N
+
+    async def fire(frames: int) -> None:
+        total.add(await hostile.burst(attack, rng, frames, CONCURRENCY))
+        assert server.alive(), f"the server died (exit status {server.proc.returncode}); log {server.log_path}"
+        await probe.check()
+
+    async def reading() -> None:
+        await probe.settle()
+        await asyncio.sleep(LINGER + 0.3)
+        state = await probe.settle()
+        readings.append((server.rss()[0], hostile.table_bytes(state)))
+
+    try:
+        await fire(WARMUP_FRAMES)
+        await reading()
+        for _half in range(2):
+            for _ in range(BURSTS_PER_HALF):
+                await fire(BURST_FRAMES)
+            await reading()
+    finally:
+        await probe.aclose()
+    return {"tally": total, "readings": readings, "checks": probe.checks}
+
+
+@pytest.mark.parametrize("token", [None, "fuzz-token-5f1c"], ids=["no_token", "token"])
+def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str | None) -> None:
+    seed = fuzz_seed()
+    print(f"fuzz seed {seed} (APS_FUZZ_SEED={seed} replays it)")
+    token_file = None
+    if token is not None:
+        token_file = tmp_path / "token"
+        token_file.write_text(token + "\n")
+    server = hostile.ServerProcess.start(tmp_path, *hostile.server_flags(token_file, tmp_path, *SERVER_LIMITS))
+    try:
+        try:
+            result = asyncio.run(attack_and_measure(server, token, seed))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} [fuzz seed {seed}]") from exc
+        tally: hostile.Tally = result["tally"]  # type: ignore[assignment]
+        (rss0, tables0), (rss1, tables1), (rss2, tables2) = result["readings"]  # type: ignore[misc]
+        where = f"[fuzz seed {seed}] {tally.as_dict()}"
+        assert tally.frames >= WARMUP_FRAMES + 2 * BURSTS_PER_HALF * BURST_FRAMES >= 10_000, where
+        assert tally.sessions >= 500 and result["checks"] == 1 + 2 * BURSTS_PER_HALF, where
+        assert set(tally.frames_by_kind) == set(hostile.FRAME_KINDS), where
+        openings = hostile.OPENINGS if token is not None else hostile.OPENINGS_NO_TOKEN
+        assert set(tally.sessions_by_opening) == set(openings), where
+        # refused the way docs/protocol.md says, never as a server bug, never served unauthenticated
+        assert tally.replies["error:INTERNAL"] == 0, where
+        assert tally.replies["error:BAD_REQUEST"] > 100 and tally.replies["error:AUTH_REQUIRED"] > 10, where
+        assert tally.unauthenticated_served == 0, where
+        if token is not None:
+            assert tally.replies["error:AUTH_FAILED"] > 10, where
+        # requests that got through reached the handlers and were answered
+        assert sum(n for key, n in tally.replies.items() if key.startswith("ok:") and key != "ok:HELLO") > 100, where
+        growth = (rss2 - rss1) - max(0, tables2 - tables1)
+        print(f"server RSS: {rss0 / MIB:.1f} MiB after the warm-up, {rss1 / MIB:.1f} after N, {rss2 / MIB:.1f} after 2N "
+              f"(N = {BURSTS_PER_HALF * BURST_FRAMES} frames); tables {tables0} -> {tables2} bytes")
+        assert growth < RSS_GROWTH_BOUND, f"RSS grew {growth / MIB:.1f} MiB from N to 2N frames {where}"
+        assert rss2 - rss0 - max(0, tables2 - tables0) < 2 * RSS_GROWTH_BOUND, where
+    finally:
+        status = server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "request failed" not in log, f"[fuzz seed {seed}] server log: {log[-3000:]}"
+    assert status == 0, f"[fuzz seed {seed}] the server exited with {status} on SIGTERM after the attack"
+
