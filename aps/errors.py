@@ -63,6 +63,7 @@ class ErrorCode(IntEnum):
     SHUTTING_DOWN = 10
     IO_ERROR = 11
     TOO_LARGE = 12
+    TRAINER_GONE = 13
 
 
 #: codes for which repeating the same request may succeed (the client retries these)

@@ -18,7 +18,8 @@ from .common import add_logging_flags, add_token_flags, cli_main, on_signals, to
 DESCRIPTION = """\
 Run one aps parameter server (pserver). It owns shard INDEX of every table, applies the
 optimizers, and exits by itself once every trainer has sent worker_done. SIGTERM or Ctrl-C stop
-it gracefully (stop accepting, finish in-flight requests, exit 0).
+it gracefully (stop accepting, finish in-flight requests, write a last checkpoint when
+--checkpoint-dir is set, exit 0).
 
 Settings come from flags or from the environment (flags win). Environment names: APS_HOST /
 POD_IP, APS_PORT / PADDLE_PORT, APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST (its position in
@@ -39,6 +40,8 @@ examples:
   aps-server --port 7165 --index 1 --servers 2 --trainers 2 --init-model model/epoch_3
   aps-server --port 7164 --trainers 2 --metrics-port 9164      # then: curl HOST:9164/metrics
   aps-server --port 0 --port-file ps.port --metrics-port 0 --metrics-port-file ps.metrics.port
+  aps-server --port 7164 --trainers 2 --checkpoint-dir ckpt --checkpoint-every 300 --keep-checkpoints 3
+  aps-server --port 7164 --trainers 2 --resume ckpt --checkpoint-every 300    # after a crash: same index
   aps-server --port 7164 --token-file ~/.aps-token --checkpoint-root /data/ckpt --tls-cert ps.pem --tls-key ps.key
 """
 
@@ -64,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
     parser.add_argument("--no-exit-when-done", action="store_true", help="keep serving after every trainer sent worker_done")
     parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
+    ck = parser.add_argument_group("checkpoints and restarts (see docs/operations.md)")
+    ck.add_argument("--checkpoint-dir", metavar="DIR", help="where this server writes its own checkpoints (default: the --resume DIR)")
+    ck.add_argument("--checkpoint-every", type=float, default=0.0, metavar="SECONDS", help="write this server's shard to --checkpoint-dir every SECONDS (default 0: off)")
+    ck.add_argument("--keep-checkpoints", type=int, default=ServerConfig.keep_checkpoints, metavar="K", help="keep the newest K of this server's own checkpoints (default 3)")
+    ck.add_argument("--resume", metavar="DIR", help="restart: load this shard from the newest complete checkpoint of it in DIR (refuses to start if there is none)")
     m = parser.add_argument_group("metrics")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT; 0 picks a free one (default: off)")
     m.add_argument("--metrics-host", metavar="HOST", help="address of the metrics endpoint (default: --host)")
@@ -74,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-connection-bytes", type=int, default=ServerConfig.max_connection_bytes, metavar="BYTES", help="bytes in flight per connection: declared bodies plus waiting requests (default 256 MiB)")
     lim.add_argument("--max-inflight-bytes", type=int, default=ServerConfig.max_inflight_bytes, metavar="BYTES", help="bytes in flight over all connections (default 1 GiB)")
     lim.add_argument("--max-table-bytes", type=int, default=ServerConfig.max_table_bytes, metavar="BYTES", help="largest table shard this server creates, values plus optimizer state (default 16 GiB)")
+    lim.add_argument("--trainer-timeout", type=float, default=ServerConfig.trainer_timeout, metavar="SECONDS", help="a trainer silent this long (no connection, no heartbeat) is gone: sync rounds and barriers stop waiting for it, naming it, and it counts as done (default 60)")
     lim.add_argument("--client-linger", type=float, default=ServerConfig.client_linger, metavar="SECONDS", help="keep a gone client's change tracking and replay entries this long (default 60)")
     add_logging_flags(parser)
     return parser
@@ -99,6 +108,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     token = token_from_args(args, own["token"], structlog.get_logger("aps.server").warning)  # type: ignore[arg-type]
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
+    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
+        raise ConfigError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
+    if args.resume is not None and not os.path.isdir(args.resume):
+        raise ConfigError(f"--resume {args.resume}: no such directory")
     if args.checkpoint_root is not None and not os.path.isdir(args.checkpoint_root):
         raise ConfigError(f"--checkpoint-root {args.checkpoint_root}: no such directory")
     return ServerConfig(
@@ -123,6 +136,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_inflight_bytes=args.max_inflight_bytes,
         max_table_bytes=args.max_table_bytes,
         client_linger=args.client_linger,
+        trainer_timeout=args.trainer_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        resume=args.resume,
     )
 
 
@@ -137,9 +155,9 @@ async def _amain(args: argparse.Namespace) -> int:
         os.replace(args.port_file + ".tmp", args.port_file)
 
     def stop(sig: signal.Signals) -> None:
-        log.info("signal received, stopping", signal=sig.name)
+        log.info("signal received, stopping", signal=sig.name, checkpoint=server.checkpoints is not None)
         server.exit_reason = f"signal {sig.name}"
-        server.request_close()
+        server.request_close(checkpoint=True)
 
     on_signals(stop)
     await server.wait_closed()

@@ -3,21 +3,28 @@
 Splits ids by owning shard and dense tensors by block, chunks anything larger than a frame,
 keeps many requests in flight on one connection per pserver, and retries with reconnect and
 backoff. Every call has one timeout budget covering all of its parts and retries.
+
+A lost pserver is retried for a time, not a count: a call that loses its connection (or is
+told the server is shutting down) reconnects with backoff until ``deadline`` seconds after its
+first failure, long enough by default for a pserver to be restarted (docs/operations.md). A
+trainer's client also sends a heartbeat ping every ``heartbeat`` seconds so that the pservers
+can tell a quiet trainer from a dead one (aps-server --trainer-timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 import os
+import ssl as _ssl
+import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import wire
-from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
+from ..errors import ConfigError, ConnectionLost, ErrorCode, RequestTimeout, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
@@ -26,6 +33,10 @@ from .link import Link
 T = TypeVar("T")
 #: bytes kept free in a frame for the header and small fields when sizing chunks
 _FRAME_SLACK = 4096
+#: longest wait between two reconnect attempts: a restarted pserver is found within this
+_MAX_BACKOFF = 1.0
+DEFAULT_DEADLINE = 120.0
+DEFAULT_HEARTBEAT = 5.0
 
 
 class PSClient:
@@ -42,6 +53,8 @@ class PSClient:
         trainer_id: int = -1,
         max_frame: int = wire.DEFAULT_MAX_FRAME,
         ssl: Any = None,
+        deadline: float = DEFAULT_DEADLINE,
+        heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -53,11 +66,16 @@ class PSClient:
                 raise ConfigError(f"pserver address must be host:port, got {address!r}")
         if retries < 0:
             raise ConfigError("retries must be >= 0")
+        for name, value in (("deadline", deadline), ("heartbeat", heartbeat)):
+            if not (value >= 0 and value < float("inf")):
+                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value}")
         self.addresses = list(addresses)
         self.token = token
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.deadline = deadline
+        self.heartbeat = heartbeat
         self.trainer_id = trainer_id
         self.max_frame = max_frame
         self.ssl = client_context(ssl)
@@ -67,6 +85,7 @@ class PSClient:
         self._next_request = 1
         self._specs: dict[str, TableSpec] = {}
         self._closed = False
+        self._heartbeat: asyncio.Task[None] | None = None
 
     @property
     def num_servers(self) -> int:
@@ -88,7 +107,23 @@ class PSClient:
                     f"pserver {link.address} says it is server {link.server_index} of {link.num_servers}, "
                     f"but it is number {k} of the {self.num_servers} addresses given: order or count is wrong"
                 )
+        if self.trainer_id >= 0 and self.heartbeat > 0 and self._heartbeat is None:
+            self._heartbeat = asyncio.ensure_future(self._heartbeats())
         return self
+
+    async def _heartbeats(self) -> None:
+        """Ping every open connection each ``heartbeat`` seconds, so the pservers keep this
+        trainer's lease while it computes. A ping that fails is not an error here: the link is
+        then closed, and the next real call reconnects (within ``deadline``) or fails loudly."""
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            links = [link for link in self._links if link is not None and not link.closed]
+            pings = [link.request(wire.Ping(), self._request_id()) for link in links]
+            try:
+                async with asyncio.timeout(self.heartbeat):
+                    await asyncio.gather(*pings, return_exceptions=True)
+            except TimeoutError:
+                pass  # a server too busy to answer in time still got the ping: its lease is renewed
 
     def __await__(self) -> Any:
         return self.open().__await__()
@@ -101,6 +136,10 @@ class PSClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
         for link in self._links:
             if link is not None:
                 link.close()
@@ -133,36 +172,64 @@ class PSClient:
         wedge every later call to this server on one shared, never-finishing connect."""
         try:
             async with asyncio.timeout(self.timeout):
-                return await Link.open(
+                link = await Link.open(
                     self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2),
                     ssl=self.ssl,
                 )
         except TimeoutError:
             raise ConnectionLost(f"pserver {self.addresses[k]} did not answer the handshake within {self.timeout} s") from None
+        if self._links[k] is not None and (link.server_index, link.num_servers) != (k, self.num_servers):
+            link.close()  # a reconnect found another server at this address: never mix shards
+            raise ConfigError(
+                f"pserver {link.address} now says it is server {link.server_index} of {link.num_servers}, "
+                f"but it was server {k} of {self.num_servers}: restart it with the same index"
+            )
+        return link
 
     async def _call(self, k: int, msg: wire.Message, flags: int = 0) -> wire.Message:
         """One request to server k, retried on lost connections and retriable server errors.
 
-        The request id stays the same across attempts, so the server drops a replayed push it
-        has already applied and answers with the first reply.
+        A lost connection, or a server that says it is shutting down, is retried (reconnecting
+        with backoff) until ``deadline`` seconds after the first failure; other retriable
+        refusals at most ``retries`` times. The request id stays the same across attempts, so
+        the server drops a replayed push it has already applied and answers with the first reply.
         """
         if self._closed:
             raise ConfigError("this client is closed")
         request_id = self._request_id()
-        for attempt in range(self.retries + 1):
+        loop = asyncio.get_running_loop()
+        attempt = refusals = 0
+        first_failure: float | None = None
+        while True:
             try:
                 link = self._links[k]
                 if link is None or link.closed:
                     link = await self._link(k)
                 return await link.request(msg, request_id, flags)
-            except ConnectionLost:
-                if attempt == self.retries:
-                    raise
+            except ConnectionLost as exc:
+                if isinstance(exc.__cause__, _ssl.SSLCertVerificationError):
+                    raise  # an untrusted certificate stays untrusted: no retry
+                error: ConnectionLost | ServerError = exc
             except ServerError as exc:
-                if not exc.retriable or attempt == self.retries:
+                if not exc.retriable:
                     raise
-            await asyncio.sleep(self.backoff * (2**attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+                if exc.code != ErrorCode.SHUTTING_DOWN:  # a refusal that may pass later, not a restart
+                    refusals += 1
+                    if refusals > self.retries:
+                        raise
+                error = exc
+            now = loop.time()
+            first_failure = now if first_failure is None else first_failure
+            waited = now - first_failure
+            if waited >= self.deadline:
+                if isinstance(error, ServerError):
+                    raise error
+                raise ConnectionLost(
+                    f"pserver {self.addresses[k]} still unreachable {waited:.1f} s after the connection was lost "
+                    f"(rpc deadline {self.deadline:g} s): {error}"
+                ) from (error.__cause__ or error)
+            await asyncio.sleep(min(self.backoff * 2**attempt, _MAX_BACKOFF, self.deadline - waited))
+            attempt += 1
 
     async def _budget(self, work: Awaitable[T], timeout: float | None | bool = True) -> T:
         """Run ``work`` under one timeout budget (the client's default unless given)."""
@@ -456,15 +523,20 @@ def connect(
     max_frame: int = wire.DEFAULT_MAX_FRAME,
     backoff: float = 0.1,
     ssl: Any = None,
+    deadline: float = DEFAULT_DEADLINE,
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> PSClient:
     """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
 
     Use as ``async with aps.connect([...]) as ps:`` or ``ps = await aps.connect([...])``.
     ``ssl``: None for plain TCP (the default), True for TLS verified against the system's CAs,
     or an :class:`ssl.SSLContext` (e.g. ``ssl.create_default_context(cafile="pserver.pem")``).
+    ``deadline``: seconds a lost pserver is retried (reconnecting) before a call fails, 0 for no
+    retry; ``retries``: how often other retriable refusals are; ``heartbeat``: seconds between
+    the pings a trainer's client (``trainer_id >= 0``) sends to keep its lease, 0 for none.
     """
     return PSClient(
         addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff,
-        ssl=ssl,
+        ssl=ssl, deadline=deadline, heartbeat=heartbeat,
     )
 

@@ -35,10 +35,10 @@ from urllib.parse import quote
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
 from ..specs import DenseTable, SparseTable, spec_from_dict, spec_to_dict
-from .tables import DenseShard, Shard, SparseShard
+from .tables import DenseShard, Shard, SparseShard, make_shard
 
 FORMAT = "aps-checkpoint"
 FORMAT_VERSION = 1
@@ -318,6 +318,36 @@ def _load_dense(spec: DenseTable, old: list[_OldShard], shard: int, num_shards: 
                     raise ConfigError(f"checkpoint {o.directory}: {spec.name!r} block {old_block.index} {name} is {array.dtype}{list(array.shape)}, expected {old_block.size} elements")
                 target[lo - block.start : hi - block.start] = array[lo - old_block.start : hi - old_block.start]
     return new
+
+
+def read_shard_manifest(directory: str | os.PathLike[str], shard: int, num_shards: int) -> dict[str, Any]:
+    """The manifest of one saved shard directory (ConfigError if missing, unreadable or another shard's).
+
+    A directory without a manifest is an unfinished save: the manifest is written last."""
+    return _read_manifest(Path(directory), shard, num_shards)
+
+
+def load_own_shard(directory: str | os.PathLike[str], shard: int, num_shards: int) -> tuple[dict[str, Shard], dict[str, Any]]:
+    """Server ``shard`` of ``num_shards``'s tables from its own saved shard directory alone
+    (``shard-k-of-n``, same cluster size): what a restarted pserver resumes from, without the
+    other servers' shards of that save. Returns ``(tables by name, extra)``."""
+    own = _OldShard(shard, Path(directory), _read_manifest(Path(directory), shard, num_shards))
+    tables: dict[str, Shard] = {}
+    for name, entry in own.manifest["tables"].items():
+        spec = spec_from_dict(entry["spec"])
+        if not isinstance(spec, (SparseTable, DenseTable)):
+            raise ConfigError(f"checkpoint {directory}: table {name!r} has an unknown spec {entry['spec']!r}")
+        table = make_shard(spec, shard, num_shards, initialise=False)
+        try:
+            if isinstance(table, SparseShard):
+                table.load_state({key: own.open(file) for key, file in entry["files"].items()}, int(entry["step"]))
+            else:
+                arrays = {f"b{b['index']}.{key}": own.open(file) for b in entry["blocks"] for key, file in b["files"].items()}
+                table.load_state(arrays, {int(b["index"]): int(b["step"]) for b in entry["blocks"]})
+        except ServerError as exc:
+            raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
+        tables[name] = table
+    return tables, own.manifest.get("extra", {})
 
 
 def load_shards(path: str | os.PathLike[str], shard: int, num_shards: int) -> tuple[dict[str, Shard], dict[str, Any]]:

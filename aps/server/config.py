@@ -68,6 +68,20 @@ class ServerConfig:
     #: seconds after a client's last connection closes before its change tracking and replay
     #: entries are dropped (its barrier arrivals and sync chunks are withdrawn at once)
     client_linger: float = 60.0
+    #: this server's own checkpoints (autosave.py): written here every ``checkpoint_every``
+    #: seconds (0: not periodically) and once on SIGTERM; the newest ``keep_checkpoints`` kept.
+    #: None: none (the default is ``resume`` when that is set). The operator's own directory,
+    #: not confined to ``checkpoint_root``.
+    checkpoint_dir: str | None = None
+    checkpoint_every: float = 0.0
+    keep_checkpoints: int = 3
+    #: start from the newest complete checkpoint of this shard in this directory (a restart);
+    #: refuses to start when there is none. Exclusive with ``init_model``.
+    resume: str | None = None
+    #: a trainer that has had no connection open to this server, or sent nothing (requests or
+    #: its client's heartbeats), for this many seconds is gone: barriers and sync rounds waiting
+    #: for it fail naming it, and it counts as done for the exit rule. 0: never.
+    trainer_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.server_index < self.num_servers:
@@ -79,3 +93,5 @@ class ServerConfig:
         if self.max_frame < 4096 or self.max_frame > 0xFFFFFFFF - HEADER_SIZE:
             raise ConfigError(f"max_frame must be in [4096, 4 GiB), got {self.max_frame}")
         check_metrics_options(self.metrics_port, self.metrics_port_file)
+        if self.resume is not None and self.init_model is not None:
+            raise ConfigError("resume and init_model exclude each other: resume restarts a shard, init_model starts a new job")

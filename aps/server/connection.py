@@ -42,7 +42,7 @@ class _FrameRefused(Exception):
 
 def check_limits(config: Any) -> None:
     """Refuse limits that contradict each other or the max frame (ConfigError names the option)."""
-    for name in ("handshake_timeout", "frame_timeout", "client_linger"):
+    for name in ("handshake_timeout", "frame_timeout", "client_linger", "trainer_timeout"):
         value = getattr(config, name)
         if not (value >= 0 and value < float("inf")):
             raise ConfigError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value}")
@@ -122,6 +122,8 @@ class ServerConnection(asyncio.Protocol):
             self._registered = False
             assert self.client_id is not None
             self.core.client_disconnected(self.client_id)
+            if 0 <= self.trainer_id < self.config.num_trainers:
+                self.core.leases.disconnected(self.trainer_id)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -245,6 +247,8 @@ class ServerConnection(asyncio.Protocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self.core.client_connected(self.client_id)
+        if 0 <= self.trainer_id < self.config.num_trainers:
+            self.core.leases.connected(self.trainer_id)
 
     # ----------------------------------------------------------------- requests
 

@@ -31,6 +31,7 @@ def _fail(waiters: list[asyncio.Future[Any]], error: BaseException) -> list[asyn
 @dataclass
 class _BarrierState:
     target: int
+    default: bool = False  # the count was the cluster's (live) trainers, not the caller's own
     arrived: dict[int, int] = field(default_factory=dict)  # client id -> value
     waiters: dict[int, list[asyncio.Future[int]]] = field(default_factory=dict)  # client id -> its requests
 
@@ -41,16 +42,23 @@ class Barriers:
     def __init__(self) -> None:
         self._pending: dict[str, _BarrierState] = {}
 
-    def arrive(self, name: str, client_id: int, target: int, value: int = 0) -> asyncio.Future[int]:
-        """Join barrier ``name``; the future resolves to the sum of every participant's value."""
+    def arrive(self, name: str, client_id: int, target: int, value: int = 0, default: bool = False) -> asyncio.Future[int]:
+        """Join barrier ``name``; the future resolves to the sum of every participant's value.
+        ``default``: ``target`` is the cluster's live trainers, which :meth:`retarget` may lower."""
         state = self._pending.get(name)
         if state is None:
-            state = self._pending[name] = _BarrierState(target)
+            state = self._pending[name] = _BarrierState(target, default)
+        elif default and state.default:
+            state.target = target  # the live trainers as of this arrival
         elif state.target != target:
             raise ServerError(ErrorCode.BAD_REQUEST, f"barrier {name!r} expects {state.target} participants, got {target}")
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         state.arrived[client_id] = value
         state.waiters.setdefault(client_id, []).append(waiter)
+        self._complete(name, state)
+        return waiter
+
+    def _complete(self, name: str, state: _BarrierState) -> None:
         if len(state.arrived) >= state.target:
             del self._pending[name]
             total = sum(state.arrived.values())
@@ -58,7 +66,13 @@ class Barriers:
                 for w in waiters:
                     if not w.done():
                         w.set_result(total)
-        return waiter
+
+    def retarget(self, target: int) -> None:
+        """Trainers are gone: barriers counted in live trainers now wait for ``target`` of them."""
+        for name, state in list(self._pending.items()):
+            if state.default:
+                state.target = target
+                self._complete(name, state)
 
     def withdraw(self, client_id: int, error: BaseException) -> list[asyncio.Future[Any]]:
         """Take back ``client_id``'s arrivals at every pending barrier; fail its waiters."""

@@ -24,10 +24,12 @@ from ..errors import ApsError, ConfigError, ErrorCode, ServerError
 from ..sharding import first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
-from .checkpoint import load_shards, save_shard
+from .autosave import latest_checkpoint
+from .checkpoint import load_own_shard, load_shards, save_shard
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
+from .liveness import TrainerLeases
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 
@@ -104,8 +106,14 @@ class ServerCore:
         #: pushes, creates, saves and loads wait here while a save or load runs off the loop
         self.gate = WriteGate()
         self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
+        self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
+        #: the shard directory this server resumed from (None: it did not): its shard may be
+        #: older than the others', which sync mode cannot accept
+        self.resumed: str | None = None
         if config.init_model:
             self._load(config.init_model)
+        elif config.resume:
+            self._resume(config.resume)
 
     # ----------------------------------------------------------------- dispatch
 
@@ -117,13 +125,60 @@ class ServerCore:
         handler = self._handlers.get(type(msg))
         if handler is None:
             raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {message_op(msg)} is not served after the handshake")
+        if 0 <= trainer_id < self.config.num_trainers:
+            self.leases.heard(trainer_id)
+        if flags & _SYNC:
+            self._sync_allowed()
         if type(msg) in _WRITES and self.gate.busy:
             return self.gate.after(lambda: handler(self, client_id, msg, flags))
         return handler(self, client_id, msg, flags)
 
+    def _sync_allowed(self) -> None:
+        """Sync mode needs every trainer and every shard from one state: refuse a sync push when
+        a trainer is gone or when this shard alone was rolled back to a checkpoint."""
+        if self.leases.gone:
+            raise self._gone_error("this sync push's round cannot complete")
+        if self.resumed is not None:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"server {self.config.server_index} resumed alone from {self.resumed}; sync mode needs every shard "
+                "from one save: restart every pserver with --init-model of one complete checkpoint",
+            )
+
+    def _gone_error(self, what: str) -> ServerError:
+        names = ", ".join(str(t) for t in sorted(self.leases.gone))
+        return ServerError(
+            ErrorCode.TRAINER_GONE,
+            f"trainer {names} is gone (nothing heard from it for over {self.leases.timeout:g} s, "
+            f"aps-server --trainer-timeout): {what}",
+        )
+
+    def _trainers_gone(self, trainers: list[int]) -> None:
+        """Leases expired: fail what waits for these trainers, count them as done for the exit rule."""
+        for trainer in trainers:
+            log.warning(
+                "trainer gone: no longer waiting for it", trainer=trainer, silent_seconds=round(self.leases.silent_for(trainer), 1),
+                timeout=self.leases.timeout, connections=self.leases.connections.get(trainer, 0),
+            )
+        self.sync_rounds.fail_all(self._gone_error("the sync round waiting for it failed"))
+        self.barriers.retarget(self._barrier_target())
+        self._maybe_all_done()
+
+    def _barrier_target(self) -> int:
+        """Participants of a default-count barrier: the trainers that are not gone."""
+        return max(1, self.config.num_trainers - len(self.leases.gone))
+
+    def _maybe_all_done(self) -> None:
+        finished = self.done_trainers | self.leases.gone
+        if len(finished) >= self.config.num_trainers and self.config.exit_when_done:
+            if self.leases.gone:
+                log.warning("every trainer is done or gone", done=sorted(self.done_trainers), gone=sorted(self.leases.gone))
+            asyncio.get_running_loop().call_soon(self._on_all_done)
+
     def fail_waiters(self, error: BaseException) -> None:
         """The server is stopping: fail every waiting request (and keep nothing for later)."""
         self._stopping = True
+        self.leases.stop()
         self.barriers.fail_all(error)
         self.sync_rounds.fail_all(error)
         for timer in self._forget_timers.values():
@@ -342,9 +397,11 @@ class ServerCore:
         shard = self._sparse(msg.table)
         key = (client_id, msg.table)
         local = self._changed_leftover.pop(key, None)
+        new_client = not shard.is_tracked(client_id)
         fresh = shard.changed(client_id)
-        if self._forgotten.pop(key, False):
-            # its change tracking was dropped while it was away: any row may have changed
+        if self._forgotten.pop(key, False) or (new_client and self.resumed is not None):
+            # its change tracking was dropped while it was away, or this shard was rolled back to
+            # a checkpoint under it (a resumed server): any row may have changed
             fresh = np.arange(shard.local_rows, dtype=np.int64)
         local = fresh if local is None else np.union1d(local, fresh)
         # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more"
@@ -406,8 +463,7 @@ class ServerCore:
     # ----------------------------------------------------------------- coordination
 
     def _barrier(self, client_id: int, msg: wire.Barrier, flags: int) -> Reply:
-        target = msg.count or self.config.num_trainers
-        done = self.barriers.arrive(msg.name, client_id, target, msg.value)
+        done = self.barriers.arrive(msg.name, client_id, msg.count or self._barrier_target(), msg.value, default=not msg.count)
 
         async def reply() -> wire.Message:
             return wire.BarrierReply(total=await done)
@@ -433,8 +489,7 @@ class ServerCore:
             )
         self.done_trainers.add(msg.trainer_id)
         log.info("worker done", trainer=msg.trainer_id, done=len(self.done_trainers), of=self.config.num_trainers)
-        if len(self.done_trainers) >= self.config.num_trainers and self.config.exit_when_done:
-            asyncio.get_running_loop().call_soon(self._on_all_done)
+        self._maybe_all_done()
         return wire.Ok(op=wire.Op.WORKER_DONE)
 
     def _ping(self, client_id: int, msg: wire.Ping, flags: int) -> wire.Message:
@@ -510,6 +565,24 @@ class ServerCore:
         """Load at start (``init_model``, ``resume``), before anything is served."""
         shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
         self._install(path, shards, extra)
+
+    def _resume(self, directory: str) -> None:
+        """Load this shard alone from the newest complete checkpoint of it in ``directory``."""
+        index, servers = self.config.server_index, self.config.num_servers
+        found = latest_checkpoint(directory, index, servers)
+        if found is None:
+            raise ConfigError(
+                f"resume: no complete checkpoint of shard {index} of {servers} in {directory} "
+                "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
+            )
+        path, manifest = found
+        shards, extra = load_own_shard(path, index, servers)
+        self._install(str(path), shards, extra)
+        self.resumed = str(path)
+        log.warning(
+            "resumed: this shard is rolled back to its checkpoint", path=str(path), save_id=manifest.get("save_id"),
+            written_at=manifest.get("written_at_iso"), age_seconds=round(time.time() - float(manifest.get("written_at", 0)), 1),
+        )
 
     def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
         self.tables = dict(shards)

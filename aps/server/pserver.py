@@ -19,6 +19,7 @@ from ..telemetry import MetricsEndpoint, server_registry
 from ..tls import server_context
 from .config import ServerConfig
 from .connection import ServerConnection, check_limits
+from .autosave import AutoCheckpoints
 from .core import ServerCore
 from .throttle import AuthThrottle
 from .warmup import warm_up_kernels
@@ -48,6 +49,11 @@ class PServer:
         #: embedding application can expose it itself even without ``metrics_port``
         self.registry = server_registry(self.core)
         self.metrics: MetricsEndpoint | None = None
+        directory = config.checkpoint_dir or config.resume
+        self.checkpoints = (
+            AutoCheckpoints(self.core, directory, config.checkpoint_every, config.keep_checkpoints) if directory else None
+        )
+        self._final_checkpoint = False
         try:
             self.auth_throttle = AuthThrottle(
                 config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent
@@ -81,6 +87,9 @@ class PServer:
             raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}") from exc
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        self.core.leases.start(heard_all=self.core.resumed is not None)
+        if self.checkpoints is not None:
+            self.checkpoints.start()
         if self.config.metrics_port is not None:
             endpoint = MetricsEndpoint(
                 self.registry,
@@ -113,8 +122,12 @@ class PServer:
         self.exit_reason = "all trainers sent worker_done"
         self.request_close()
 
-    def request_close(self) -> None:
-        """Begin a graceful shutdown without waiting for it (safe from callbacks and signal handlers)."""
+    def request_close(self, checkpoint: bool = False) -> None:
+        """Begin a graceful shutdown without waiting for it (safe from callbacks and signal handlers).
+
+        ``checkpoint``: write one last checkpoint to ``checkpoint_dir`` once the requests in flight
+        are done and before the connections close (what SIGTERM asks for)."""
+        self._final_checkpoint = self._final_checkpoint or checkpoint
         if self._close_task is None:
             self._close_task = asyncio.ensure_future(self._shutdown())
 
@@ -134,6 +147,15 @@ class PServer:
             _, pending = await asyncio.wait(set(self.inflight), timeout=self.config.drain_timeout)
             for task in pending:
                 task.cancel()
+        if self.checkpoints is not None:
+            await self.checkpoints.stop()  # a periodic save being written finishes first
+            if self._final_checkpoint:
+                # new requests are refused (closing) and those in flight are done: the last
+                # checkpoint holds every push this server acknowledged
+                try:
+                    await self.checkpoints.save_now("shutdown")
+                except Exception as exc:  # still stop; the operator reads why there is no checkpoint
+                    log.error("checkpoint at shutdown failed", error=str(exc))
         # let the replies already written reach the socket before closing it
         for conn in list(self.connections):
             conn.close()

@@ -178,6 +178,9 @@ class SparseShard:
         bitmap[ids] = False
         return ids
 
+    def is_tracked(self, client_id: int) -> bool:
+        return int(client_id) in self._dirty
+
     def untrack(self, client_id: int) -> bool:
         """Stop recording changes for ``client_id`` (it went away); True if it was tracked."""
         return self._dirty.pop(int(client_id), None) is not None

@@ -24,7 +24,7 @@ SPARSE = aps.SparseTable("emb", rows=1000, dim=8, init=aps.Uniform(-0.1, 0.1), o
 DENSE = aps.DenseTable("fc", shape=(100, 250), init=aps.Normal(0.0, 0.05), optimizer=aps.SGD(lr=0.25))
 WIDE = aps.SparseTable("wide", rows=5000, dim=64, init=aps.Normal(0, 0.1), optimizer=aps.Adam(lr=0.01))
 BIG_DENSE = aps.DenseTable("big", shape=(60, 700), init=aps.Uniform(-1, 1), optimizer=aps.Adagrad(lr=0.1))
-FAST = dict(retries=2, backoff=0.01)
+FAST = dict(retries=2, backoff=0.01, deadline=0.3)
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,0 +1,122 @@
+"""A pserver's own checkpoints: periodic, on SIGTERM, the last K kept, the newest resumed.
+
+Each pserver writes only its own shard, under ``DIR/auto-<milliseconds>-shard-<k>-of-<n>/``
+(the usual checkpoint layout with one shard in it), so servers that share a directory never
+touch each other's files and a restarted server finds its own newest copy by name. These are
+not whole-cluster checkpoints: every server saves on its own clock, with its own save id, so
+``--init-model`` refuses a mix of them; what reads them is ``--resume``, which loads one shard.
+
+Why one shard alone is enough to resume: in async and geo modes the other shards keep training
+while one restarts; the restarted shard rolls back to its last checkpoint and loses at most the
+updates applied to it since (docs/operations.md, "Restarting a pserver"). Sync mode needs every
+shard from one save, so a resumed pserver refuses sync pushes (core.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ..errors import ConfigError
+from .checkpoint import read_shard_manifest, shard_dir_name
+
+if TYPE_CHECKING:
+    from .core import ServerCore
+
+log = structlog.get_logger("aps.server")
+
+_AUTO_RE = re.compile(r"^auto-(\d{13})-(shard-\d{5}-of-\d{5})$")
+
+
+def latest_checkpoint(directory: str | Path, shard: int, num_shards: int) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete copy of shard ``shard`` of ``num_shards`` in ``directory``: its own
+    periodic checkpoints and whole-cluster saves (``DIR/epoch_3/shard-...``) alike, ranked by the
+    time their manifest was written. A shard directory without a readable manifest (a save that
+    was killed) is skipped. Returns ``(shard directory, manifest)`` or None."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"checkpoint directory {root} does not exist")
+    name = shard_dir_name(shard, num_shards)
+    best: tuple[float, Path, dict[str, Any]] | None = None
+    for parent in [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]:
+        candidate = parent / name
+        if not candidate.is_dir():
+            continue
+        try:
+            manifest = read_shard_manifest(candidate, shard, num_shards)
+        except ConfigError as exc:
+            log.warning("skipping an incomplete checkpoint", path=str(candidate), reason=str(exc))
+            continue
+        written = float(manifest.get("written_at", 0.0))
+        if best is None or written > best[0]:
+            best = (written, candidate, manifest)
+    return None if best is None else (best[1], best[2])
+
+
+class AutoCheckpoints:
+    """Writes this server's shard to ``directory`` every ``every`` seconds (0: only on demand)
+    and keeps the newest ``keep`` of its own periodic checkpoints there."""
+
+    def __init__(self, core: ServerCore, directory: str, every: float, keep: int) -> None:
+        if keep < 1:
+            raise ConfigError(f"keep_checkpoints must be >= 1, got {keep}")
+        if not every >= 0 or every == float("inf"):
+            raise ConfigError(f"checkpoint_every must be a number of seconds >= 0 (0: off), got {every}")
+        self.core = core
+        self.directory = Path(directory)
+        self.every = every
+        self.keep = keep
+        self.shard = shard_dir_name(core.config.server_index, core.config.num_servers)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.every > 0:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        """Stop the periodic saves, letting one that is being written finish."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.every)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.save_now("periodic")
+            except Exception as exc:  # a full disk must not stop the server; it is logged each time
+                log.error("periodic checkpoint failed", directory=str(self.directory), error=str(exc))
+
+    async def save_now(self, reason: str) -> Path | None:
+        """Write a checkpoint now (after the writes already queued); None when there are no tables."""
+        if not self.core.tables:
+            return None
+        path = self.directory / f"auto-{int(time.time() * 1000):013d}-{self.shard}"
+        save_id = f"{path.name}-{uuid.uuid4().hex[:8]}"
+        core = self.core
+        await core.gate.after(lambda: core.exclusive(lambda: core.write_checkpoint(str(path), save_id)))
+        log.info("checkpoint written", reason=reason, path=str(path), seconds=round(core.stats.last_save_seconds, 3))
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        """Delete this server's periodic checkpoints beyond the newest ``keep`` complete ones,
+        and its leftovers of saves that were killed (no complete shard inside)."""
+        mine = sorted(p for p in self.directory.iterdir() if (m := _AUTO_RE.match(p.name)) and m.group(2) == self.shard)
+        complete = [p for p in mine if (p / self.shard / "manifest.json").is_file()]
+        doomed = set(complete[: -self.keep]) | (set(mine) - set(complete))
+        for path in sorted(doomed):
+            shutil.rmtree(path, ignore_errors=True)
