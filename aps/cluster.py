@@ -1,20 +1,26 @@
 """Who is in the cluster and who am I: from CLI flags or environment variables.
 
 Both aps's own variables and PaddlePaddle's names are read, so launch scripts written for Fleet
-keep working. Environment is read only when :func:`cluster_from_env` is called, never at import.
+keep working: the Fleet names (``TRAINING_ROLE``, ``PADDLE_PSERVERS_IP_PORT_LIST``, ...) and the
+older transpiler contract (``PADDLE_TRAINING_ROLE``, ``PADDLE_PSERVER_IPS`` + one
+``PADDLE_PSERVER_PORT`` shared by every pserver, ``PADDLE_TRAINERS``, ``PADDLE_CURRENT_IP``).
+Where several are set, the first column wins, then the second, then the third. Environment is
+read only when :func:`cluster_from_env` is called, never at import.
 
-==========================  ===============================  ==========================================
-aps                         Paddle                           meaning
-==========================  ===============================  ==========================================
-APS_ROLE                    TRAINING_ROLE                    ``pserver`` or ``trainer`` (PSERVER/TRAINER)
-APS_PSERVERS                PADDLE_PSERVERS_IP_PORT_LIST     comma-separated host:port of every pserver
-APS_HOST                    POD_IP                           this pserver's host
-APS_PORT                    PADDLE_PORT                      this pserver's port
-APS_SERVER_INDEX            (position of POD_IP:PORT)        this pserver's index
-APS_TRAINERS                PADDLE_TRAINERS_NUM              number of trainers
-APS_TRAINER_ID              PADDLE_TRAINER_ID                this trainer's index
-APS_TOKEN                   -                                shared secret for the handshake
-==========================  ===============================  ==========================================
+==================  ============================  ===========================  ===============================
+aps                 Paddle (Fleet)                Paddle (older)               meaning
+==================  ============================  ===========================  ===============================
+APS_ROLE            TRAINING_ROLE                 PADDLE_TRAINING_ROLE         ``pserver`` or ``trainer``
+APS_PSERVERS        PADDLE_PSERVERS_IP_PORT_LIST  PADDLE_PSERVER_IPS + PORT    host:port of every pserver
+APS_HOST            POD_IP                        PADDLE_CURRENT_IP            this pserver's host
+APS_PORT            PADDLE_PORT                   PADDLE_PSERVER_PORT          this pserver's port
+APS_SERVER_INDEX    (position of POD_IP:PORT)     (position of the IP)         this pserver's index
+APS_TRAINERS        PADDLE_TRAINERS_NUM           PADDLE_TRAINERS              number of trainers
+APS_TRAINER_ID      PADDLE_TRAINER_ID             PADDLE_TRAINER_ID            this trainer's index
+APS_TOKEN           -                             -                            shared secret for the handshake
+==================  ============================  ===========================  ===============================
+
+Role values are case-insensitive: ``PSERVER`` / ``TRAINER`` as Paddle writes them.
 """
 
 from __future__ import annotations
@@ -26,15 +32,22 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ENV_NAMES: dict[str, tuple[str, ...]] = {
-    "role": ("APS_ROLE", "TRAINING_ROLE"),
+    "role": ("APS_ROLE", "TRAINING_ROLE", "PADDLE_TRAINING_ROLE"),
     "pservers": ("APS_PSERVERS", "PADDLE_PSERVERS_IP_PORT_LIST"),
-    "host": ("APS_HOST", "POD_IP"),
-    "port": ("APS_PORT", "PADDLE_PORT"),
+    "host": ("APS_HOST", "POD_IP", "PADDLE_CURRENT_IP"),
+    "port": ("APS_PORT", "PADDLE_PORT", "PADDLE_PSERVER_PORT"),
     "server_index": ("APS_SERVER_INDEX",),
-    "trainers": ("APS_TRAINERS", "PADDLE_TRAINERS_NUM"),
+    "trainers": ("APS_TRAINERS", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINERS"),
     "trainer_id": ("APS_TRAINER_ID", "PADDLE_TRAINER_ID"),
     "token": ("APS_TOKEN",),
 }
+
+#: what aps-local tells a user's script (read by aps.fleet): where a pserver writes its bound
+#: port once it listens, where a trainer appends its metrics records, and its metrics port
+PORT_FILE_ENV, METRICS_FILE_ENV, METRICS_PORT_ENV = "APS_PORT_FILE", "APS_METRICS_FILE", "APS_METRICS_PORT"
+
+#: the older contract's pserver list: these IPs, each with the one port below
+OLD_PSERVER_IPS, OLD_PSERVER_PORT = "PADDLE_PSERVER_IPS", "PADDLE_PSERVER_PORT"
 
 
 def env_value(key: str, env: Mapping[str, str] | None = None) -> str | None:
@@ -88,9 +101,28 @@ def _int(value: str | None, what: str, default: int | None = None) -> int | None
         raise ConfigError(f"{what} must be an integer, got {value!r}") from None
 
 
+def pservers_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """The pserver list: APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST, else the older
+    PADDLE_PSERVER_IPS (comma-separated hosts) with the PADDLE_PSERVER_PORT they all listen on."""
+    env = os.environ if env is None else env
+    listed = env_value("pservers", env)
+    if listed:
+        return parse_addresses(listed)
+    ips = [ip.strip() for ip in (env.get(OLD_PSERVER_IPS) or "").split(",") if ip.strip()]
+    if not ips:
+        return []
+    port = env.get(OLD_PSERVER_PORT)
+    if not port:
+        raise ConfigError(f"{OLD_PSERVER_IPS} is set but {OLD_PSERVER_PORT} is not: the pservers' port is missing")
+    if len(set(ips)) != len(ips):
+        raise ConfigError(f"{OLD_PSERVER_IPS} names a host twice ({env[OLD_PSERVER_IPS]}), but every pserver "
+                          f"listens on the one {OLD_PSERVER_PORT}: give each pserver its own address")
+    return parse_addresses(",".join(f"{ip}:{port.strip()}" for ip in ips))
+
+
 def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[ClusterSpec, dict[str, object]]:
     """Cluster spec plus this process's own settings (role, host, port, indexes, token) from env."""
-    pservers = parse_addresses(env_value("pservers", env) or "")
+    pservers = pservers_from_env(env)
     trainers = _int(env_value("trainers", env), "number of trainers", 1)
     assert trainers is not None
     role = (env_value("role", env) or "").lower() or None

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV
 from .common import TOKEN_ON_ARGV, read_token_file, run_main
 from .local_display import Board, epoch_cells
 from .local_roles import Role, child_setup, describe_exit, group_alive, last_lines, signal_group
@@ -70,6 +71,15 @@ or inherited: the token reaches the children only through their environment, nev
 
 Trainer options: every option aps-local does not know, and everything after `--`, is passed
 unchanged to every trainer. Put trainer options whose names clash with aps-local's after `--`.
+
+Your own script in every role: when what follows `--` is a command rather than options
+(`aps-local 1x2 -- python train.py ARGS`, or just `-- train.py ARGS`), that command runs as every
+pserver and every trainer, with no arguments added (a leading `python` is the interpreter that
+runs aps-local, so the script imports the same aps): the role comes from the environment above,
+which aps.fleet reads (fleet.init, fleet.is_server, ...). A pserver counts as started once
+fleet.run_server listens (it writes its port to APS_PORT_FILE); a trainer's metrics records go to
+APS_METRICS_FILE (LOG_DIR/trainer.K.metrics.jsonl) for the summary. --mode, --trainer-cmd and
+--server-args do not apply there: the script's DistributedStrategy picks the mode.
 
 Logs: stdout+stderr of each role go to LOG_DIR/pserver.K.log and LOG_DIR/trainer.K.log
 (overwritten on each run). On a terminal one status line is rewritten in place (state of each role,
@@ -104,6 +114,7 @@ examples:
   aps-local 1x4 --mode async --model ctr_dnn --data data/ctr/train --log-dir /tmp/ctr-logs
   aps-local 2x2 --token-file ~/.aps-token --server-args "--max-frame 16777216" --timeout 600 -- --epochs 3
   aps-local 2x2 --trainer-cmd "python my_trainer.py" -- --lr 0.1   # custom trainer program
+  aps-local 1x2 -- python train.py --epochs 2                     # your fleet script in every role
 """
 
 
@@ -131,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aps-local", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="aps-local NxM [options] [trainer options] [-- trainer options]",
+        usage="aps-local NxM [options] [trainer options] [-- trainer options | -- python script.py ARGS]",
     )
     add = parser.add_argument
     add("layout", type=parse_layout, metavar="NxM", help="N pservers and M trainers, e.g. 2x2")
@@ -170,6 +181,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, after = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
     opts, unknown = parser.parse_known_args(argv)
+    opts.script_argv = None
+    if after and not after[0].startswith("-"):  # `-- python train.py ...`: the user's script in every role
+        clash = [flag for flag, given in (("--mode", opts.mode), ("--trainer-cmd", opts.trainer_cmd),
+                                          ("--server-args", opts.server_args)) if given]
+        if clash:
+            parser.error(f"{clash[0]} does not apply to a script run in every role (its DistributedStrategy "
+                         "picks the mode; pass the script's own options after it)")
+        if unknown:
+            parser.error(f"unknown option {unknown[0]}: a script run in every role takes its own options after it")
+        opts.script_argv, after = script_command(after), []
     opts.server_argv = shlex.split(opts.server_args)
     opts.trainer_argv = shlex.split(opts.trainer_cmd) if opts.trainer_cmd is not None else None
     if opts.trainer_argv == []:
@@ -203,6 +224,26 @@ def program(name: str, module: str) -> list[str] | None:
     if importlib.util.find_spec(module) is not None:
         return [sys.executable, "-m", module]
     return None
+
+
+def script_env(file_var: str, path: Path, metrics_port: int | None) -> dict[str, str]:
+    """What a user's script learns from aps-local beyond the cluster (read by aps.fleet): where
+    to write its port (pserver) or its metrics records (trainer), and its metrics port."""
+    env = {file_var: str(path)}
+    if metrics_port is not None:
+        env[METRICS_PORT_ENV] = str(metrics_port)
+    return env
+
+
+def script_command(argv: list[str]) -> list[str]:
+    """A script run in every role. ``train.py ARGS`` and ``python train.py ARGS`` (or
+    ``python3``) run with the interpreter running aps-local, so the script imports the same aps
+    whatever ``python`` is first on PATH; any other command runs as given."""
+    if argv[0].endswith(".py"):
+        return [sys.executable, *argv]
+    if argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    return argv
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -258,15 +299,20 @@ class Launcher:
                       APS_TRAINERS=str(num_trainers), PADDLE_TRAINERS_NUM=str(num_trainers))
         if self.opts.token is not None:
             common["APS_TOKEN"] = self.opts.token
+        script = self.opts.script_argv
         for k, port in enumerate(ports):
             env = {n: v for n, v in common.items() if n not in ("APS_TRAINER_ID", "PADDLE_TRAINER_ID")}
             env.update(APS_ROLE="pserver", TRAINING_ROLE="PSERVER", APS_HOST="127.0.0.1", APS_PORT=str(port),
                        PADDLE_PORT=str(port), APS_SERVER_INDEX=str(k))
             port_file = port_dir / f"pserver.{k}.port"
             metrics_port = self._metrics_port(k)
-            argv = [*server_cmd, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
-                    "--trainers", str(num_trainers), "--port-file", str(port_file),
-                    *self._metrics_port_flag(metrics_port), *self.opts.server_argv]
+            if script is not None:  # the user's script in the pserver role: everything by environment
+                env.update(script_env(PORT_FILE_ENV, port_file, metrics_port))
+                argv = list(script)
+            else:
+                argv = [*server_cmd, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
+                        "--trainers", str(num_trainers), "--port-file", str(port_file),
+                        *self._metrics_port_flag(metrics_port), *self.opts.server_argv]
             self.servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
                                      metrics_port=metrics_port))
         mode = ["--mode", self.opts.mode] if self.opts.mode else []
@@ -279,9 +325,13 @@ class Launcher:
             # file is named here; a --trainer-cmd program may not know the flag, so it is not given one.
             ours = user_metrics is None and self.opts.trainer_argv is None
             metrics = Path(user_metrics) if user_metrics is not None else log_dir / f"trainer.{i}.metrics.jsonl"
-            argv = [*trainer_cmd, "--pservers", pservers, "--trainers", str(num_trainers), "--trainer-id", str(i),
-                    *mode, *(["--metrics", str(metrics)] if ours else []), *self._metrics_port_flag(metrics_port),
-                    *self.trainer_args]
+            if script is not None:  # fleet.init_worker reads both from the environment
+                env.update(script_env(METRICS_FILE_ENV, metrics, metrics_port))
+                argv = list(script)
+            else:
+                argv = [*trainer_cmd, "--pservers", pservers, "--trainers", str(num_trainers), "--trainer-id", str(i),
+                        *mode, *(["--metrics", str(metrics)] if ours else []), *self._metrics_port_flag(metrics_port),
+                        *self.trainer_args]
             if ours:  # trainers append: this run's numbers only, like the logs
                 with contextlib.suppress(OSError):  # unremovable: the trainer will say why it cannot write
                     metrics.unlink(missing_ok=True)
@@ -337,9 +387,10 @@ class Launcher:
         for role in self.servers:
             await self._spawn(role)
         await self._wait_until(self._all_listening, self.opts.start_timeout, poll=0.05)
+        hint = " (does the script call fleet.run_server()?)" if self.opts.script_argv is not None else ""
         for role in self.servers:
             if not role.listening and role.failure is None and self.stop_code is None:
-                role.fail(f"did not start listening within {self.opts.start_timeout:g} s")
+                role.fail(f"did not start listening within {self.opts.start_timeout:g} s{hint}")
         if (code := self._verdict()) is not None:
             return code
         for role in self.trainers:
@@ -574,11 +625,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     elif opts.token is not None:
         print(f"aps-local: warning: {TOKEN_ON_ARGV}", file=sys.stderr)
-    if opts.trainer_argv is None and (problem := trainer_args_problem(trainer_args)):
+    script = opts.script_argv is not None
+    if not script and opts.trainer_argv is None and (problem := trainer_args_problem(trainer_args)):
         print(f"aps-local: error: trainer options: {problem} (see aps-trainer --help)", file=sys.stderr)
         return EXIT_USAGE
-    server_cmd = program("aps-server", "aps.cli.server")
-    trainer_cmd = opts.trainer_argv or program("aps-trainer", "aps.cli.trainer")
+    server_cmd = opts.script_argv if script else program("aps-server", "aps.cli.server")
+    trainer_cmd = opts.script_argv if script else (opts.trainer_argv or program("aps-trainer", "aps.cli.trainer"))
     if server_cmd is None or trainer_cmd is None:
         missing = "aps-server" if server_cmd is None else "aps-trainer (use --trainer-cmd)"
         print(f"aps-local: error: {missing} is not available in this installation", file=sys.stderr)

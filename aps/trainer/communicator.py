@@ -182,17 +182,34 @@ class Communicator:
         self.active = set(workers)
         self.pending.clear()
 
-    async def end_epoch(self) -> None:
-        """Every worker finished the epoch: flush what is in flight so the servers have it all."""
+    async def flush(self) -> None:
+        """Hand the pservers everything this trainer has computed so far without ending the
+        epoch: async waits for its send queue to drain, geo sends its deltas now; sync and
+        half_async have nothing pending between steps."""
         if self.mode == "async":
             assert self._queue is not None
             await self._queue.join()
             self.check()
-            await self._pull_dense()
         elif self.mode == "geo":
             await self.geo_sync()
+
+    async def end_epoch(self) -> None:
+        """Every worker finished the epoch: flush what is in flight so the servers have it all."""
+        await self.flush()
+        if self.mode == "async":
+            await self._pull_dense()
         elif self.mode == "sync":
             await self._sync_idle_rounds()
+
+    async def finish_epoch(self, epoch: int) -> None:
+        """The end of an epoch as every trainer sees it: flush, meet the other trainers at the
+        epoch barrier, and (geo) take in what they sent before it. Both the file-driven trainer
+        and the step-wise one call this, so an epoch ends the same way in each."""
+        await self.end_epoch()
+        self.check()
+        await self.ps.barrier(f"aps.epoch.{epoch}", timeout=self.strategy.rpc_timeout)
+        if self.mode == "geo":
+            await self.geo_sync()  # take in what the other trainers sent before the barrier
 
     # ----------------------------------------------------------------- worker requests
 

@@ -69,6 +69,40 @@ class TrainResult:
         return self.epochs[-1]["loss"] if self.epochs else None
 
 
+def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, trainer_id: int) -> None:
+    """What makes a trainer impossible, found before anything starts (both trainer kinds)."""
+    if not cluster.pservers:
+        raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
+    if not 0 <= trainer_id < cluster.num_trainers:
+        raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
+    if strategy.mode == "geo":
+        for spec in model.tables():
+            if not isinstance(spec.optimizer, SGD):
+                raise ConfigError(
+                    f"geo mode trains locally with SGD, but table {spec.name!r} declares "
+                    f"{type(spec.optimizer).__name__}; use SGD or another mode"
+                )
+
+
+def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, options: TrainOptions) -> PSClient:
+    """The trainer's one PSClient, with the strategy's timeout and retries (not yet opened)."""
+    return PSClient(
+        cluster.pservers,
+        token=options.token,
+        timeout=strategy.rpc_timeout,
+        retries=strategy.rpc_retry_times,
+        trainer_id=trainer_id,
+        ssl=options.ssl,
+    )
+
+
+async def create_tables(ps: PSClient, model: Model) -> None:
+    """Open the connections and create every table of the model (idempotent on the pservers)."""
+    await ps.open()
+    for spec in model.tables():
+        await ps.create_table(spec)
+
+
 class Trainer:
     """One trainer of a cluster: ``trainer_id`` of ``cluster.num_trainers``."""
 
@@ -80,10 +114,7 @@ class Trainer:
         trainer_id: int = 0,
         options: TrainOptions | None = None,
     ) -> None:
-        if not cluster.pservers:
-            raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
-        if not 0 <= trainer_id < cluster.num_trainers:
-            raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
+        check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
         self.strategy = strategy.resolved()
         self.cluster = cluster
@@ -96,13 +127,6 @@ class Trainer:
         #: :meth:`atrain` with the final numbers, and an application may expose it itself.
         self.registry = trainer_registry(self.probe)
         self.metrics: MetricsEndpoint | None = None
-        if self.strategy.mode == "geo":
-            for spec in model.tables():
-                if not isinstance(spec.optimizer, SGD):
-                    raise ConfigError(
-                        f"geo mode trains locally with SGD, but table {spec.name!r} declares "
-                        f"{type(spec.optimizer).__name__}; use SGD or another mode"
-                    )
 
     def train(self, files: list[str], epochs: int = 1) -> TrainResult:
         """Blocking wrapper around :meth:`atrain` (runs its own event loop).
@@ -162,18 +186,9 @@ class Trainer:
         result = TrainResult(files=mine)
         shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=self.strategy.mode != "geo")
         pool: WorkerPool | None = None
-        ps = PSClient(
-            self.cluster.pservers,
-            token=self.options.token,
-            timeout=self.strategy.rpc_timeout,
-            retries=self.strategy.rpc_retry_times,
-            trainer_id=self.trainer_id,
-            ssl=self.options.ssl,
-        )
+        ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
         try:
-            await ps.open()
-            for spec in self.model.tables():
-                await ps.create_table(spec)
+            await create_tables(ps, self.model)
             attached = Attached(shared.layout)
             self.probe.stats, self.probe.auc = attached.stats, attached.auc
             specs = [
@@ -246,11 +261,7 @@ class Trainer:
             run.result()
         finally:
             run.cancel()
-        await comm.end_epoch()
-        comm.check()
-        await ps.barrier(f"aps.epoch.{epoch}", timeout=self.strategy.rpc_timeout)
-        if self.strategy.mode == "geo":
-            await comm.geo_sync()  # take in what the other trainers sent before the barrier
+        await comm.finish_epoch(epoch)
         extra: dict[str, Any] = {"mode": self.strategy.mode}
         if self.options.save_dir and self.trainer_id == 0:
             path = os.path.join(self.options.save_dir, f"epoch_{epoch}")  # relative: to the pservers' checkpoint root

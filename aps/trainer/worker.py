@@ -136,7 +136,9 @@ class Worker:
 
     # ----------------------------------------------------------------- one batch
 
-    def _train(self, batch: Batch, upcoming: Batch | None) -> None:
+    def _train(self, batch: Batch, upcoming: Batch | None) -> float:
+        """One step on ``batch``; returns its summed loss (the caller of a step-wise trainer
+        hands it back to the user's loop, the worker process only counts it)."""
         t0 = time.perf_counter()
         if self.geo:
             loss = self._train_geo(batch)
@@ -151,6 +153,7 @@ class Worker:
         s[STAT["examples"]] += batch.examples
         s[STAT["steps"]] += 1
         s[STAT["compute_s"]] += time.perf_counter() - t0
+        return loss
 
     def _grads_geo(self, batch: Batch) -> Grads:
         grads = Grads()
@@ -254,6 +257,8 @@ class Worker:
             reply = Record.decode(self.conn.recv_bytes())
             if reply.kind == Kind.STOP:
                 raise SystemExit(0)
+            if reply.kind == Kind.ERROR:  # the communicator failed this request: say why
+                raise ApsError(reply.text or "the trainer's communicator failed")
             if reply.kind != Kind.OK:
                 raise ApsError(f"worker expected OK from the trainer, got {reply.kind.name}")
             got = (reply.b, reply.a)

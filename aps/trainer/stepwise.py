@@ -1,0 +1,411 @@
+"""Step-wise training: the batches come from the caller's own Python loop, one step at a time.
+
+``aps-trainer`` reads files in worker processes; a user who ports a Paddle script has a loop of
+their own (``for batch in reader(): loss = exe.run(...)``) and wants the loss of every step back.
+:class:`StepTrainer` serves that loop with the same pieces ``aps-trainer`` uses, arranged so:
+
+* **the caller's thread** is this trainer's one compute worker: :meth:`StepTrainer.step` runs the
+  same :class:`~aps.trainer.worker.Worker` code a worker process runs (the model's ``compute`` on
+  the shared replica; local SGD in geo mode) and returns the batch's loss;
+* **a background thread of the same process** runs an asyncio loop with the same
+  :class:`~aps.trainer.communicator.Communicator` (the mode, the merging, pulls and pushes, the
+  geo exchange every ``k_steps``) and the same :class:`~aps.trainer.monitor.Monitor` (metrics
+  records, AUC). The two talk over a pipe with the worker protocol, bulk data through the shared
+  arrays, exactly as a trainer and its worker processes do;
+* **no worker processes** are started: a step-wise trainer computes one batch at a time, in the
+  caller's thread. To train from files in many processes, use :class:`~aps.trainer.Trainer`.
+
+A failure in the communicator (a pserver gone, a timeout) ends the step that waits on it with that
+error; the pservers are told this trainer is done only by :meth:`StepTrainer.stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Iterator
+from dataclasses import replace
+from multiprocessing import Pipe
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from ..client import PSClient
+from ..cluster import ClusterSpec
+from ..errors import ApsError, ConfigError
+from ..metrics import merged_auc
+from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
+from .communicator import Communicator
+from .ipc import Kind, Record
+from .model import Batch, Model
+from .monitor import Monitor
+from .reader import Chunk
+from .shared import STAT, Attached, SharedArrays
+from .strategy import Strategy
+from .trainer import TrainOptions, check_trainer, create_tables, open_client
+from .worker import Worker, WorkerSpec
+
+log = structlog.get_logger("aps.trainer")
+
+T = TypeVar("T")
+
+#: how often the background loop looks for a communicator failure the caller is waiting on
+_WATCH_PERIOD = 0.1
+
+
+class StepTrainer:
+    """One trainer of a cluster whose batches come from the caller (``fleet.init_worker``).
+
+    ``start()`` connects, creates the tables and fills the replica; then call :meth:`step` per
+    batch, :meth:`end_epoch` at the end of each pass (every trainer the same number of times),
+    :meth:`save` on one trainer, and :meth:`stop` once at the end. Use it from one thread.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        strategy: Strategy,
+        cluster: ClusterSpec,
+        trainer_id: int = 0,
+        options: TrainOptions | None = None,
+    ) -> None:
+        if strategy.workers not in (None, 1):
+            raise ConfigError(
+                f"step-wise training computes in the calling thread, as one worker; got workers={strategy.workers} "
+                "(to train from files with several worker processes use aps.Trainer / aps-trainer)"
+            )
+        check_trainer(model, strategy, cluster, trainer_id)
+        self.model = model
+        self.strategy = replace(strategy, workers=1).resolved()
+        self.cluster = cluster
+        self.trainer_id = trainer_id
+        self.options = options or TrainOptions(save_dir=None)
+        check_metrics_options(self.options.metrics_port, self.options.metrics_port_file)
+        self.probe = TrainerProbe(trainer_id, workers=1)
+        self.registry = trainer_registry(self.probe)
+        self.epoch = 0
+        self.records: list[dict[str, Any]] = []  #: one "epoch" record per finished epoch
+        self.failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._shared: SharedArrays | None = None
+        self._ps: PSClient | None = None
+        self._comm: Communicator | None = None
+        self._monitor: Monitor | None = None
+        self._metrics: MetricsEndpoint | None = None
+        self._worker: Worker | None = None
+        self._mine: Any = None  # the communicator's end of the worker pipe
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watch: asyncio.Task[None] | None = None
+        self._barriers = 0
+        self._epoch_first_step = 0
+        self._stopped = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> StepTrainer:
+        """Connect to the pservers, create the tables, fill the local replica (blocking)."""
+        if self._loop is not None:
+            raise ApsError("StepTrainer.start() called twice")
+        log.info(
+            "step-wise trainer starting",
+            trainer=self.trainer_id,
+            trainers=self.cluster.num_trainers,
+            pservers=",".join(self.cluster.pservers),
+            mode=self.strategy.mode,
+            **self.model.describe(),
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="aps-communicator", daemon=True)
+        self._thread.start()
+        self._shared = SharedArrays(self.model, 1, with_mailboxes=self.strategy.mode != "geo")
+        try:
+            worker_end, self._mine = Pipe()
+            spec = WorkerSpec(
+                worker_id=0,
+                trainer_id=self.trainer_id,
+                num_trainers=self.cluster.num_trainers,
+                num_workers=1,
+                mode=self.strategy.mode,
+                files=[],
+                layout=self._shared.layout,
+                model=self.model,
+                skip_bad_lines=self.options.skip_bad_lines,
+                seed=self.options.seed,
+                prefetch=False,  # the caller hands over one batch at a time: nothing to look ahead at
+            )
+            self._worker = Worker(spec, worker_end)
+            self._call(self._open())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _open(self) -> None:
+        assert self._shared is not None
+        loop = asyncio.get_running_loop()
+        self._ps = ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
+        await create_tables(ps, self.model)
+        attached = Attached(self._shared.layout)
+        self.probe.stats, self.probe.auc = attached.stats, attached.auc
+        self._comm = Communicator(
+            ps, self.model, self.strategy, attached, self._reply, self.trainer_id, self.cluster.num_trainers
+        )
+        self.probe.comm = self._comm
+        await self._comm.start()
+        self._monitor = Monitor(
+            attached.stats,
+            self.options.print_period,
+            self.trainer_id,
+            Path(self.options.metrics_path) if self.options.metrics_path else None,
+            None,  # the user's loop owns the terminal
+            attached.auc,
+        )
+        self.probe.monitor = self._monitor
+        if self.options.metrics_port is not None:
+            self._metrics = MetricsEndpoint(
+                self.registry,
+                self.options.metrics_host,
+                self.options.metrics_port,
+                role="trainer",
+                port_file=self.options.metrics_port_file,
+            ).start()
+        loop.add_reader(self._mine.fileno(), self._readable)
+        self._watch = asyncio.ensure_future(self._watchdog())
+        self._begin_epoch()
+
+    def _begin_epoch(self) -> None:
+        assert self._comm is not None and self._monitor is not None
+        self._comm.begin_epoch(self.epoch, {0})
+        self._monitor.start_epoch()
+        self._epoch_first_step = self._worker.step if self._worker is not None else 0
+        self.probe.stats[0, STAT["epoch"]] = self.epoch  # type: ignore[index]
+
+    def stop(self) -> dict[str, Any]:
+        """End the last epoch (as :meth:`end_epoch`, unless it just ended), tell the pservers this trainer is done
+        (Paddle's ``stop_worker``) and release everything; returns the last epoch's record."""
+        if self._stopped:
+            raise ApsError("StepTrainer.stop() called twice")
+        self._check()
+        try:
+            # after end_epoch and no step since, the last epoch is already finished (on every
+            # trainer, since each calls end_epoch as often): no empty epoch is added
+            trailing = self._worker is not None and self._worker.step > self._epoch_first_step
+            if self.epoch == 0 or trailing:
+                self._call(self._finish_epoch(begin_next=False))
+            self._call(self._done())
+            record = self.records[-1]
+            log.info("trainer finished", trainer=self.trainer_id, epochs=len(self.records), final_loss=record["loss"])
+            return record
+        finally:
+            self.close()
+
+    async def _done(self) -> None:
+        assert self._comm is not None and self._ps is not None
+        await self._comm.stop()
+        await self._ps.worker_done()
+
+    def close(self) -> None:
+        """Release the connections, the background thread and the shared memory without telling
+        the pservers this trainer finished (after a failure; :meth:`stop` calls it too)."""
+        self._stopped = True
+        loop = self._loop
+        if loop is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                self._call(self._release(), timeout=30.0)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                self._thread.join(10.0)
+        if loop is not None and not loop.is_running():
+            loop.close()
+        self.probe.freeze()
+        for end in (self._mine, self._worker.conn if self._worker is not None else None):
+            if end is not None:
+                end.close()
+        self._mine = None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
+    async def _release(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._mine is not None:
+            asyncio.get_running_loop().remove_reader(self._mine.fileno())
+        if self._comm is not None:
+            await self._comm.stop()
+        if self._ps is not None:
+            await self._ps.aclose()
+        if self._metrics is not None:
+            await self._metrics.aclose()
+
+    def __enter__(self) -> StepTrainer:
+        return self if self._loop is not None else self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if self._stopped:
+            return
+        if kind is None:
+            self.stop()
+        else:
+            self.close()
+
+    # ----------------------------------------------------------------- the user's loop
+
+    def batches(self, lines: Iterable[str | bytes], source: str = "<lines>") -> Iterator[Batch]:
+        """The model's batches of ``lines`` (the user's reader), parsed by the model's own
+        ``batches`` in chunks of about ``options.chunk_bytes``; a bad line raises DataError
+        naming ``source`` and its 1-based number."""
+        worker = self._running()
+        pending: list[bytes] = []
+        size, first = 0, 1
+        for line in lines:
+            raw = line.encode("utf-8") if isinstance(line, str) else bytes(line)
+            if not raw.endswith(b"\n"):
+                raw += b"\n"
+            pending.append(raw)
+            size += len(raw)
+            if size >= self.options.chunk_bytes:
+                yield from self.model.batches(Chunk(source, first, b"".join(pending), len(pending)), worker.ctx)
+                first += len(pending)
+                pending, size = [], 0
+        if pending:
+            yield from self.model.batches(Chunk(source, first, b"".join(pending), len(pending)), worker.ctx)
+
+    def step(self, batch: Batch) -> float:
+        """Train on one batch in the strategy's mode; returns its mean loss per example (the
+        summed loss the model's ``compute`` returns, divided by ``batch.examples``)."""
+        worker = self._running()
+        self._check()
+        try:
+            loss = worker._train(batch, None)
+        except ApsError as exc:
+            if self.failure is not None:
+                raise self.failure from exc
+            raise
+        self._check()
+        return loss / batch.examples if batch.examples else loss
+
+    def end_epoch(self) -> dict[str, Any]:
+        """End this pass over the data: flush, meet every other trainer at the epoch barrier (sync
+        mode: keep joining rounds until all have run out), write the epoch's metrics record and
+        begin the next epoch. Every trainer must call it the same number of times."""
+        self._running()
+        self._check()
+        return self._call(self._finish_epoch(begin_next=True))
+
+    async def _finish_epoch(self, begin_next: bool) -> dict[str, Any]:
+        assert self._comm is not None and self._monitor is not None
+        await self._comm.handle(0, Record(Kind.EPOCH_DONE, self.epoch))
+        await self._comm.finish_epoch(self.epoch)
+        record = self._monitor.end_epoch(self.epoch, {"mode": self.strategy.mode})
+        self.records.append(record)
+        if begin_next:
+            self.epoch += 1
+            self._begin_epoch()
+        return record
+
+    def save(self, path: str) -> None:
+        """Every pserver writes its shard of every table under ``path`` (relative paths: to the
+        pservers' checkpoint root), after this trainer's pending pushes reached them. Call it on
+        one trainer (``fleet.is_first_worker()``)."""
+        self._running()
+        self._check()
+        self._call(self._save(path))
+
+    async def _save(self, path: str) -> None:
+        assert self._comm is not None and self._ps is not None
+        await self._comm.flush()
+        await self._ps.save(path)
+
+    def barrier(self) -> None:
+        """Wait until every trainer reached the same barrier (Paddle's ``barrier_worker``)."""
+        self._running()
+        self._check()
+        self._barriers += 1
+        name = f"aps.fleet.barrier.{self._barriers}"
+        assert self._ps is not None
+        self._call(self._ps.barrier(name, timeout=self.strategy.rpc_timeout))
+
+    def auc(self) -> float | None:
+        """AUC of every prediction this trainer made so far (None for a model that does not
+        predict, or before its first step): the reference's ``auc_var``."""
+        states = self.probe.auc
+        if states is None or not states[:, 0].any():
+            return None
+        return merged_auc(states)[0]
+
+    @property
+    def steps(self) -> int:
+        """Steps this trainer has trained since it started."""
+        return self._worker.step if self._worker is not None else 0
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _running(self) -> Worker:
+        if self._worker is None or self._loop is None:
+            raise ApsError("the step-wise trainer is not started: call start() (fleet.init_worker) first")
+        if self._stopped:
+            raise ApsError("the step-wise trainer is stopped")
+        return self._worker
+
+    def _call(self, work: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``work`` on the communicator's loop and wait for its result in this thread."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout)
+
+    def _check(self) -> None:
+        if self.failure is None and self._comm is not None and self._comm.failure is not None:
+            self.failure = self._comm.failure
+        if self.failure is not None:
+            raise self.failure
+
+    def _reply(self, worker: int, rec: Record) -> None:
+        self._mine.send_bytes(rec.encode())
+
+    def _readable(self) -> None:
+        """A request from the caller's thread (PULL, GRADS) arrived: serve it as a task."""
+        try:
+            rec = Record.decode(self._mine.recv_bytes())
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(self._mine.fileno())
+            return
+        task = asyncio.ensure_future(self._serve(rec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, rec: Record) -> None:
+        assert self._comm is not None
+        try:
+            await self._comm.handle(0, rec)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced in the caller's thread by step()
+            self._fail(exc)
+
+    async def _watchdog(self) -> None:
+        """Fail the waiting step when a background task of the communicator failed, and write
+        a progress record every ``print_period`` seconds (as aps-trainer does)."""
+        assert self._comm is not None and self._monitor is not None
+        loop = asyncio.get_running_loop()
+        next_report = loop.time() + self.options.print_period
+        while True:
+            await asyncio.sleep(_WATCH_PERIOD)
+            if self._comm.failure is not None:
+                self._fail(self._comm.failure)
+                return
+            if self.options.print_period > 0 and loop.time() >= next_report:
+                self._monitor.report(self.epoch)
+                next_report = loop.time() + self.options.print_period
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            log.error("communicator failed", trainer=self.trainer_id, error=str(exc))
+            try:  # wake the caller's thread if it waits on a reply
+                self._mine.send_bytes(Record(Kind.ERROR, text=f"communicator failed: {exc}").encode())
+            except (OSError, ValueError):
+                pass
