@@ -19,9 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,7 +34,6 @@ from aps.wire.auth import auth_mac
 from aps.specs import spec_to_dict
 from aps.wire.frame import HEADER, Flag, FrameDecoder, encode_header
 
-ROOT = Path(__file__).resolve().parent.parent
 #: tables the hostile frames aim at (created before the attack, so mutated requests reach the
 #: handlers and kernels rather than stopping at UNKNOWN_TABLE)
 TARGET_SPARSE = aps.SparseTable("fz", rows=64, dim=4, init=aps.Uniform(-1, 1), optimizer=aps.SGD(lr=0.5))
@@ -46,71 +42,6 @@ TARGET_DENSE = aps.DenseTable("fzd", shape=(40,), init=aps.Uniform(-1, 1), optim
 PROBE_SPARSE = aps.SparseTable("probe", rows=512, dim=8, init=aps.Uniform(-1, 1), optimizer=aps.SGD(lr=1.0))
 PROBE_DENSE = aps.DenseTable("probed", shape=(1000,), init=aps.Uniform(-1, 1), optimizer=aps.SGD(lr=1.0))
 _BIG = 1 << 32
-
-
-# ----------------------------------------------------------------------------- server process
-
-
-def rss_bytes(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of process ``pid`` in bytes, read from /proc/PID/status."""
-    found: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = int(rest.split()[0]) * 1024
-    return found["VmRSS"], found["VmHWM"]
-
-
-@dataclass
-class ServerProcess:
-    """One ``bin/aps-server`` child process on a free port (``--port 0 --port-file``)."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @classmethod
-    def start(cls, workdir: Path, *args: str, name: str = "pserver", env: dict[str, str] | None = None,
-              timeout: float = 60.0) -> ServerProcess:
-        port_file = workdir / f"{name}.port"
-        port_file.unlink(missing_ok=True)
-        log_path = workdir / f"{name}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "bin" / "aps-server"), "--port", "0", "--port-file", str(port_file), *args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-            )
-        deadline = time.monotonic() + timeout
-        while not port_file.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(f"aps-server exited with {proc.returncode} before listening; see {log_path}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise TimeoutError(f"aps-server did not listen within {timeout} s; see {log_path}")
-            time.sleep(0.05)
-        return cls(proc, int(port_file.read_text().strip()), log_path)
-
-    def rss(self) -> tuple[int, int]:
-        return rss_bytes(self.proc.pid)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL if it does not exit within 20 s; its exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 # ----------------------------------------------------------------------------- frames
@@ -415,7 +346,6 @@ class Probe:
         self.client: aps.PSClient | None = None
         self.rows = np.zeros((0, 0), np.float32)
         self.dense = np.zeros(0, np.float32)
-        self.latencies: list[float] = []
         self.checks = 0
 
     async def open(self) -> Probe:
@@ -454,16 +384,6 @@ class Probe:
                 assert (await client.pull_dense(PROBE_DENSE.name)).tobytes() == self.dense.tobytes(), "probe: dense differs"
         self.checks += 1
 
-    async def ping_loop(self, stop: asyncio.Event, every: float = 0.01) -> None:
-        """Ping every ``every`` seconds until ``stop``; each round trip goes into ``latencies``."""
-        assert self.client is not None
-        while not stop.is_set():
-            started = time.perf_counter()
-            await self.client.ping()
-            self.latencies.append(time.perf_counter() - started)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
-
     async def server_state(self) -> dict[str, Any]:
         assert self.client is not None
         return next(iter((await self.client.stats()).values()))
@@ -482,17 +402,6 @@ class Probe:
 def table_bytes(state: dict[str, Any]) -> int:
     """Bytes the server's tables hold (hostile CREATE_TABLEs may legitimately add some)."""
     return int(sum(t["bytes"] for t in state["tables"].values()))
-
-
-def percentiles_ms(samples: list[float], qs: tuple[float, ...] = (50, 99)) -> dict[str, float]:
-    """``{"p50": ms, "p99": ms, "max": ms, "n": count}`` of latencies in seconds."""
-    if not samples:
-        return {"n": 0}
-    arr = np.asarray(samples) * 1e3
-    out = {f"p{q:g}": round(float(np.percentile(arr, q)), 3) for q in qs}
-    out["max"] = round(float(arr.max()), 3)
-    out["n"] = len(samples)
-    return out
 
 
 def server_flags(token_file: Path | None, checkpoint_root: Path, *extra: str) -> list[str]:

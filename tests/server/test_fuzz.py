@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from bench import hostile  # the attack itself, shared with bench/fuzz_protocol.py
+from bench.pservers import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +51,7 @@ def fuzz_seed() -> int:
     return int(os.environ.get("APS_FUZZ_SEED") or np.random.SeedSequence().entropy % (1 << 32))
 
 
-async def attack_and_measure(server: hostile.ServerProcess, token: str | None, seed: int) -> dict[str, object]:
+async def attack_and_measure(server: ServerProcess, token: str | None, seed: int) -> dict[str, object]:
     rng = np.random.default_rng(seed)
     attack = hostile.Attack("127.0.0.1", server.port, token, MAX_FRAME, sources=hostile.source_pool(rng, 400))
     probe = await hostile.Probe(server.address, token, seed).open()
@@ -88,7 +89,7 @@ def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str |
     if token is not None:
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")
-    server = hostile.ServerProcess.start(tmp_path, *hostile.server_flags(token_file, tmp_path, *SERVER_LIMITS))
+    server = ServerProcess.start(tmp_path, *hostile.server_flags(token_file, tmp_path, *SERVER_LIMITS))
     try:
         try:
             result = asyncio.run(attack_and_measure(server, token, seed))
