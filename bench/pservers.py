@@ -122,6 +122,7 @@ def machine_info() -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "cpu_model": cpu, "memory_bytes": mem, "python": platform.python_version(),
         "numpy": np.__version__, "platform": platform.platform(),
+        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],  # > cpus: the numbers were shared
     }
 
 
