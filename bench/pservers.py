@@ -26,14 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 
 
-def rss_bytes(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of process ``pid`` in bytes, read from /proc/PID/status."""
+def memory(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (peak RSS), RssAnon and RssFile (mapped file pages, e.g. a checkpoint read
+    through mmap: counted in RSS, but the kernel can drop them) of process ``pid``, in bytes,
+    from /proc/PID/status."""
     found: dict[str, int] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 found[key] = int(rest.split()[0]) * 1024
+    return found
+
+
+def rss_bytes(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of process ``pid`` in bytes."""
+    found = memory(pid)
     return found["VmRSS"], found["VmHWM"]
 
 
@@ -72,6 +80,9 @@ class ServerProcess:
 
     def rss(self) -> tuple[int, int]:
         return rss_bytes(self.proc.pid)
+
+    def memory(self) -> dict[str, int]:
+        return memory(self.proc.pid)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
