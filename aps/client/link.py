@@ -52,6 +52,8 @@ class Link:
         self.close_reason: BaseException | None = None
         self.server_index = -1
         self.num_servers = 0
+        #: seconds of silence after which the server takes this trainer for gone (0: never)
+        self.lease = 0.0
 
     @classmethod
     async def open(
@@ -80,6 +82,7 @@ class Link:
             assert isinstance(hello, wire.HelloReply)
             link.server_index, link.num_servers = hello.server_index, hello.num_servers
             link.max_frame = min(max_frame, hello.max_frame)
+            link.lease = hello.lease_ms / 1000
             if hello.auth_required:
                 if token is None:
                     raise ServerError(9, f"pserver {address} requires a token and none was given", server=address)

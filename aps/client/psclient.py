@@ -112,15 +112,19 @@ class PSClient:
         return self
 
     async def _heartbeats(self) -> None:
-        """Ping every open connection each ``heartbeat`` seconds, so the pservers keep this
+        """Ping every open connection each ``heartbeat`` seconds (or a quarter of the shortest
+        lease a pserver announced, if less), so the pservers keep this
         trainer's lease while it computes. A ping that fails is not an error here: the link is
         then closed, and the next real call reconnects (within ``deadline``) or fails loudly."""
         while True:
-            await asyncio.sleep(self.heartbeat)
+            # four beats per lease, so that one late ping never costs a live trainer its lease
+            leases = [link.lease / 4 for link in self._links if link is not None and link.lease > 0]
+            interval = min([self.heartbeat, *leases])
+            await asyncio.sleep(interval)
             links = [link for link in self._links if link is not None and not link.closed]
             pings = [link.request(wire.Ping(), self._request_id()) for link in links]
             try:
-                async with asyncio.timeout(self.heartbeat):
+                async with asyncio.timeout(interval):
                     await asyncio.gather(*pings, return_exceptions=True)
             except TimeoutError:
                 pass  # a server too busy to answer in time still got the ping: its lease is renewed

@@ -346,6 +346,7 @@ class ServerConnection(asyncio.Protocol):
                     num_servers=self.config.num_servers,
                     max_frame=self.config.max_frame,
                     auth_required=int(self.config.token is not None),
+                    lease_ms=min(0xFFFFFFFF, int(self.config.trainer_timeout * 1000)),
                     nonce=self.nonce,
                 ),
                 request_id,

@@ -119,7 +119,8 @@ class PServer:
         await self._closed.wait()
 
     def _all_trainers_done(self) -> None:
-        self.exit_reason = "all trainers sent worker_done"
+        gone = sorted(self.core.leases.gone)
+        self.exit_reason = f"every trainer sent worker_done or is gone (gone: {gone})" if gone else "all trainers sent worker_done"
         self.request_close()
 
     def request_close(self, checkpoint: bool = False) -> None:

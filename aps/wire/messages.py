@@ -214,12 +214,16 @@ class HelloReply(Message):
         ("num_servers", "u32"),
         ("max_frame", "u32"),
         ("auth_required", "u8"),
+        ("lease_ms", "u32"),
         ("nonce", "bytes"),
     )
     server_index: int = 0
     num_servers: int = 1
     max_frame: int = DEFAULT_MAX_FRAME
     auth_required: int = 0
+    #: a trainer silent this long is taken for gone (aps-server --trainer-timeout); 0: never.
+    #: A trainer's client sends heartbeats well within it.
+    lease_ms: int = 0
     nonce: bytes = b""
 
 
