@@ -19,12 +19,14 @@ from .errors import (
 )
 from .server import PServer, ServerConfig, serve
 from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
-from .trainer import Strategy, Trainer, TrainOptions
+from .trainer import StepTrainer, Strategy, Trainer, TrainOptions
+from .fleet import DistributedStrategy, Fleet
 
 __version__ = "0.1.0"
 
 __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
+    "StepTrainer", "Fleet", "DistributedStrategy",
     "SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
     "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
     "ServerError", "ConfigError", "DataError", "ErrorCode",

@@ -137,6 +137,9 @@ class StepTrainer:
             )
             self._worker = Worker(spec, worker_end)
             self._call(self._open())
+            # both sides have mapped every array and no process will attach later: remove the
+            # files now, so that nothing is left in /dev/shm even if this process is killed
+            self._shared.close()
         except BaseException:
             self.close()
             raise

@@ -201,6 +201,62 @@ def test_bad_layout_is_a_usage_error(layout: str, capsys: pytest.CaptureFixture[
     assert exc.value.code == 2 and "layout must be NxM" in capsys.readouterr().err
 
 
+def test_a_command_after_double_dash_is_a_script_run_in_every_role() -> None:
+    opts, trainer = parse_args(["1x2", "--log-dir", "logs", "--", "python", "train.py", "--epochs", "1", "--mode", "geo"])
+    assert opts.script_argv == [sys.executable, "train.py", "--epochs", "1", "--mode", "geo"] and trainer == []
+    assert parse_args(["1x1", "--", "train.py"])[0].script_argv == [sys.executable, "train.py"]
+    assert parse_args(["1x1", "--", "./run.sh", "a"])[0].script_argv == ["./run.sh", "a"]
+    assert parse_args(["1x1", "--", "--epochs", "1"])[0].script_argv is None  # options: aps-trainer's
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["1x2", "--mode", "geo", "--", "python", "t.py"], "--mode does not apply to a script"),
+    (["1x2", "--trainer-cmd", "python x.py", "--", "python", "t.py"], "--trainer-cmd does not apply"),
+    (["1x2", "--server-args", "--max-frame 4096", "--", "python", "t.py"], "--server-args does not apply"),
+    (["1x2", "--epochs", "1", "--", "python", "t.py"], "unknown option --epochs: a script run in every role"),
+])
+def test_script_mode_refuses_what_does_not_apply(argv: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_aps_launch_spells_the_same_job_as_aps_local(capsys: pytest.CaptureFixture[str]) -> None:
+    from aps.cli.launch import build_parser, local_argv
+    from aps.cli.launch import main as launch_main
+
+    args = build_parser().parse_args(["--server_num=2", "--worker_num", "3", "--log_dir=x", "--timeout", "9",
+                                      "train.py", "--lr", "0.1", "--server-num", "7"])
+    assert local_argv(args) == ["2x3", "--log-dir", "x", "--timeout", "9", "--", "train.py", "--lr", "0.1",
+                                "--server-num", "7"]
+    for bad, message in ((["--server-num", "1", "t.py"], "--worker-num"), (["--server-num", "0", "--worker-num", "1",
+                                                                             "t.py"], "must be >= 1")):
+        with pytest.raises(SystemExit) as exc:
+            launch_main(bad)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+SCRIPT_NEVER_SERVES = """
+import os, time
+open(f"pid.{os.environ['APS_ROLE']}.{os.getpid()}", "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_a_script_pserver_that_never_listens_fails_the_start(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_NEVER_SERVES)
+    result = run_local(tmp_path, "1x1", "--start-timeout", "1", "--", "python", str(script))
+    assert result.returncode == 1
+    assert ("FAILED: pserver.0 did not start listening within 1 s (does the script call fleet.run_server()?)"
+            in result.stderr)
+    assert summary(result.stdout)["trainer.0"][1] == "not started"
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.pserver.*")]
+    assert len(pids) == 1
+    assert_all_gone(pids)
+
+
 # ----------------------------------------------------------------------------- whole clusters
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BIN, ROOT, free_port
+from tests.fleet.conftest import run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,16 +33,6 @@ FIRST_STEP_ABOVE = 0.6  # the untrained model: 0.693 (wide&deep), about 1.0 (CTR
 LAST_STEPS_BELOW = 0.43  # the best constant prediction scores 0.456 on this data
 LOSS = {WIDE_DEEP: re.compile(r"^TRAIN ---> pass: \d+ step: \d+ loss: ([0-9.]+)$", re.M),
         CTR_DNN: re.compile(r"^epoch \d+ step \d+ loss ([0-9.]+)$", re.M)}
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 files of 1,000 lines: each of 2 trainers gets 2 files, 40 steps of 50 lines."""
-    out = tmp_path_factory.mktemp("ctr")
-    subprocess.run([sys.executable, str(ROOT / "examples" / "ctr_dnn" / "make_data.py"), "--out", str(out), "--scale",
-                    "small", "--train-lines", "4000", "--test-lines", "100", "--train-files", "4"],
-                   check=True, capture_output=True)
-    return out / "train_data"
 
 
 def script_args(data: Path, mode: str, lr: float) -> list[str]:
@@ -67,11 +58,6 @@ def assert_trained(log_dir: Path, script: Path, trainers: int, steps: int) -> No
 def summary_exits(stdout: str) -> dict[str, str]:
     """role -> exit status, from the launcher's summary table."""
     return dict(re.findall(r"^((?:pserver|trainer)\.\d+)\s+\d+\s+(exit \d+|killed by \w+)", stdout, re.M))
-
-
-def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, env=dict(os.environ, **(env or {})), capture_output=True, text=True,
-                          timeout=110)
 
 
 # (mode, lr): wide&deep with Adam, or SGD in geo (the reference: geo trains with SGD only)
@@ -106,6 +92,15 @@ def test_aps_launch_runs_ctr_dnn_and_the_first_worker_saves(tmp_path: Path, data
     log0 = (tmp_path / "log" / "trainer.0.log").read_text()
     assert re.search(r"^epoch 1 step 80 auc 0\.\d+$", log0, re.M)
     assert re.search(r"^epoch 1 finished: 2000 examples, loss 0\.\d+, auc 0\.\d+", log0, re.M)
+
+    # incremental training: the pservers of a second job warm-start from the saved tables
+    # (fleet.init_server(model_path)), so even the first steps are far below the untrained model
+    again = run([sys.executable, str(BIN / "aps-launch"), "--server-num", "1", "--worker-num", "2", "--status-interval",
+                 "0", str(CTR_DNN), *script_args(data, "async", 0.01), "--init-model", "model/ctr/epoch_1"], tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    firsts = [step_losses(tmp_path / "log" / f"trainer.{k}.log", CTR_DNN)[0] for k in range(2)]
+    assert max(firsts) < LAST_STEPS_BELOW + 0.05, firsts
+    assert "model/ctr/epoch_1" in (tmp_path / "log" / "pserver.0.log").read_text()
 
 
 def test_local_cluster_sh_runs_the_program_it_is_given(tmp_path: Path, data: Path) -> None:

@@ -6,6 +6,7 @@ communicator failure ends the step that waits on it instead of hanging."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,8 @@ def test_each_step_returns_its_mean_loss_and_the_epoch_record_agrees(tmp_path: P
     metrics = tmp_path / "metrics.jsonl"
     options = aps.TrainOptions(save_dir=None, metrics_path=str(metrics))
     st = StepTrainer(LinReg(lr=0.3), aps.Strategy(mode="async"), aps.ClusterSpec(servers, 1), 0, options).start()
+    # the shared arrays stay mapped but their files are gone: a killed script leaves nothing behind
+    assert not list(Path("/dev/shm").glob(f"aps-{os.getpid()}-*"))
     first = train_epoch(st, data)
     record = st.end_epoch()
     second = train_epoch(st, data)
