@@ -264,6 +264,85 @@ def fortunes_to_paragraphs(text: str) -> Iterator[str]:
         yield from paragraphs([" ".join(fortune.split())])
 
 
+_HTML_DROP = re.compile(r"<(script|style|pre|head)\b.*?</\1\s*>|<!--.*?-->", re.S | re.I)
+_HTML_BLOCK = re.compile(r"</?(?:p|div|li|dt|dd|h[1-6]|tr|td|th|table|ul|ol|dl|br|blockquote|section|title)\b[^>]*>", re.I)
+
+
+def html_to_paragraphs(text: str) -> Iterator[str]:
+    """Prose of an HTML page: scripts, styles and ``<pre>`` code blocks dropped, block elements
+    turned into paragraph breaks, every other tag removed in place, entities decoded."""
+    text = _HTML_BLOCK.sub("\n\n", _HTML_DROP.sub(" ", text))
+    return paragraphs(html.unescape(_TAG.sub("", text)).splitlines())
+
+
+_POD_CODE = re.compile(r"[CF]<(?:<+\s.*?\s>+|[^<>]*)>", re.S)
+_POD_FORMAT = re.compile(r"[A-Z]<(?:<+\s)?([^<>]*?)(?:\s>+)?>")
+
+
+def pod_to_paragraphs(text: str) -> Iterator[str]:
+    """Prose of Perl POD: verbatim (indented) blocks and code/file names (``C<>``, ``F<>``)
+    dropped, command paragraphs (``=head1`` ...) kept as their text, other formatting codes
+    (``B<>``, ``I<>``, ``L<>`` ...) replaced by their content."""
+    def lines() -> Iterator[str]:
+        for raw in _POD_CODE.sub(" ", text).splitlines():
+            if raw[:1].isspace():
+                yield ""
+            elif raw.startswith("="):
+                yield ""
+                yield raw.partition(" ")[2] if raw.startswith(("=head", "=item")) else ""
+                yield ""
+            else:
+                for _ in range(3):  # nested codes, innermost first
+                    raw = _POD_FORMAT.sub(r"\1", raw)
+                yield raw
+    return paragraphs(lines())
+
+
+_ASCIIDOC_FENCE = re.compile(r"^(-{4,}|\.{4,}|={4,}|\+{4,}|_{4,}|\*{4,}|\|===)\s*$")
+
+
+def asciidoc_to_paragraphs(text: str) -> Iterator[str]:
+    """Prose of AsciiDoc: delimited blocks (listings, literals, tables), attribute lines, titles'
+    underlines and include directives dropped. A delimiter line right under a line of text is a
+    title's underline, not the start of a block."""
+    def lines() -> Iterator[str]:
+        fenced = None
+        previous = ""
+        for raw in text.splitlines():
+            stripped = raw.strip()
+            if fenced is not None:
+                if stripped == fenced:
+                    fenced = None
+                continue
+            underline = bool(previous)
+            previous = stripped
+            if _ASCIIDOC_FENCE.match(stripped):
+                if not underline:
+                    fenced = stripped
+                previous = ""
+                yield ""
+            elif stripped.startswith(("[", ":", "include::", "ifdef::", "endif::", "//")) or raw[:1].isspace():
+                yield ""
+            else:
+                yield stripped
+    return paragraphs(lines())
+
+
+_DICTD_SENSE = re.compile(r"^\s+(?:[a-z]{1,4} )?\d+: ")
+
+
+def dictd_to_paragraphs(text: str) -> Iterator[str]:
+    """Entries of a dictd ``.dict`` file, one paragraph per headword line (not indented) or
+    numbered sense (``  n 1: ...``, WordNet's layout), the database's own ``00-database-*``
+    header entries skipped."""
+    def lines() -> Iterator[str]:
+        for raw in text.splitlines():
+            if raw[:1] not in ("", " ", "\t") or _DICTD_SENSE.match(raw):
+                yield ""
+            yield raw
+    return (p for p in paragraphs(lines()) if not p.startswith("00-database") and "00database" not in p)
+
+
 # ---------------------------------------------------------------- the sources
 
 def _read_text(path: Path) -> str:
@@ -301,6 +380,13 @@ _fortunes = _files("usr/share/games/fortunes/*", fortunes_to_paragraphs, r"\.(da
 # the changelog is mostly issue numbers
 _python_doc = _files("usr/share/doc/python3*/html/_sources/**/*.rst.txt", rst_to_paragraphs, "whatsnew/changelog")
 # translations are not English; devicetree bindings are mostly property listings
+_perl_doc = _files("usr/share/perl/*/pod/*.pod", pod_to_paragraphs, "perl5[0-9]+delta|perlhist")
+_postgres_doc = _files("usr/share/doc/postgresql-doc-*/html/*.html", html_to_paragraphs, "release-")
+_git_doc = _files("usr/share/doc/git-doc/*.txt", asciidoc_to_paragraphs, "RelNotes")
+_handbook = _files("usr/share/doc/debian-handbook/html/en-US/*.html", html_to_paragraphs)
+_debian_reference = _files("usr/share/debian-reference/*.en.html", html_to_paragraphs)
+_gimp_help = _files("usr/share/gimp/2.0/help/en/**/*.html", html_to_paragraphs)
+_dictd = _files("usr/share/dictd/*.dict.dz", dictd_to_paragraphs)
 _linux_doc = _files("usr/share/doc/linux-doc-*/Documentation/**/*", rst_to_paragraphs,
                     r"/translations/|/devicetree/bindings/|^(?!.*\.(rst|txt)(\.gz)?$)")
 
@@ -333,7 +419,24 @@ SOURCES: tuple[Source, ...] = (
     Source("python_doc", "python3-doc", _python_doc, "PSF-2.0", "Python documentation (reST sources)", "python3."),
     Source("linux_doc", "linux-doc", _linux_doc, "GPL-2", "Linux kernel documentation (reST, text)", "linux-doc-"),
     Source("kjv_bible", "sword-text-kjv", _sword, "public-domain", "King James Bible", default=False),
+    # the second corpus (none of the packages above): manuals, a handbook and three dictionaries
+    Source("perl_doc", "perl-doc", _perl_doc, "GPL-1+ or Artistic", "Perl documentation (POD)", default=False),
+    Source("postgres_doc", "postgresql-doc", _postgres_doc, "PostgreSQL", "PostgreSQL manual (HTML)",
+           "postgresql-doc-", default=False),
+    Source("git_doc", "git-doc", _git_doc, "GPL-2", "Git manual pages and guides (AsciiDoc)", default=False),
+    Source("debian_handbook", "debian-handbook", _handbook, "GPL-2+ or CC-BY-SA-3.0",
+           "The Debian Administrator's Handbook (HTML)", default=False),
+    Source("debian_reference", "debian-reference-en", _debian_reference, "GPL-2+", "Debian Reference (HTML)",
+           default=False),
+    Source("devil", "dict-devil", _dictd, "public domain", "Ambrose Bierce's The Devil's Dictionary", default=False),
+    Source("foldoc", "dict-foldoc", _dictd, "GFDL-1.1+", "Free On-line Dictionary of Computing", default=False),
+    Source("wordnet", "dict-wn", _dictd, "WordNet", "WordNet glosses and examples", default=False),
+    Source("gimp_help", "gimp-help-en", _gimp_help, "GFDL-1.2+", "GIMP user manual (HTML)", default=False),
 )
+
+#: ``--debian-sources second``: a corpus made only of packages the default corpus does not use
+SECOND_CORPUS = ("perl_doc", "postgres_doc", "git_doc", "debian_handbook", "debian_reference", "devil", "foldoc",
+                 "wordnet", "gimp_help")
 
 
 # ---------------------------------------------------------------- Debian plumbing
@@ -475,6 +578,8 @@ def fetch_debian_text(out_dir: str | Path, cache_dir: str | Path | None = None,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = list(names) if names is not None else None
+    if names == ["second"]:  # the command line's shorthand
+        names = list(SECOND_CORPUS)
     if names is not None and (unknown := set(names) - {s.name for s in SOURCES}):
         raise FetchError(f"unknown source(s) {sorted(unknown)}; known: {[s.name for s in SOURCES]}")
     wanted = [s for s in SOURCES if (s.name in names if names is not None else s.default)]

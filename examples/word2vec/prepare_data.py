@@ -346,6 +346,8 @@ def prepare(out_dir: str | Path = "data/word2vec", source: str = "debian", *, mi
     if debian_sources is not None:
         if source != "debian":
             raise ConfigError("--debian-sources only applies to --source debian")
+        if debian_sources == ["second"]:
+            debian_sources = list(debian_text.SECOND_CORPUS)
         known = [s.name for s in debian_text.SOURCES]
         if unknown := [n for n in debian_sources if n not in known]:
             raise ConfigError(f"unknown --debian-sources {', '.join(unknown)}; known: {', '.join(known)}")
@@ -464,7 +466,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep corpus order: files become contiguous runs of lines (default: shuffle)")
     parser.add_argument("--analogy", metavar="PATH", help="questions-words.txt to use instead of gensim's copy")
     parser.add_argument("--debian-sources", metavar="NAMES", help="comma-separated subset of: "
-                        + ", ".join(s.name for s in debian_text.SOURCES) + " (default: all but kjv_bible)")
+                        + ", ".join(s.name for s in debian_text.SOURCES) + "; default: the default corpus (austen .. linux_doc); "
+                        "'second': the second corpus, only packages the default one does not use ("
+                        + ",".join(debian_text.SECOND_CORPUS) + ")")
     parser.add_argument("--force", action="store_true", help="redo every step, re-extracting the text")
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -480,12 +480,14 @@ def test_read_helpers(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- window mode (pWord2Vec sharing)
 
 
-def window_reference(params: Params, targets: list[tuple[int, list[int], list[int]]], lr: float | None) -> tuple[float, dict[str, np.ndarray]]:
+def window_reference(params: Params, targets: list[tuple[int, list[int], list[int]]], lr: float | None,
+                     bias: bool = True) -> tuple[float, dict[str, np.ndarray]]:
     """Window mode in float64, pair by pair: for each ``(target, contexts, negatives)`` every
     context is an input scored against the target (label 1) and each negative not equal to the
     target (label 0). ``lr=None``: gradients of the summed loss, all at the starting parameters.
     ``lr`` set: SGD applied after each target (what the in-place geo step does), returned as the
-    final tables. Returns the summed loss and the gradients or tables."""
+    final tables. Without ``bias`` the bias column is a constant (never updated).
+    Returns the summed loss and the gradients or tables."""
     p = {k: v.astype(np.float64).copy() for k, v in params.sparse.items()}
     g = {k: np.zeros_like(v) for k, v in p.items()}
     loss = 0.0
@@ -499,7 +501,7 @@ def window_reference(params: Params, targets: list[tuple[int, list[int], list[in
                 ds = 0.5 * (1.0 + np.tanh(s / 2)) - label
                 d[EMB][c] += ds * p[EMB_W][o]
                 d[EMB_W][o] += ds * p[EMB][c]
-                d[EMB_B][o, 0] += ds
+                d[EMB_B][o, 0] += ds if bias else 0.0
         for k in p:
             if lr is None:
                 g[k] += d[k]
@@ -519,20 +521,24 @@ def window_model(dict_path: Path, **kw: object) -> Word2Vec:
     return Word2Vec(dict_path=str(dict_path), **{**args, **kw})
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("scale", [0.3, 30.0], ids=["moderate", "saturated"])
-def test_window_gradient_matches_numpy_reference(dict_path: Path, scale: float) -> None:
-    model = window_model(dict_path)
+def test_window_gradient_matches_numpy_reference(dict_path: Path, scale: float, bias: bool) -> None:
+    model = window_model(dict_path, bias=bias)
     batch = first_batch(model, LINES)
+    assert (EMB_B in batch.sparse_ids) == bias and len(model.tables()) == 2 + bias
     targets = window_targets(batch)
     # the tiny skewed vocabulary makes some negative equal its target: those are skipped
     assert any(t in negs for t, _, negs in targets)
     assert sum(len(c) for _, c, _ in targets) == batch.examples
     params = random_params(model, scale=scale)
+    if not bias:
+        params.sparse[EMB_B][:] = 0.0  # what the model without a bias table computes with
     grads = zero_grads(batch, model)
     loss = model.compute(batch, params, grads)
     ref_loss, ref = window_reference(params, targets, lr=None)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
-    for name in (EMB, EMB_W, EMB_B):
+    for name in batch.sparse_ids:
         ids = batch.sparse_ids[name]
         atol = 1e-6 * max(1.0, np.abs(ref[name]).max())
         np.testing.assert_allclose(grads.sparse[name], ref[name][ids], rtol=2e-4, atol=atol)
@@ -544,14 +550,16 @@ def test_window_geo_step_is_sgd_in_place_target_by_target(dict_path: Path) -> No
     batches = list(model.batches(chunk(LINES), ctx(5)))
     assert len(batches) > 1
     params = random_params(model, seed=7, scale=0.3)
+    params.sparse[EMB_B][:] = 0.0  # no bias table by default in window mode: a constant 0
     start = Params({k: v.copy() for k, v in params.sparse.items()}, {})
     dirty = {k: np.zeros(VOCAB, np.uint8) for k in params.sparse}
     lr = 0.05
     loss = sum(model.local_sgd(b, params, {EMB: lr, EMB_W: lr, EMB_B: lr}, dirty) for b in batches)
     targets = [t for b in batches for t in window_targets(b)]
-    ref_loss, ref = window_reference(start, targets, lr=lr)
+    ref_loss, ref = window_reference(start, targets, lr=lr, bias=False)
     assert loss == pytest.approx(ref_loss, rel=1e-4)
-    for name in (EMB, EMB_W, EMB_B):
+    assert not ref[EMB_B].any() and not params.sparse[EMB_B].any() and not dirty[EMB_B].any()
+    for name in (EMB, EMB_W):
         np.testing.assert_allclose(params.sparse[name], ref[name], rtol=1e-4, atol=1e-6)
         changed = np.flatnonzero((params.sparse[name] != start.sparse[name]).any(axis=1))
         assert set(changed.tolist()) <= set(np.flatnonzero(dirty[name]).tolist())  # every written row is dirty
@@ -572,7 +580,8 @@ def test_window_batches_are_whole_targets_of_about_batch_size_pairs(dict_path: P
         np.testing.assert_array_equal(w_ids[d.inv_negatives], d.negatives)
         assert set(w_ids.tolist()) == set(d.target.tolist()) | set(d.negatives.ravel().tolist())
         assert d.negatives.shape == (len(d.target), 5)  # K negatives per target, shared by its contexts
-        for name in (EMB, EMB_W, EMB_B):
+        assert set(b.sparse_ids) == {EMB, EMB_W}  # no bias table in window mode by default
+        for name in (EMB, EMB_W):
             assert len(b.sparse_ids[name]) <= model.max_batch_ids(name)
 
 

@@ -172,6 +172,17 @@ def _float(name: str, value: Any) -> float:
     return out
 
 
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"word2vec {name} must be true or false, got {value!r}")
+
+
 def _fraction(name: str, value: Any) -> float:
     out = _float(name, value)
     if out >= 1.0:
@@ -217,6 +228,7 @@ class Word2Vec(Model):
         lr_floor: float = 1e-4,
         epochs: int = 1,
         epoch_tokens: int = 0,
+        bias: bool | None = None,
     ) -> None:
         path = Path(str(dict_path)).expanduser().resolve()
         if not path.is_file():
@@ -244,6 +256,7 @@ class Word2Vec(Model):
         self.epochs = _int("epochs", epochs)
         self.seed = _int("seed", seed, low=0)
         self.epoch_tokens = _int("epoch_tokens", epoch_tokens, low=0)
+        self.bias = self.negatives != "window" if bias is None or bias == "" else _bool("bias", bias)
         self.epoch_tokens_from = "epoch_tokens"
         if self.epoch_tokens == 0:
             self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path)
@@ -255,8 +268,9 @@ class Word2Vec(Model):
         self._tables: tuple[SparseTable, ...] = (
             SparseTable(EMB, self.vocab_size, self.dim, Uniform(-width, width), optimizer, seed=self.seed),
             SparseTable(EMB_W, self.vocab_size, self.dim, Constant(0.0), optimizer, seed=self.seed),
-            SparseTable(EMB_B, self.vocab_size, 1, Constant(0.0), optimizer, seed=self.seed),
         )
+        if self.bias:
+            self._tables += (SparseTable(EMB_B, self.vocab_size, 1, Constant(0.0), optimizer, seed=self.seed),)
         self._by_name = {t.name: t for t in self._tables}
 
     # ------------------------------------------------------------ contract
@@ -277,7 +291,7 @@ class Word2Vec(Model):
             pairs = self.batch_size - 1 + 2 * self.window
         if table == EMB:
             return min(pairs, self.vocab_size)
-        if table in (EMB_W, EMB_B):
+        if table == EMB_W or (table == EMB_B and self.bias):
             if self.negatives == "batch":
                 return min(pairs + self.neg_num, self.vocab_size)
             return min(pairs * (1 + self.neg_num), self.vocab_size)
@@ -287,7 +301,7 @@ class Word2Vec(Model):
         out = {
             "model": self.name, "vocab": self.vocab_size, "dim": self.dim, "window": self.window,
             "neg_num": self.neg_num, "batch_size": self.batch_size, "negatives": self.negatives, "lr": self.lr,
-            "lr_schedule": self.lr_schedule,
+            "lr_schedule": self.lr_schedule, "bias": self.bias,
         }
         if self.lr_schedule == "linear":
             out.update(lr_floor=self.lr_floor, epochs=self.epochs, epoch_tokens=self.epoch_tokens,
@@ -405,7 +419,7 @@ class Word2Vec(Model):
             w_ids = u_out[uo[i] : uo[i + 1]]
             data = WindowBatch(inv_in[p0:p1], inv_pos[t0:t1], inv_neg2[t0:t1], ctx_off[t0 : t1 + 1], ctx_ids[p0:p1],
                                tgt[t0:t1], negs2[t0:t1], float(done[t1 - 1]))
-            yield Batch({EMB: u_in[ui[i] : ui[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+            yield Batch(self._ids(u_in[ui[i] : ui[i + 1]], w_ids), p1 - p0, data)
 
     def _pair_batches(self, tgt: np.ndarray, ctx_off: np.ndarray, ctx_ids: np.ndarray, done: np.ndarray,
                       ctx: WorkerContext) -> Iterator[Batch]:
@@ -434,7 +448,7 @@ class Word2Vec(Model):
             w_ids = u_out[uo[i] : uo[i + 1]]
             data = PairBatch(inv_in[p0:p1], inv_pos[p0:p1], inv_rows, cen[p0:p1], ctx_ids[p0:p1], neg_rows,
                              float(done[last_target[i]]))
-            yield Batch({EMB: u_in[ui[i] : ui[i + 1]], EMB_W: w_ids, EMB_B: w_ids}, p1 - p0, data)
+            yield Batch(self._ids(u_in[ui[i] : ui[i + 1]], w_ids), p1 - p0, data)
 
     # ------------------------------------------------------------ compute
 
@@ -450,8 +464,8 @@ class Word2Vec(Model):
                 "in sync/async/half_async pass --model-arg lr_schedule=exponential"
             )
         d = batch.data
-        full = S.Tables(params.sparse[EMB], params.sparse[EMB_W], params.sparse[EMB_B])
-        g = S.Tables(grads.sparse[EMB], grads.sparse[EMB_W], grads.sparse[EMB_B])
+        full = S.Tables(params.sparse[EMB], params.sparse[EMB_W], self._bias(params.sparse))
+        g = S.Tables(grads.sparse[EMB], grads.sparse[EMB_W], self._bias(grads.sparse, rows=self.max_batch_ids(EMB_W)))
         ids = batch.sparse_ids
         if isinstance(d, WindowBatch):
             return float(S.window_grad(full, ids[EMB], ids[EMB_W], d.inv_context, d.ctx_off, d.inv_target,
@@ -469,10 +483,10 @@ class Word2Vec(Model):
         rates are the runtime's times :meth:`lr_factor` of the batch's progress."""
         d = batch.data
         s = params.sparse
-        full = S.Tables(s[EMB], s[EMB_W], s[EMB_B])
+        full = S.Tables(s[EMB], s[EMB_W], self._bias(s))
         f = self.lr_factor(d.progress)
-        lr = S.Rates(lrs[EMB] * f, lrs[EMB_W] * f, lrs[EMB_B] * f)
-        marks = S.Marks(dirty[EMB], dirty[EMB_W], dirty[EMB_B])
+        lr = S.Rates(lrs[EMB] * f, lrs[EMB_W] * f, lrs[EMB_B] * f if self.bias else 0.0)
+        marks = S.Marks(dirty[EMB], dirty[EMB_W], dirty[EMB_B] if self.bias else self._no_marks())
         if isinstance(d, WindowBatch):
             return float(S.window_sgd(full, d.context, d.ctx_off, d.target, d.negatives.reshape(-1), lr,
                                       self._window_scratch(), marks))
@@ -480,19 +494,36 @@ class Word2Vec(Model):
         return float(S.local_step(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
                                   self.negatives == "pair", lr, self._scratch("gather"), self._scratch("grad"), marks))
 
+    def _ids(self, emb: np.ndarray, emb_w: np.ndarray) -> dict[str, np.ndarray]:
+        """A batch's ``sparse_ids``: the output biases share the output vectors' rows."""
+        return {EMB: emb, EMB_W: emb_w, EMB_B: emb_w} if self.bias else {EMB: emb, EMB_W: emb_w}
+
+    def _bias(self, arrays: dict[str, np.ndarray], rows: int | None = None) -> np.ndarray:
+        """``arrays["emb_b"]``, or without the bias table a per-process zero column the kernels
+        read as a constant 0 bias (its rate is 0, so it stays 0): ``rows`` of it, or the vocabulary."""
+        if self.bias:
+            return arrays[EMB_B]
+        n = self.vocab_size if rows is None else rows
+        return self.local(f"no_bias_{n}", lambda: np.zeros((max(n, 1), 1), np.float32))
+
+    def _no_marks(self) -> np.ndarray:
+        """Dirty marks the kernels write for the absent bias table: per process, never read."""
+        return self.local("no_bias_marks", lambda: np.zeros(self.vocab_size, np.uint8))
+
     def _scratch(self, kind: str) -> S.Tables:
         """Row buffers for one batch (``gather``: its parameter rows, ``grad``: the fused step's
         gradients), allocated once per process at the largest batch size."""
         return self.local(kind, lambda: S.Tables(
             np.zeros((self.max_batch_ids(EMB), self.dim), np.float32),
             np.zeros((self.max_batch_ids(EMB_W), self.dim), np.float32),
-            np.zeros((self.max_batch_ids(EMB_B), 1), np.float32),
+            np.zeros((self.max_batch_ids(EMB_W), 1), np.float32),
         ))
 
     def _window_scratch(self) -> S.WindowScratch:
         """One target's buffers (window mode), allocated once per process."""
-        n = 2 * self.window
+        width = 1 + self.neg_num
         return self.local("window", lambda: S.WindowScratch(
-            np.zeros((n, 1 + self.neg_num), np.float32), np.zeros((n, self.dim), np.float32),
-            np.zeros(1 + self.neg_num, np.int64),
+            np.zeros(width, np.int64), np.zeros((width, self.dim), np.float32), np.zeros(width, np.float32),
+            np.zeros((width, self.dim), np.float32), np.zeros((2 * self.window, self.dim), np.float32),
+            np.zeros(width, np.float32), np.zeros(width, np.float32),
         ))

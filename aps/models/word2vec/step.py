@@ -62,16 +62,16 @@ class Rates(NamedTuple):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _term(s: float, positive: bool) -> tuple[float, float, float]:
+def _term(s: float, positive: bool) -> tuple[np.float32, float, float]:
     """``(dloss/ds, loss added now, factor 1 + e^x for the running product)`` of one score."""
-    x = -np.float64(s) if positive else np.float64(s)
-    sign = -1.0 if positive else 1.0
+    x = -np.float32(s) if positive else np.float32(s)
+    sign = np.float32(-1.0) if positive else np.float32(1.0)
     if x > 30.0:
-        return sign, x, 1.0
+        return sign, np.float64(x), 1.0
     if x < -30.0:
-        return 0.0, 0.0, 1.0
-    z = np.exp(x)
-    return sign * z / (1.0 + z), 0.0, 1.0 + z
+        return np.float32(0.0), 0.0, 1.0
+    z = np.exp(x)  # float32: expf
+    return sign * z / (np.float32(1.0) + z), 0.0, 1.0 + np.float64(z)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -203,11 +203,15 @@ def local_step(full: Tables, u_in: np.ndarray, u_out: np.ndarray, inv_c: np.ndar
 
 
 class WindowScratch(NamedTuple):
-    """Per-process buffers of one target: scores' gradients and the inputs' updates."""
+    """Per-process buffers of one target (window mode)."""
 
-    ds: np.ndarray  # float32 [2 * window, 1 + K]: dloss/ds of every (context, output) pair
-    d_in: np.ndarray  # float32 [2 * window, dim]: the context rows' updates
     outs: np.ndarray  # int64 [1 + K]: the target's output rows (positive first)
+    w: np.ndarray  # float32 [1 + K, dim]: a copy of those rows, read by every context
+    b: np.ndarray  # float32 [1 + K]: their biases
+    d_out: np.ndarray  # float32 [1 + K, dim]: their updates, summed over the contexts
+    d_in: np.ndarray  # float32 [2 * window, dim]: each context row's update
+    g: np.ndarray  # float32 [1 + K]: one context's dloss/ds against each output
+    g_sum: np.ndarray  # float32 [1 + K]: those summed over the contexts (the biases' gradients)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
@@ -218,58 +222,63 @@ def _window_target(src: Tables, ctx: np.ndarray, ctx_off: np.ndarray, pos: np.nd
     negatives ``neg[t*K:(t+1)*K]``; one equal to the target is skipped, as word2vec.c does), and
     add ``scale * gradient of the summed loss`` to ``dst`` at the same rows.
 
-    ``dst`` may be ``src`` itself (in-place SGD, ``scale = -lr``): the inputs' updates are
-    computed first from the unchanged outputs, the outputs are then updated from the unchanged
-    inputs, and only then the inputs are written, so both see the parameters of before the target.
+    The ``1 + K`` output rows are copied once into ``buf.w`` (the small dense operand every
+    context row is multiplied with); each context row is then read once for its ``1 + K`` scores,
+    its own update and its share of the outputs' updates. ``dst`` may be ``src`` itself (in-place
+    SGD, ``scale = -lr``): every update is computed from the parameters of before the target and
+    written at the end, outputs first.
     """
     outs = buf.outs
+    w = buf.w
+    bias = buf.b
+    d_out = buf.d_out
+    d_in = buf.d_in
+    gk = buf.g
+    g_sum = buf.g_sum
     width = outs.shape[0]
+    dim = w.shape[1]
     outs[0] = pos[t]
     for k in range(width - 1):
         outs[1 + k] = neg[t * (width - 1) + k]
+    for k in range(width):
+        o = outs[k]
+        for d in range(dim):
+            w[k, d] = src.emb_w[o, d]
+            d_out[k, d] = 0.0
+        bias[k] = src.emb_b[o, 0]
+        g_sum[k] = 0.0
     ins = ctx[ctx_off[t] - ctx_off[0] : ctx_off[t + 1] - ctx_off[0]]
     n = ins.shape[0]
-    dim = src.emb.shape[1]
-    ds = buf.ds
-    d_in = buf.d_in
     loss = 0.0
     prod = 1.0
     pending = 0
-    for k in range(width):
-        o = outs[k]
-        if k > 0 and o == outs[0]:
-            for j in range(n):
-                ds[j, k] = 0.0
-            continue
-        for j in range(n):
-            c = ins[j]
-            s = src.emb_b[o, 0]
+    for j in range(n):
+        c = ins[j]
+        for k in range(width):
+            if k > 0 and outs[k] == outs[0]:
+                gk[k] = 0.0
+                continue
+            s = bias[k]
             for d in range(dim):
-                s += src.emb[c, d] * src.emb_w[o, d]
+                s += src.emb[c, d] * w[k, d]
             g, add, f = _term(s, k == 0)
-            ds[j, k] = g
+            gk[k] = g
             loss, prod, pending = _tally(loss, prod, pending, add, f, 1)
-    for j in range(n):  # inputs' updates from the outputs as they were
         for d in range(dim):
             d_in[j, d] = 0.0
         for k in range(width):
-            g = ds[j, k]
+            g = gk[k]
             if g != 0.0:
-                o = outs[k]
                 for d in range(dim):
-                    d_in[j, d] += g * src.emb_w[o, d]
-    for k in range(width):  # outputs from the inputs as they are (not yet written)
+                    d_in[j, d] += g * w[k, d]
+                    d_out[k, d] += g * src.emb[c, d]
+        for k in range(width):
+            g_sum[k] += gk[k]
+    for k in range(width):
         o = outs[k]
-        gb = 0.0
-        for j in range(n):
-            g = ds[j, k]
-            if g != 0.0:
-                gb += g
-                c = ins[j]
-                gw = np.float32(scale.emb_w * g)
-                for d in range(dim):
-                    dst.emb_w[o, d] += gw * src.emb[c, d]
-        dst.emb_b[o, 0] += np.float32(scale.emb_b * gb)
+        dst.emb_b[o, 0] += np.float32(scale.emb_b) * g_sum[k]
+        for d in range(dim):
+            dst.emb_w[o, d] += np.float32(scale.emb_w) * d_out[k, d]
     for j in range(n):
         c = ins[j]
         for d in range(dim):
