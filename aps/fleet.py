@@ -148,20 +148,24 @@ def PaddleCloudRoleMaker(is_collective: bool = False, env: Mapping[str, str] | N
         metrics_port=_env_int(env, METRICS_PORT_ENV),
     )
     if own["role"] == "pserver":
-        index = own["server_index"]
-        host, port = own["host"], own["port"]
+        host = None if own["host"] is None else str(own["host"])
+        port = _optional_int(own["port"])
+        index = _optional_int(own["server_index"])
         if index is None:
             if host is None or port is None:
                 raise ConfigError("a pserver needs its own address: POD_IP and PADDLE_PORT (or PADDLE_CURRENT_IP "
                                   "and PADDLE_PSERVER_PORT, or APS_HOST and APS_PORT), or APS_SERVER_INDEX")
-            index = cluster.server_index_of(str(host), int(port))  # type: ignore[call-overload]
-        return RoleMaker(Role.SERVER, int(index), host=host, port=port,  # type: ignore[arg-type,call-overload]
-                         port_file=env.get(PORT_FILE_ENV) or None, **common)
-    trainer_id = own["trainer_id"]
+            index = cluster.server_index_of(host, port)
+        return RoleMaker(Role.SERVER, index, host=host, port=port, port_file=env.get(PORT_FILE_ENV) or None, **common)
+    trainer_id = _optional_int(own["trainer_id"])
     if trainer_id is None:
         raise ConfigError("a trainer needs its index: set PADDLE_TRAINER_ID (or APS_TRAINER_ID)")
-    return RoleMaker(Role.WORKER, int(trainer_id), metrics_file=env.get(METRICS_FILE_ENV) or None,  # type: ignore[call-overload]
-                     **common)
+    return RoleMaker(Role.WORKER, trainer_id, metrics_file=env.get(METRICS_FILE_ENV) or None, **common)
+
+
+def _optional_int(value: object) -> int | None:
+    """cluster_from_env's integers (already checked there), typed."""
+    return None if value is None else int(str(value))
 
 
 def UserDefinedRoleMaker(  # noqa: N802

@@ -183,7 +183,8 @@ class StepTrainer:
         self._comm.begin_epoch(self.epoch, {0})
         self._monitor.start_epoch()
         self._epoch_first_step = self._worker.step if self._worker is not None else 0
-        self.probe.stats[0, STAT["epoch"]] = self.epoch  # type: ignore[index]
+        assert self.probe.stats is not None
+        self.probe.stats[0, STAT["epoch"]] = self.epoch
 
     def stop(self) -> dict[str, Any]:
         """End the last epoch (as :meth:`end_epoch`, unless it just ended), tell the pservers this trainer is done

@@ -147,3 +147,35 @@ def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
         StepTrainer(adam, aps.Strategy(mode="geo"), cluster, 0)
     with pytest.raises(ConfigError, match="no pservers"):
         StepTrainer(LinReg(), aps.Strategy(), aps.ClusterSpec([], 1), 0)
+
+
+def test_barrier_worker_waits_for_every_trainer(processes: Processes) -> None:
+    servers = processes.start_servers(1, trainers=2)
+    trainers = [StepTrainer(LinReg(), aps.Strategy(mode="async"), aps.ClusterSpec(servers, 2), i).start()
+                for i in range(2)]
+    events: list[str] = []
+    late_may_go = threading.Event()
+
+    def first() -> None:
+        events.append("0 waits")
+        late_may_go.set()
+        trainers[0].barrier()
+        events.append("0 passed")
+
+    def late() -> None:
+        late_may_go.wait(10)
+        events.append("1 arrives")
+        trainers[1].barrier()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=late)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert events.index("1 arrives") < events.index("0 passed"), events
+    stops = [threading.Thread(target=st.stop) for st in trainers]  # stop() meets the others too
+    for t in stops:
+        t.start()
+    for t in stops:
+        t.join(30)
+    assert processes.procs[0].wait(timeout=15) == 0
