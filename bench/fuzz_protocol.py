@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sources", type=int, default=1000, help="loopback source addresses the attack uses (default 1000)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (default: random, printed)")
     p.add_argument("--modes", default="no_token,token", help="comma-separated: no_token, token (default both)")
+    p.add_argument("--trainers", type=int, default=1, help="the server's --trainers: with 2, sync pushes and "
+                   "default-count barriers wait for a second trainer that never comes (default 1)")
     p.add_argument("--client-linger", type=float, default=DEFAULT_LINGER,
                    help="the server's --client-linger; 'after linger' is read this long + 1 s after the attack (default 60)")
     p.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "fuzz_protocol.json")
@@ -104,7 +106,7 @@ def run_mode(mode: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         if token is not None:
             token_file = work / "token"
             token_file.write_text(token + "\n")
-        flags = hostile.server_flags(token_file, work, "--client-linger", str(args.client_linger))
+        flags = hostile.server_flags(token_file, work, "--client-linger", str(args.client_linger), "--trainers", str(args.trainers))
         server = ServerProcess.start(work, *flags, name=f"pserver-{mode}")
         print(f"{mode}: aps-server pid {server.proc.pid} on {server.address}, seed {seed}", flush=True)
         try:
@@ -130,7 +132,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             mib(r["rss_after_closed"]), mib(r["rss_after_linger"]), r["ping_ms"].get("p50"), r["ping_ms"].get("p99"),
             r["ping_ms"].get("max"), r["probe_checks_passed"], r["server_exit_status"],
         ])
-    print(f"\nProtocol fuzz, default limits, --client-linger {args.client_linger:g} s, {args.concurrency} connections at once\n")
+    print(f"\nProtocol fuzz, default limits, --trainers {args.trainers} --client-linger {args.client_linger:g} s, "
+          f"{args.concurrency} connections at once\n")
     print(markdown_table(
         ["mode", "frames", "sessions", "replies", "INTERNAL", "unauth. served", "frames/s", "RSS before MiB", "peak MiB",
          "after close MiB", "after linger MiB", "ping p50 ms", "p99 ms", "max ms", "bit-exact checks", "exit"], rows))

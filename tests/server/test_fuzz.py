@@ -39,6 +39,9 @@ MAX_FRAME = 1 * MIB
 SERVER_LIMITS = (
     "--max-frame", str(MAX_FRAME), "--max-connection-bytes", str(4 * MIB), "--max-inflight-bytes", str(32 * MIB),
     "--max-table-bytes", str(1 * MIB), "--client-linger", "1",
+    # two trainers, of which none ever completes a round: hostile sync pushes and default-count
+    # barriers wait, and are withdrawn when their connection goes
+    "--trainers", "2",
 )
 LINGER = 1.0
 WARMUP_FRAMES = 3000  # before the first reading: allocator pools, caches, numba dispatch
