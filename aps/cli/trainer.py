@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--thread-pool-size", type=int, help="concurrent table pushes (default 5)")
     s.add_argument("--merge", choices=MERGES, help="how gradients are merged (default auto: see docs/modes.md)")
     s.add_argument("--no-prefetch", action="store_true", help="async: do not pull the next batch's rows during compute (to measure it)")
-    s.add_argument("--rpc-retry-times", type=int, help="retries per request (default 3)")
+    s.add_argument("--rpc-retry-times", type=int, help="retries of a request the pservers refused as retriable (default 3); "
+                   "a lost pserver is retried, reconnecting, for 120 s instead (a restart with aps-server --resume)")
     s.add_argument("--rpc-timeout", type=float, help="seconds per call, retries included (default 120)")
     o = p.add_argument_group("output")
     o.add_argument("--save-dir", default="model", help="trainer 0 saves DIR/epoch_N after each epoch (default model)")
