@@ -132,9 +132,10 @@ class PServer:
         if self._close_task is None:
             self._close_task = asyncio.ensure_future(self._shutdown())
 
-    async def aclose(self) -> None:
-        """Stop accepting, finish in-flight requests (bounded by drain_timeout), close."""
-        self.request_close()
+    async def aclose(self, checkpoint: bool = False) -> None:
+        """Stop accepting, finish in-flight requests (bounded by drain_timeout), close;
+        ``checkpoint``: write a last checkpoint to ``checkpoint_dir`` before closing."""
+        self.request_close(checkpoint)
         assert self._close_task is not None
         await asyncio.shield(self._close_task)
 
