@@ -5,7 +5,7 @@ A *session* is one TCP connection: maybe a handshake (HELLO, a good or bad AUTH)
 hostile frames - random bytes, real request frames with bytes flipped, frames cut short, headers
 promising huge bodies, requests before the handshake - written in a few pieces, then a
 half-close, then every reply read until the server closes. Sessions come from a seeded RNG, so a
-failing run is replayed from its seed.
+failing run's frames are replayed from its seed.
 
 A :class:`Probe` is the well-behaved client the attack must not hurt: it keeps two tables of its
 own and a numpy copy of what they must hold, and checks them bit for bit (its deltas are
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,8 +29,8 @@ import numpy as np
 import aps
 from aps import wire
 from aps.errors import ErrorCode, RemoteProtocolError
-from aps.wire.auth import auth_mac
 from aps.specs import spec_to_dict
+from aps.wire.auth import auth_mac
 from aps.wire.frame import HEADER, Flag, FrameDecoder, encode_header
 
 #: tables the hostile frames aim at (created before the attack, so mutated requests reach the
@@ -321,13 +320,13 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
 
 async def burst(attack: Attack, rng: np.random.Generator, frames: int, concurrency: int) -> Tally:
     """Sessions on ``concurrency`` connections at a time until at least ``frames`` hostile frames
-    went out. Each session draws from its own child RNG, so a run is fixed by its seed."""
+    went out. Each session draws from a child RNG seeded from ``rng`` as it starts, so the
+    sessions of a run (not their timing) are fixed by its seed."""
     tally = Tally()
-    seeds = iter(rng.integers(0, 1 << 63, size=1 << 20))
 
     async def worker() -> None:
         while tally.frames < frames:
-            await run_session(attack, np.random.default_rng(int(next(seeds))), tally)
+            await run_session(attack, np.random.default_rng(int(rng.integers(0, 1 << 63))), tally)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +57,19 @@ def fuzz_seed() -> int:
     return int(os.environ.get("APS_FUZZ_SEED") or np.random.SeedSequence().entropy % (1 << 32))
 
 
-async def attack_and_measure(server: ServerProcess, token: str | None, seed: int) -> dict[str, object]:
+@dataclass
+class Outcome:
+    tally: hostile.Tally
+    readings: list[tuple[int, int]]  # (server RSS, its tables' bytes) after the warm-up, N and 2N
+    checks: int  # bit-exact probe checks passed
+
+
+async def attack_and_measure(server: ServerProcess, token: str | None, seed: int) -> Outcome:
     rng = np.random.default_rng(seed)
     attack = hostile.Attack("127.0.0.1", server.port, token, MAX_FRAME, sources=hostile.source_pool(rng, 400))
     probe = await hostile.Probe(server.address, token, seed).open()
     total = hostile.Tally()
-    readings: list[tuple[int, int]] = []  # (rss, table bytes) after the warm-up, N and 2N
+    readings: list[tuple[int, int]] = []
 
     async def fire(frames: int) -> None:
         total.add(await hostile.burst(attack, rng, frames, CONCURRENCY))
@@ -83,7 +91,7 @@ async def attack_and_measure(server: ServerProcess, token: str | None, seed: int
             await reading()
     finally:
         await probe.aclose()
-    return {"tally": total, "readings": readings, "checks": probe.checks}
+    return Outcome(total, readings, probe.checks)
 
 
 @pytest.mark.parametrize("token", [None, "fuzz-token-5f1c"], ids=["no_token", "token"])
@@ -100,11 +108,11 @@ def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str |
             result = asyncio.run(attack_and_measure(server, token, seed))
         except AssertionError as exc:
             raise AssertionError(f"{exc} [fuzz seed {seed}]") from exc
-        tally: hostile.Tally = result["tally"]  # type: ignore[assignment]
-        (rss0, tables0), (rss1, tables1), (rss2, tables2) = result["readings"]  # type: ignore[misc]
+        tally = result.tally
+        (rss0, tables0), (rss1, tables1), (rss2, tables2) = result.readings
         where = f"[fuzz seed {seed}] {tally.as_dict()}"
         assert tally.frames >= WARMUP_FRAMES + 2 * BURSTS_PER_HALF * BURST_FRAMES >= 10_000, where
-        assert tally.sessions >= 500 and result["checks"] == 1 + 2 * BURSTS_PER_HALF, where
+        assert tally.sessions >= 500 and result.checks == 1 + 2 * BURSTS_PER_HALF, where
         assert set(tally.frames_by_kind) == set(hostile.FRAME_KINDS), where
         openings = hostile.OPENINGS if token is not None else hostile.OPENINGS_NO_TOKEN
         assert set(tally.sessions_by_opening) == set(openings), where
@@ -126,7 +134,6 @@ def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str |
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "request failed" not in log, f"[fuzz seed {seed}] server log: {log[-3000:]}"
     assert status == 0, f"[fuzz seed {seed}] the server exited with {status} on SIGTERM after the attack"
-
 
 
 TRACKED_ROWS = 1 << 20  # 1 MiB of change-tracking bitmap per client that asks for changes
