@@ -36,11 +36,15 @@ from typing import Any
 
 import numpy as np
 
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:  # loaded from elsewhere: preprocess sits next to this file
+    sys.path.insert(0, str(_HERE))
 try:
-    from aps.models.word2vec.preprocess import tokenize
+    import aps  # noqa: F401  (preprocess needs it)
 except ImportError:  # a source checkout run without installing aps
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from aps.models.word2vec.preprocess import tokenize
+    sys.path.insert(0, str(_HERE.parents[1]))
+
+from preprocess import tokenize  # noqa: E402
 
 # ---------------------------------------------------------------- R serialization (XDR) reader
 
@@ -556,7 +560,7 @@ def write_sources_md(out_dir: Path, results: list[SourceResult]) -> None:
         "Written by `examples/word2vec/debian_text.py`. Each `<source>.txt` holds plain text taken from a",
         "Debian package (fetched with `apt-get download`, unpacked with `dpkg-deb -x`, never installed),",
         "one paragraph, verse or fortune per line. Tokens are lower-cased runs of letters",
-        "(`aps.models.word2vec.preprocess.tokenize`).", "",
+        "(`examples/word2vec/preprocess.py`: `tokenize`).", "",
         "| source | content | package | version | licence | lines | tokens |",
         "|---|---|---|---|---|---:|---:|", *rows, "",
         f"Total: {sum(r.tokens for r in results):,} tokens in {sum(r.lines for r in results):,} lines.", "",

@@ -54,7 +54,7 @@ if str(_HERE) not in sys.path:  # imported from elsewhere: debian_text sits next
 import debian_text  # noqa: E402  (after the path fix above)
 
 from aps.errors import ConfigError, DataError  # noqa: E402  (debian_text made aps importable)
-from aps.models.word2vec import preprocess as pp  # noqa: E402
+import preprocess as pp  # noqa: E402
 
 ANALOGY_MEMBER = "gensim/test/test_data/questions-words.txt"
 ONE_BILLION_DIR = "training-monolingual.tokenized.shuffled/"

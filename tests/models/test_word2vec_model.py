@@ -360,7 +360,7 @@ def test_model_args_from_the_command_line(dict_path: Path) -> None:
     model = cls(**parse_model_args([f"dict_path={dict_path}", "negatives=pair"]))
     assert model.negatives == "pair" and model.describe()["negatives"] == "pair"
     default = Word2Vec(dict_path=str(dict_path))
-    assert (default.negatives, default.lr, default.lr_schedule) == ("window", 0.025, "linear")  # the best is the default
+    assert (default.negatives, default.lr, default.lr_schedule, default.batch_size, default.bias) == ("window", 0.025, "linear", 1000, False)
     assert default.table(EMB).optimizer == SGD(0.025)  # the model scales it (linear schedule, geo)
     with pytest.raises(ConfigError, match="lr_schedule"):
         Word2Vec(dict_path=str(dict_path), lr_schedule="cosine")

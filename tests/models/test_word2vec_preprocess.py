@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aps.errors import ConfigError, DataError
-from aps.models.word2vec import preprocess as pp
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "word2vec"))  # corpus preparation lives with the example
+import preprocess as pp  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ...errors import ConfigError
-from .preprocess import UNK
+from .export import UNK
 
 #: questions scored per matrix product (bounds memory: batch x restrict_vocab float32)
 SCORE_BATCH = 512

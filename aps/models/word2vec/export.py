@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError
-from .preprocess import UNK
+
+#: the dictionary's word for rare words (id 0), written by examples/word2vec/preprocess.py
+UNK = "<UNK>"
 
 
 def export_word2vec(

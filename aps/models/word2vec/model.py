@@ -1,24 +1,39 @@
-"""Skip-gram word2vec with negative sampling: the reference network as an aps model plug-in.
+"""Skip-gram word2vec with negative sampling as an aps model plug-in, in three sampling modes.
 
-The network and its data pipeline are PaddlePaddle Fleet's word2vec example:
+Common to all: ``emb`` (input vectors, uniform in ±0.5/dim) and ``emb_w`` (output vectors, zeros),
+trained by SGD; for every token a window size drawn uniformly from ``[1, window]``, and every
+other token of the line within it is a context (a *pair*); negatives drawn by inverse CDF from
+the exact unigram^0.75 distribution of ``dict.txt``'s counts (what word2vec.c's 1e8-entry table
+approximates); loss per pair ``softplus(-s_true) + sum_k softplus(s_neg_k)`` (sigmoid
+cross-entropy, ``s = <input, output> (+ output bias)``).
 
-* three tables: ``emb`` (centre vectors, uniform in ±0.5/dim), ``emb_w`` (output vectors, zeros)
-  and ``emb_b`` (output biases, dim 1, zeros), all trained by SGD with the reference's
-  exponential decay (``lr * decay_rate ** floor(step / decay_steps)``, staircase);
-* for every centre token a window size drawn uniformly from ``[1, window]``, and every other
-  token of the line within it is a context (a *pair* = one reference example);
-* ``neg_num`` negatives per batch, drawn from the unigram distribution of ``dict.txt`` raised
-  to 0.75 and shared by every pair of the batch (the reference's ``neg_array``);
-  ``negatives="pair"`` draws ``neg_num`` of them for every pair instead (word2vec.c / gensim:
-  many more distinct negatives per epoch, much better vectors after one epoch, slower steps);
-* loss per pair ``softplus(-s_true) + sum_k softplus(s_neg_k)`` (sigmoid cross-entropy).
+**``negatives="window"``, the default** (word2vec.c's direction, pWord2Vec's sharing: Ji et al.,
+"Parallelizing Word2Vec in Shared and Distributed Memory", 2016): for each target token, its
+``n <= 2 * window`` contexts are the inputs and the target plus ``neg_num`` negatives the outputs,
+the negatives drawn once per target and shared by its contexts (one that equals the target is
+skipped, as word2vec.c does). The ``n x (1 + K)`` scores are one small dense product; the loss is
+*summed* over pairs and ``lr`` is the per-pair step (0.025, gensim's). In geo mode the step
+updates the replica in place target after target (Hogwild with the other workers, like
+word2vec.c's threads), with no gathered copy and no gradient buffer. No output bias
+(``bias=false``; gensim and word2vec.c have none, and it cost accuracy here). A batch is whole
+targets, about ``batch_size`` (1000) pairs: only a unit of work.
 
-**Loss and learning rate.** A batch is ``batch_size`` consecutive pairs and its loss is the
-*mean* over those pairs, exactly the reference's ``reduce_mean(cost)`` over a batch of examples;
-gradients are of that mean and the runtime never rescales them. With the reference's
-``batch_size=100`` and ``lr=1.0`` each pair's own step is 0.01, about gensim's average
-learning rate (0.025 decaying linearly to 0). A larger batch with the same ``lr`` takes smaller
-per-pair steps: scale ``lr`` with ``batch_size / 100`` to keep them (the usual linear rule).
+**``lr_schedule="linear"``, the default**: word2vec.c's ``lr * (1 - progress)``, never below
+``lr * lr_floor``, progress counted in tokens over the run (``epochs`` x ``epoch_tokens``; pass
+``epochs`` equal to the trainer's ``--epochs``; ``epoch_tokens`` defaults to prepare_data.py's
+``meta.json`` count beside the dictionary, else the dictionary's counts). Each worker counts its
+own tokens times the number of workers. It runs in the model's local step, so it needs geo mode;
+``lr_schedule="exponential"`` is the reference's staircase ``lr * decay_rate ** floor(step /
+decay_steps)``, which the pservers apply in the other modes as well.
+
+**The reference network** (PaddlePaddle Fleet's word2vec example) is ``negatives=batch lr=1.0
+lr_schedule=exponential``: pairs scored centre-input against context-output with an output bias
+``emb_b``, ``batch_size`` (100) consecutive pairs per batch, ``neg_num`` negatives drawn once per
+batch and shared by all its pairs (the reference's ``neg_array``), the loss the *mean* over the
+batch (``reduce_mean(cost)``), so each pair's step is ``lr / batch_size``. It is about 3x faster
+per word than gensim but learns much less per epoch: a batch's shared negative rows each get
+~100 gradients in one step. ``negatives="pair"`` (``lr=2.5``) draws ``neg_num`` negatives for
+every pair instead, in the same layout.
 
 **Deliberate differences from the reference**, each small:
 
@@ -28,15 +43,13 @@ per-pair steps: scale ``lr`` with ``batch_size / 100`` to keep them (the usual l
   shorter, and is averaged over its own pairs.
 * Negatives are drawn once per batch (the PaddleRec reader); Fleet's generator draws them per
   line and every ``batch_size`` pairs of a line, which gives about the same sharing.
-  ``negatives="pair"`` is not the reference at all but word2vec.c's sampling (without its
-  skipping of a negative equal to the context word); with it, ``lr`` around 2.5 at
-  ``batch_size=100`` (a per-pair step of 0.025, gensim's starting rate) works best.
 * ``dim`` defaults to 100 (the reference uses 300) so that a benchmark epoch is quick; pass
   ``dim=300`` for the reference size.
 
 Vocabulary size comes from the number of lines of ``dict.txt`` (read in ``__init__``, which the
 table specs need); the counts for negative sampling are read lazily in the worker that first
-needs them, so the pickled model stays a handful of settings.
+needs them, so the pickled model stays a handful of settings. The kernels are split by job:
+:mod:`.batching` (text to batches) and :mod:`.step` (a batch's gradients or SGD).
 """
 
 from __future__ import annotations
@@ -63,6 +76,9 @@ NEGATIVES = ("window", "pair", "batch")
 LR_SCHEDULES = ("linear", "exponential")
 #: default ``lr`` per sampling mode: the per-pair step is gensim's 0.025 in every one of them
 DEFAULT_LR = {"window": 0.025, "pair": 2.5, "batch": 1.0}
+#: default ``batch_size`` per sampling mode: the reference's 100 pairs; window mode's batches are only
+#: a unit of work (its SGD is per target), so bigger ones just cost less Python per pair
+DEFAULT_BATCH = {"window": 1000, "pair": 100, "batch": 100}
 
 _PARSE_ERRORS = {
     B.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
@@ -218,7 +234,7 @@ class Word2Vec(Model):
         dim: int = 100,
         window: int = 5,
         neg_num: int = 5,
-        batch_size: int = 100,
+        batch_size: int | None = None,
         lr: float | None = None,
         decay_steps: int = 100_000,
         decay_rate: float = 0.999,
@@ -248,7 +264,8 @@ class Word2Vec(Model):
         self.dim = _int("dim", dim)
         self.window = _int("window", window)
         self.neg_num = _int("neg_num", neg_num)
-        self.batch_size = _int("batch_size", batch_size)
+        self.batch_size = DEFAULT_BATCH[self.negatives] if batch_size is None or batch_size == "" else _int(
+            "batch_size", batch_size)
         self.lr = DEFAULT_LR[self.negatives] if lr is None or lr == "" else _float("lr", lr)
         self.decay_steps = _int("decay_steps", decay_steps)
         self.decay_rate = _float("decay_rate", decay_rate)
