@@ -34,6 +34,7 @@ class Cluster:
         self.tmp = tmp
         self.trainers = trainers
         self.server_args = list(server_args)
+        self.trainers_started: list[subprocess.Popen] = []
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
         self.servers: list[subprocess.Popen] = [self.start_server(k) for k in range(servers)]
         for k, proc in enumerate(self.servers):
@@ -60,14 +61,18 @@ class Cluster:
         wait_port_file(self.port_file(k), self.servers[k])
         return time.monotonic() - started
 
-    def start_trainer(self, trainer: int, data: Path, mode: str, *extra: str, pause: float = 0.005) -> subprocess.Popen:
-        return self.processes.start(
+    def start_trainer(
+        self, trainer: int, data: Path, mode: str, *extra: str, pause: float = 0.005, workers: int = 1
+    ) -> subprocess.Popen:
+        proc = self.processes.start(
             "aps-trainer", "--pservers", ",".join(self.addresses), "--trainers", str(self.trainers),
             "--trainer-id", str(trainer), "--model", MODEL, "--model-arg", f"pause={pause}", "--data", str(data),
-            "--workers", "2", "--mode", mode, "--print-period", "0.2", "--metrics", str(self.metrics(trainer)),
+            "--workers", str(workers), "--mode", mode, "--print-period", "0.2", "--metrics", str(self.metrics(trainer)),
             "--save-dir", "model", *extra, log_name=self._log_name(self.trainer_log(trainer)), cwd=self.tmp,
             env={"PYTHONPATH": str(ROOT)},  # the model lives in tests/
         )
+        self.trainers_started.append(proc)
+        return proc
 
     def trainer_log(self, trainer: int) -> Path:
         return self.tmp / f"trainer.{trainer}.log"

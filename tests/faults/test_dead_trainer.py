@@ -21,17 +21,17 @@ BOUND = TIMEOUT + 1.0 + 3.0
 
 def start(processes: Processes, tmp: Path, mode: str) -> Cluster:
     data = tmp / "data"
-    make_data(data, files=4, lines_per_file=2000)
+    make_data(data, files=4, lines_per_file=1000)
     cluster = Cluster(processes, tmp, 1, 2, "--trainer-timeout", str(TIMEOUT))
     for trainer in (0, 1):
         cluster.start_trainer(trainer, data, mode, "--epochs", "3", "--no-save", pause=0.01)
-    wait_for(lambda: min(cluster.examples(0), cluster.examples(1)) >= 500, 60, "both trainers training")
+    wait_for(lambda: min(cluster.examples(0), cluster.examples(1)) >= 300, 60, "both trainers training")
     return cluster
 
 
 def test_sync_survivor_fails_naming_the_dead_trainer(processes: Processes, tmp_path: Path) -> None:
     cluster = start(processes, tmp_path, "sync")
-    survivor, victim = processes.procs[-2], processes.procs[-1]
+    survivor, victim = cluster.trainers_started
     victim.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     assert survivor.wait(timeout=BOUND + 10) != 0
@@ -48,7 +48,7 @@ def test_sync_survivor_fails_naming_the_dead_trainer(processes: Processes, tmp_p
 
 def test_async_survivor_finishes_and_pserver_exits(processes: Processes, tmp_path: Path) -> None:
     cluster = start(processes, tmp_path, "async")
-    survivor, victim = processes.procs[-2], processes.procs[-1]
+    survivor, victim = cluster.trainers_started
     victim.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     assert survivor.wait(timeout=60) == 0, cluster.trainer_log(0).read_text()[-2000:]
