@@ -1,0 +1,95 @@
+"""aps-local --restart-failed N: a pserver that dies is started again from its own checkpoints.
+
+Without it, aps-local stops the whole cluster when any role fails. With it, every pserver also
+writes its own shard every ``--checkpoint-every`` seconds (aps-server --checkpoint-dir), and a
+pserver that exits with an error or is killed, while aps-local did not ask it to stop, is started
+again at the same address with ``--resume DIR``, at most N times per pserver. The trainers ride
+through on their reconnect deadline (120 s); the restarted shard rolls back to its last
+checkpoint (docs/operations.md, "Restarting a pserver"). A pserver is not restarted, and fails
+the run as before, when it died before listening, before its first checkpoint, after N restarts,
+or in sync mode (whose pservers refuse to go on from one shard's rollback).
+
+The launcher (local.py) calls :func:`add_restart_flags` when it builds its parser, adds
+:meth:`Restarts.server_args` to each pserver's arguments, and asks :meth:`Restarts.take` when a
+pserver exits; when that says yes, it spawns the role again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..server.autosave import latest_checkpoint
+from .local_roles import Role, describe_exit
+
+
+def add_restart_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")
+    group.add_argument(
+        "--restart-failed", type=int, default=0, metavar="N",
+        help="start a pserver that dies again, up to N times each, from its own newest checkpoint (default 0: "
+             "any failure stops the run)",
+    )
+    group.add_argument(
+        "--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+        help="with --restart-failed: each pserver writes its shard this often (default 60)",
+    )
+    group.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="with --restart-failed: where they go (default: LOG_DIR/checkpoints)"
+    )
+
+
+class Restarts:
+    """Which dead pservers to start again, and with which arguments."""
+
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.limit = int(getattr(opts, "restart_failed", 0) or 0)
+        if self.limit < 0:
+            raise ConfigError(f"--restart-failed must be >= 0, got {self.limit}")
+        every = float(getattr(opts, "checkpoint_every", 60.0))
+        if self.limit and not every > 0:
+            raise ConfigError(f"--checkpoint-every must be > 0 with --restart-failed, got {every}")
+        self.every = every
+        given = getattr(opts, "checkpoint_dir", None)
+        self.directory = Path(given) if given else Path(opts.log_dir) / "checkpoints"
+        self.mode = getattr(opts, "mode", None)
+        self.num_servers = int(opts.layout[0])
+        self.counts: dict[int, int] = {}
+
+    def server_args(self) -> list[str]:
+        """Arguments every pserver gets so that it can be restarted (none without the option)."""
+        if not self.limit:
+            return []
+        return ["--checkpoint-dir", str(self.directory), "--checkpoint-every", f"{self.every:g}"]
+
+    def refusal(self, role: Role) -> str | None:
+        """Why ``role``, which has just exited, is not to be restarted; None to restart it."""
+        if not self.limit or role.kind != "pserver" or role.returncode in (None, 0) or role.sent is not None:
+            return "not a pserver that died by itself" if self.limit else "--restart-failed is off"
+        if self.mode == "sync":
+            return "sync mode cannot resume one shard alone"
+        if not role.listening:
+            return "it died before listening"
+        if self.counts.get(role.index, 0) >= self.limit:
+            return f"restarted {self.limit} time(s) already (--restart-failed {self.limit})"
+        if not self.directory.is_dir() or latest_checkpoint(self.directory, role.index, self.num_servers) is None:
+            return f"it died before its first checkpoint in {self.directory}"
+        return None
+
+    def take(self, role: Role) -> str | None:
+        """If ``role`` is to be restarted: count it, make its next start ``--resume`` from the
+        checkpoints, reset its process state, and return the line to show; else None."""
+        if self.refusal(role) is not None:
+            return None
+        self.counts[role.index] = self.counts.get(role.index, 0) + 1
+        how = describe_exit(role.returncode) if role.returncode is not None else "exited"
+        if "--resume" not in role.argv:
+            role.argv = [*role.argv, "--resume", str(self.directory)]
+        role.proc = None
+        role.returncode = None
+        role.started = role.ended = None
+        return (
+            f"aps-local: {role.name} {how}; restarting it from its last checkpoint in {self.directory} "
+            f"({self.counts[role.index]} of {self.limit})"
+        )
