@@ -23,6 +23,9 @@ from ..errors import ConfigError
 from ..server.autosave import latest_checkpoint
 from .local_roles import Role, describe_exit
 
+#: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
+RESTARTED_TRAINER_TIMEOUT = 10.0
+
 
 def add_restart_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")
@@ -61,7 +64,10 @@ class Restarts:
         """Arguments every pserver gets so that it can be restarted (none without the option)."""
         if not self.limit:
             return []
-        return ["--checkpoint-dir", str(self.directory), "--checkpoint-every", f"{self.every:g}"]
+        # a restarted pserver does not know which trainers finished while it was down: it stops
+        # waiting for them after the trainer timeout, which must end well within --server-grace
+        return ["--checkpoint-dir", str(self.directory), "--checkpoint-every", f"{self.every:g}",
+                "--trainer-timeout", f"{RESTARTED_TRAINER_TIMEOUT:g}"]
 
     def refusal(self, role: Role) -> str | None:
         """Why ``role``, which has just exited, is not to be restarted; None to restart it."""

@@ -43,7 +43,9 @@ def test_off_by_default_and_no_extra_server_args(tmp_path: Path) -> None:
 def test_restarts_a_dead_pserver_with_resume_up_to_n_times(tmp_path: Path) -> None:
     restarts = Restarts(options(tmp_path, "--restart-failed", "2", "--checkpoint-every", "5"))
     directory = tmp_path / "log" / "checkpoints"
-    assert restarts.server_args() == ["--checkpoint-dir", str(directory), "--checkpoint-every", "5"]
+    assert restarts.server_args() == [
+        "--checkpoint-dir", str(directory), "--checkpoint-every", "5", "--trainer-timeout", "10"
+    ]
     role = dead_pserver(1)
     directory.mkdir(parents=True)
     assert restarts.refusal(role) == f"it died before its first checkpoint in {directory}"
