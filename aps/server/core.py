@@ -130,7 +130,17 @@ class ServerCore:
         if flags & _SYNC:
             self._sync_allowed()
         if type(msg) in _WRITES and self.gate.busy:
-            return self.gate.after(lambda: handler(self, client_id, msg, flags))
+            return self.gate.after(lambda: self._run_held(handler, client_id, msg, flags))
+        return handler(self, client_id, msg, flags)
+
+    def _run_held(self, handler: Callable[..., Reply], client_id: int, msg: wire.Message, flags: int) -> Reply:
+        """Run a write that waited behind the gate, unless it is a sync push whose client has
+        gone meanwhile: like the chunks withdrawn at its disconnect, it must not join a round."""
+        if flags & _SYNC and client_id not in self._clients:
+            task = asyncio.current_task()
+            if task is not None:
+                self.replays.discard(client_id, [task])  # a retry must run it, not replay this refusal
+            raise ServerError(ErrorCode.BAD_REQUEST, "withdrawn: the client disconnected while its sync push waited", True)
         return handler(self, client_id, msg, flags)
 
     def _sync_allowed(self) -> None:

@@ -97,3 +97,23 @@ async def test_load_runs_off_the_loop_and_replaces_tables(tmp_path: Path) -> Non
             np.testing.assert_array_equal(await b.pull_sparse("big", [5]), saved)
     finally:
         await srv.aclose()
+
+
+async def test_sync_push_held_by_a_save_is_withdrawn_when_its_client_goes(tmp_path: Path) -> None:
+    srv = await aps.serve(num_trainers=2, checkpoint_root=str(tmp_path))
+    try:
+        async with aps.connect([f"127.0.0.1:{srv.port}"]) as a:
+            await a.create_table(BIG)
+            b = await aps.connect([f"127.0.0.1:{srv.port}"], deadline=0)
+            await b.ping()
+            save = asyncio.ensure_future(a.save("ckpt"))
+            await eventually(lambda: srv.core.gate.busy)
+            held = asyncio.ensure_future(b.push_sparse_grad("big", [0], np.ones((1, 32), np.float32), sync=True))
+            await asyncio.sleep(0.05)
+            await b.aclose()  # gone while its push waits behind the save
+            await save
+            await asyncio.gather(held, return_exceptions=True)
+            await asyncio.sleep(0.05)
+            assert srv.core.sync_rounds.pending_bytes() == 0  # it did not join a round
+    finally:
+        await srv.aclose()
