@@ -10,33 +10,30 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import structlog
 
 from .. import wire
-from ..errors import ApsError, ConfigError, ErrorCode, ServerError
+from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
-from .autosave import latest_checkpoint
-from .checkpoint import load_own_shard, load_shards, save_shard
 from .config import ServerConfig
+from .core_checkpoints import CheckpointHandlers, checkpoint_root
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
 from .liveness import TrainerLeases
+from .replay import ReplayCache
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 
 log = structlog.get_logger("aps.server")
 
 Reply = wire.Message | Awaitable[wire.Message]
-T = TypeVar("T")
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 Shard = SparseShard | DenseShard
@@ -45,45 +42,7 @@ Shard = SparseShard | DenseShard
 _MAX_FORGOTTEN = 65536
 
 
-class ReplayCache:
-    """Recent mutating request ids per client, so a retried push is not applied twice."""
-
-    def __init__(self, window: int, max_clients: int = 4096) -> None:
-        self.window = window
-        self.max_clients = max_clients
-        self._clients: OrderedDict[int, OrderedDict[int, Any]] = OrderedDict()
-
-    def get(self, client_id: int, request_id: int) -> Any:
-        seen = self._clients.get(client_id)
-        return None if seen is None else seen.get(request_id)
-
-    def put(self, client_id: int, request_id: int, reply: Any) -> None:
-        seen = self._clients.get(client_id)
-        if seen is None:
-            seen = self._clients[client_id] = OrderedDict()
-            if len(self._clients) > self.max_clients:
-                self._clients.popitem(last=False)
-        else:
-            self._clients.move_to_end(client_id)
-        seen[request_id] = reply
-        if len(seen) > self.window:
-            seen.popitem(last=False)
-
-    def discard(self, client_id: int, replies: list[Any]) -> None:
-        """Forget the entries of ``client_id`` whose reply is one of ``replies`` (by identity):
-        requests withdrawn before they finished, which a retry must run again."""
-        seen = self._clients.get(client_id)
-        if seen is None or not replies:
-            return
-        gone = {id(r) for r in replies}
-        for request_id in [rid for rid, reply in seen.items() if id(reply) in gone]:
-            del seen[request_id]
-
-    def forget(self, client_id: int) -> None:
-        self._clients.pop(client_id, None)
-
-
-class ServerCore:
+class ServerCore(CheckpointHandlers):
     """State and request handlers of one pserver."""
 
     def __init__(self, config: ServerConfig, on_all_done: Callable[[], None]) -> None:
@@ -107,9 +66,7 @@ class ServerCore:
         self.gate = WriteGate()
         self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
-        #: the shard directory this server resumed from (None: it did not): its shard may be
-        #: older than the others', which sync mode cannot accept
-        self.resumed: str | None = None
+        self.resumed = None
         if config.init_model:
             self._load(config.init_model)
         elif config.resume:
@@ -517,89 +474,6 @@ class ServerCore:
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
 
-    # ----------------------------------------------------------------- checkpoints
-
-    def _confine(self, path: str) -> str:
-        """The real path of a checkpoint directory a client named, refused outside the root."""
-        if not path or "\0" in path:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"bad checkpoint path {path!r}")
-        real = os.path.realpath(os.path.join(self.checkpoint_root, path))
-        if os.path.commonpath([self.checkpoint_root, real]) != self.checkpoint_root:
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"checkpoint path {path!r} is {real}, outside this pserver's checkpoint root {self.checkpoint_root} "
-                "(aps-server --checkpoint-root)",
-            )
-        return real
-
-    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
-        path = self._confine(msg.path)
-        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path))
-
-    def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-        """Close the write gate now and run ``work`` (a save or load) while writes wait."""
-        self.gate.close()
-        return self.gate.exclusive(work)
-
-    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None) -> wire.Message:
-        """Write this server's shard under ``path`` from a thread; the caller holds the write
-        gate, so the tables do not change until it is done (a consistent snapshot)."""
-        tables, extra = dict(self.tables), dict(self.extra)
-        index, servers = self.config.server_index, self.config.num_servers
-        started = time.monotonic()
-        try:
-            await asyncio.to_thread(save_shard, path, tables, index, servers, extra, save_id=save_id)
-        except OSError as exc:
-            raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
-        self.stats.last_save_seconds = time.monotonic() - started
-        self.stats.saves += 1
-        log.info("saved", path=path, tables=len(tables), save_id=save_id, seconds=round(self.stats.last_save_seconds, 3))
-        return wire.Ok(op=wire.Op.SAVE)
-
-    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
-        path = self._confine(msg.path)
-        return self.exclusive(lambda: self._load_off_loop(path, msg.path))
-
-    async def _load_off_loop(self, path: str, shown: str) -> wire.Message:
-        index, servers = self.config.server_index, self.config.num_servers
-        try:
-            shards, extra = await asyncio.to_thread(load_shards, path, index, servers)
-        except OSError as exc:
-            raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
-        except ApsError as exc:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"load from {shown!r} failed: {exc}") from None
-        self._install(path, shards, extra)
-        return wire.Ok(op=wire.Op.LOAD)
-
-    def _load(self, path: str) -> None:
-        """Load at start (``init_model``, ``resume``), before anything is served."""
-        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
-        self._install(path, shards, extra)
-
-    def _resume(self, directory: str) -> None:
-        """Load this shard alone from the newest complete checkpoint of it in ``directory``."""
-        index, servers = self.config.server_index, self.config.num_servers
-        found = latest_checkpoint(directory, index, servers)
-        if found is None:
-            raise ConfigError(
-                f"resume: no complete checkpoint of shard {index} of {servers} in {directory} "
-                "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
-            )
-        path, manifest = found
-        shards, extra = load_own_shard(path, index, servers)
-        self._install(str(path), shards, extra)
-        self.resumed = str(path)
-        log.warning(
-            "resumed: this shard is rolled back to its checkpoint", path=str(path), save_id=manifest.get("save_id"),
-            written_at=manifest.get("written_at_iso"), age_seconds=round(time.time() - float(manifest.get("written_at", 0)), 1),
-        )
-
-    def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
-        self.tables = dict(shards)
-        self.specs = {name: shard.spec for name, shard in shards.items()}
-        self.extra = dict(extra)
-        log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
-
     _handlers: dict[type, Callable[..., Reply]] = {
         wire.CreateTable: _create_table,
         wire.TableInfo: _table_info,
@@ -613,8 +487,8 @@ class ServerCore:
         wire.Barrier: _barrier,
         wire.Ping: _ping,
         wire.Stats: _stats,
-        wire.Save: _save,
-        wire.Load: _load_msg,
+        wire.Save: CheckpointHandlers._save,
+        wire.Load: CheckpointHandlers._load_msg,
     }
 
 
@@ -643,14 +517,6 @@ def _array_bytes(offset: int, shape: tuple[int, ...], itemsize: int) -> int:
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.3g} GiB"
-
-
-def checkpoint_root(root: str | None) -> str:
-    """The real path of the directory client-named checkpoints must lie in (default: the cwd)."""
-    real = os.path.realpath(root if root is not None else os.getcwd())
-    if not os.path.isdir(real):
-        raise ConfigError(f"checkpoint root {root}: no such directory")
-    return real
 
 
 def _size(spec: TableSpec) -> dict[str, Any]:

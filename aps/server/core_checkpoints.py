@@ -1,0 +1,134 @@
+"""The pserver's checkpoint requests: SAVE and LOAD from clients, ``init_model`` and ``resume``
+at start. A mixin of :class:`~aps.server.core.ServerCore`, kept apart because it is a
+responsibility of its own: paths confined to the checkpoint root, the write gate held while a
+save or load runs in a thread, and the state a load installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from .. import wire
+from ..errors import ApsError, ConfigError, ErrorCode, ServerError
+from ..specs import TableSpec
+from .autosave import latest_checkpoint
+from .checkpoint import load_own_shard, load_shards, save_shard
+from .config import ServerConfig
+from .gate import WriteGate
+from .stats import ServerStats
+from .tables import Shard
+
+log = structlog.get_logger("aps.server")
+
+T = TypeVar("T")
+Reply = wire.Message | Awaitable[wire.Message]
+
+
+class CheckpointHandlers:
+    """Save, load, resume; the state it reads and replaces is the core's."""
+
+    config: ServerConfig
+    tables: dict[str, Shard]
+    specs: dict[str, TableSpec]
+    extra: dict[str, Any]
+    stats: ServerStats
+    gate: WriteGate
+    checkpoint_root: str
+    #: the shard directory this server resumed from (None: it did not): its shard may be
+    #: older than the others', which sync mode cannot accept
+    resumed: str | None
+
+    def _confine(self, path: str) -> str:
+        """The real path of a checkpoint directory a client named, refused outside the root."""
+        if not path or "\0" in path:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"bad checkpoint path {path!r}")
+        real = os.path.realpath(os.path.join(self.checkpoint_root, path))
+        if os.path.commonpath([self.checkpoint_root, real]) != self.checkpoint_root:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"checkpoint path {path!r} is {real}, outside this pserver's checkpoint root {self.checkpoint_root} "
+                "(aps-server --checkpoint-root)",
+            )
+        return real
+
+    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
+        path = self._confine(msg.path)
+        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path))
+
+    def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """Close the write gate now and run ``work`` (a save or load) while writes wait."""
+        self.gate.close()
+        return self.gate.exclusive(work)
+
+    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None) -> wire.Message:
+        """Write this server's shard under ``path`` from a thread; the caller holds the write
+        gate, so the tables do not change until it is done (a consistent snapshot)."""
+        tables, extra = dict(self.tables), dict(self.extra)
+        index, servers = self.config.server_index, self.config.num_servers
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(save_shard, path, tables, index, servers, extra, save_id=save_id)
+        except OSError as exc:
+            raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
+        self.stats.last_save_seconds = time.monotonic() - started
+        self.stats.saves += 1
+        log.info("saved", path=path, tables=len(tables), save_id=save_id, seconds=round(self.stats.last_save_seconds, 3))
+        return wire.Ok(op=wire.Op.SAVE)
+
+    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
+        path = self._confine(msg.path)
+        return self.exclusive(lambda: self._load_off_loop(path, msg.path))
+
+    async def _load_off_loop(self, path: str, shown: str) -> wire.Message:
+        index, servers = self.config.server_index, self.config.num_servers
+        try:
+            shards, extra = await asyncio.to_thread(load_shards, path, index, servers)
+        except OSError as exc:
+            raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
+        except ApsError as exc:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"load from {shown!r} failed: {exc}") from None
+        self._install(path, shards, extra)
+        return wire.Ok(op=wire.Op.LOAD)
+
+    def _load(self, path: str) -> None:
+        """Load at start (``init_model``, ``resume``), before anything is served."""
+        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
+        self._install(path, shards, extra)
+
+    def _resume(self, directory: str) -> None:
+        """Load this shard alone from the newest complete checkpoint of it in ``directory``."""
+        index, servers = self.config.server_index, self.config.num_servers
+        found = latest_checkpoint(directory, index, servers)
+        if found is None:
+            raise ConfigError(
+                f"resume: no complete checkpoint of shard {index} of {servers} in {directory} "
+                "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
+            )
+        path, manifest = found
+        shards, extra = load_own_shard(path, index, servers)
+        self._install(str(path), shards, extra)
+        self.resumed = str(path)
+        log.warning(
+            "resumed: this shard is rolled back to its checkpoint", path=str(path), save_id=manifest.get("save_id"),
+            written_at=manifest.get("written_at_iso"), age_seconds=round(time.time() - float(manifest.get("written_at", 0)), 1),
+        )
+
+    def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
+        self.tables = dict(shards)
+        self.specs = {name: shard.spec for name, shard in shards.items()}
+        self.extra = dict(extra)
+        log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
+
+
+def checkpoint_root(root: str | None) -> str:
+    """The real path of the directory client-named checkpoints must lie in (default: the cwd)."""
+    real = os.path.realpath(root if root is not None else os.getcwd())
+    if not os.path.isdir(real):
+        raise ConfigError(f"checkpoint root {root}: no such directory")
+    return real
