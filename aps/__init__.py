@@ -1,10 +1,17 @@
 """aps: an asyncio parameter server for training sparse models.
 
 Public names only; see README.md for a tour.
+
+Only the error tree is imported with ``import aps``; every other public name is imported on first
+use (module ``__getattr__``). A client-only program therefore does not pay for the trainer, the
+server or numba until it touches them.
 """
 
-from .client import PSClient, connect
-from .cluster import ClusterSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ApsError,
     ConfigError,
@@ -16,18 +23,59 @@ from .errors import (
     RemoteProtocolError,
     RequestTimeout,
     ServerError,
+    TokenMissing,
+    WorkerFailed,
 )
-from .server import PServer, ServerConfig, serve
-from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
-from .trainer import StepTrainer, Strategy, Trainer, TrainOptions
-from .fleet import DistributedStrategy, Fleet
+
+if TYPE_CHECKING:
+    from .client import PSClient, connect
+    from .cluster import ClusterSpec
+    from .fleet import DistributedStrategy, Fleet
+    from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
+    from .server import PServer, ServerConfig, serve
+    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
+    from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
 
 __version__ = "0.1.0"
 
+#: public name -> the module (relative to aps) that defines it
+_LAZY = {
+    **dict.fromkeys(("connect", "PSClient"), "client"),
+    "ClusterSpec": "cluster",
+    **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
+    **dict.fromkeys(("SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
+                     "ExponentialDecay"), "specs"),
+    **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),
+                    "trainer"),
+    **dict.fromkeys(("Fleet", "DistributedStrategy"), "fleet"),
+    **dict.fromkeys(("launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess"), "launcher"),
+}
+
 __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
-    "StepTrainer", "Fleet", "DistributedStrategy",
+    "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
+    "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
     "SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
     "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
-    "ServerError", "ConfigError", "DataError", "ErrorCode",
+    "ServerError", "ConfigError", "TokenMissing", "DataError", "WorkerFailed", "ErrorCode",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (and any ``aps.<submodule>``), then cache it."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    else:
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -38,6 +38,16 @@ class ConfigError(ApsError):
     """A setting, table spec or argument is invalid; raised before anything is sent."""
 
 
+class TokenMissing(ConfigError):
+    """A pserver asks for a token and none was given here: a setting to fix on this side
+    (``token=``, ``APS_TOKEN``, ``--token-file``), not a refusal by the server to retry."""
+
+
+class WorkerFailed(ApsError):
+    """A trainer's compute worker process reported an error or died; the message says which
+    worker and why. The trainer stops its other workers before this reaches the caller."""
+
+
 class DataError(ApsError):
     """An input record could not be parsed; says which file and line."""
 

@@ -1,60 +1,35 @@
 """aps-local: run a whole cluster (N pservers, M trainers) on this machine.
 
-The local equivalent of Paddle's ``fleetrun --server_num N --worker_num M``: pick free ports,
-start the pservers, wait until each one listens, start the trainers, show a live status, and
-make sure that when anything fails everything stops, loudly, with the failing log's tail.
-
-Process model (the two choices that make "no orphans, no double signals" hold):
-
-* Every child runs in its **own session / process group** (``start_new_session=True``). A
-  terminal Ctrl-C then reaches only aps-local, which forwards exactly one SIGTERM; without this the
-  terminal would SIGINT every child *and* aps-local would SIGTERM them again. Owning a group per
-  role also lets aps-local signal what a role forked (a trainer's worker pool) with ``killpg``.
-* On Linux each child asks for ``PR_SET_PDEATHSIG = SIGKILL`` (``prctl`` through ctypes, in a
-  ``preexec_fn``), so even if aps-local is SIGKILLed its direct children die with it instead of
-  holding ports forever. SIGKILL, not SIGTERM, because a hung child must not survive either.
-  Elsewhere (macOS, ...) the call is skipped: there, only a SIGKILL of aps-local can leak children.
-  The death signal follows the *thread* that forked; aps-local forks from its only thread, the
-  event loop's.
-* Stopping sends SIGTERM to each role's whole group (as a terminal or systemd would), SIGKILL to
-  the group after a grace period; a second Ctrl-C skips the grace. At the end, anything still
-  running in a role's group (a leaked grandchild) is SIGKILLed and reported.
+The local equivalent of Paddle's ``fleetrun --server_num N --worker_num M``. This module is the
+command line only: its options, its terminal output (layout, status, summary, the failed role's
+log tail) and its signals. The launcher itself is :mod:`aps.launcher` (``aps.LocalCluster``),
+which programs use directly; the process model (a process group per role, death with the
+launcher, SIGTERM then SIGKILL per group, no orphans) is described in :mod:`aps.launcher_run`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import importlib.util
-import os
 import re
 import shlex
-import shutil
 import signal
-import socket
 import sys
 import tempfile
-import time
-from collections.abc import Callable
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
-from ..cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV
-from .common import TOKEN_ON_ARGV, read_token_file, run_main
-from .local_display import Board, epoch_cells
-from .local_roles import Role, child_setup, describe_exit, group_alive, last_lines, signal_group
-from .plot import last_epoch_record
+from ..launcher import MODES, LaunchResult, LocalCluster, RoleResult, metrics_ports_problem, result_of, script_command
+from ..launcher_roles import Role, last_lines, program
+from ..launcher_run import EXIT_FAILED, EXIT_TIMEOUT, Supervisor
+from .common import TOKEN_ON_ARGV, on_signals, read_token_file, run_main
+from .local_display import Board, summary_rows
 
-MODES = ("sync", "async", "half_async", "geo")
-EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
-STOP_GRACE = 10.0  # SIGTERM -> SIGKILL when a role failed or --timeout expired
-INTERRUPT_GRACE = 5.0  # the same after Ctrl-C / SIGTERM: the user is waiting
-TTY_REFRESH = 0.5
+__all__ = ["EXIT_FAILED", "EXIT_TIMEOUT", "EXIT_USAGE", "Board", "Launcher", "build_parser", "main", "parse_args"]
+
+EXIT_USAGE = 2
 TAIL_LINES = 10
-BIN = Path(__file__).resolve().parents[2] / "bin"
 
 DESCRIPTION = """\
 Run a local aps cluster: N pservers and M trainers on this machine (like Paddle's
@@ -197,66 +172,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--trainer-cmd is empty")
     if opts.timeout == 0:
         parser.error("--timeout must be > 0")
-    if opts.metrics_port is not None:
-        last = opts.metrics_port + sum(opts.layout) - 1
-        if opts.metrics_port < 1 or last > 65535:
-            parser.error(f"--metrics-port {opts.metrics_port}: the ports of all {sum(opts.layout)} roles "
-                         f"must lie in 1..65535 (the last would be {last})")
+    if opts.metrics_port is not None and (problem := metrics_ports_problem(opts.metrics_port, sum(opts.layout))):
+        parser.error(f"--metrics-port {opts.metrics_port}: {problem}")
     return opts, unknown + after
 
 
-def given_metrics(trainer_args: list[str]) -> str | None:
-    """The --metrics PATH the user passed to the trainers (the last one wins, as in argparse)."""
-    path = None
-    for i, arg in enumerate(trainer_args):
-        if arg == "--metrics" and i + 1 < len(trainer_args):
-            path = trainer_args[i + 1]
-        elif arg.startswith("--metrics="):
-            path = arg.split("=", 1)[1]
-    return path
-
-
-def program(name: str, module: str) -> list[str] | None:
-    """How to run an aps program with this interpreter: the bin/ shim if present, else ``-m``."""
-    shim = BIN / name
-    if shim.is_file():
-        return [sys.executable, str(shim)]
-    if importlib.util.find_spec(module) is not None:
-        return [sys.executable, "-m", module]
-    return None
-
-
-def script_env(file_var: str, path: Path, metrics_port: int | None) -> dict[str, str]:
-    """What a user's script learns from aps-local beyond the cluster (read by aps.fleet): where
-    to write its port (pserver) or its metrics records (trainer), and its metrics port."""
-    env = {file_var: str(path)}
-    if metrics_port is not None:
-        env[METRICS_PORT_ENV] = str(metrics_port)
-    return env
-
-
-def script_command(argv: list[str]) -> list[str]:
-    """A script run in every role. ``train.py ARGS`` and ``python train.py ARGS`` (or
-    ``python3``) run with the interpreter running aps-local, so the script imports the same aps
-    whatever ``python`` is first on PATH; any other command runs as given."""
-    if argv[0].endswith(".py"):
-        return [sys.executable, *argv]
-    if argv[0] in ("python", "python3"):
-        return [sys.executable, *argv[1:]]
-    return argv
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free ports. All sockets stay open until every port is chosen, so none repeats;
-    another process may still take one before the pserver binds it (reported as such)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+def cluster_of(opts: argparse.Namespace, trainer_args: list[str]) -> LocalCluster:
+    """The job aps-local's options describe (checked already by :func:`parse_args`)."""
+    servers, trainers = opts.layout
+    return LocalCluster(
+        servers, trainers, trainer_args=trainer_args, mode=opts.mode, script=opts.script_argv,
+        trainer_cmd=opts.trainer_argv, server_args=opts.server_argv, log_dir=opts.log_dir, token=opts.token,
+        timeout=opts.timeout, server_grace=opts.server_grace, start_timeout=opts.start_timeout,
+        metrics_port=opts.metrics_port, label="aps-local",
+    )
 
 
 # ------------------------------------------------------------------------------------ launcher
@@ -264,87 +193,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 @dataclass
 class Launcher:
-    """Starts the roles, watches them, and stops them; ``run()`` returns aps-local's exit code."""
+    """aps-local's run of a :class:`~aps.launcher.LocalCluster`: the layout first, the
+    launcher's lines and status on the board, signals forwarded once, the summary and the first
+    failure's log tail at the end; ``run()`` returns aps-local's exit code."""
 
     opts: argparse.Namespace
     trainer_args: list[str]
     board: Board
     servers: list[Role] = field(default_factory=list)
     trainers: list[Role] = field(default_factory=list)
-    stop_code: int | None = None  # set by a signal to aps-local or by --timeout
-    stop_reason: str = ""
 
     def __post_init__(self) -> None:
-        self.changed = asyncio.Event()  # set whenever a child exits or a stop is requested
-        self.hurry = asyncio.Event()  # a second Ctrl-C: SIGKILL without waiting
-        self.began = time.monotonic()
-        self.began_wall = time.time()  # metrics records carry unix time
-        self.watchers: list[asyncio.Task[None]] = []
-        self.stopping = False  # in _stop_all: a signal now only means "hurry"
+        self.cluster = cluster_of(self.opts, self.trainer_args)
 
     @property
     def roles(self) -> list[Role]:
         return self.servers + self.trainers
 
-    # -- building the roles
-
-    def plan(self, server_cmd: list[str], trainer_cmd: list[str], port_dir: Path) -> None:
-        num_servers, num_trainers = self.opts.layout
-        ports = free_ports(num_servers)
-        pservers = ",".join(f"127.0.0.1:{p}" for p in ports)
-        log_dir = Path(self.opts.log_dir)
-        common = dict(os.environ)
-        common.setdefault("PYTHONUNBUFFERED", "1")  # logs stream, so the status shows fresh lines
-        common.update(APS_PSERVERS=pservers, PADDLE_PSERVERS_IP_PORT_LIST=pservers, POD_IP="127.0.0.1",
-                      APS_TRAINERS=str(num_trainers), PADDLE_TRAINERS_NUM=str(num_trainers))
-        if self.opts.token is not None:
-            common["APS_TOKEN"] = self.opts.token
-        script = self.opts.script_argv
-        for k, port in enumerate(ports):
-            env = {n: v for n, v in common.items() if n not in ("APS_TRAINER_ID", "PADDLE_TRAINER_ID")}
-            env.update(APS_ROLE="pserver", TRAINING_ROLE="PSERVER", APS_HOST="127.0.0.1", APS_PORT=str(port),
-                       PADDLE_PORT=str(port), APS_SERVER_INDEX=str(k))
-            port_file = port_dir / f"pserver.{k}.port"
-            metrics_port = self._metrics_port(k)
-            if script is not None:  # the user's script in the pserver role: everything by environment
-                env.update(script_env(PORT_FILE_ENV, port_file, metrics_port))
-                argv = list(script)
-            else:
-                argv = [*server_cmd, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
-                        "--trainers", str(num_trainers), "--port-file", str(port_file),
-                        *self._metrics_port_flag(metrics_port), *self.opts.server_argv]
-            self.servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
-                                     metrics_port=metrics_port))
-        mode = ["--mode", self.opts.mode] if self.opts.mode else []
-        user_metrics = given_metrics(self.trainer_args)
-        for i in range(num_trainers):
-            env = {n: v for n, v in common.items() if n not in ("APS_HOST", "APS_PORT", "PADDLE_PORT", "APS_SERVER_INDEX")}
-            env.update(APS_ROLE="trainer", TRAINING_ROLE="TRAINER", APS_TRAINER_ID=str(i), PADDLE_TRAINER_ID=str(i))
-            metrics_port = self._metrics_port(num_servers + i)
-            # aps-trainer's own default (log/ under the cwd) would miss a --log-dir elsewhere, so the
-            # file is named here; a --trainer-cmd program may not know the flag, so it is not given one.
-            ours = user_metrics is None and self.opts.trainer_argv is None
-            metrics = Path(user_metrics) if user_metrics is not None else log_dir / f"trainer.{i}.metrics.jsonl"
-            if script is not None:  # fleet.init_worker reads both from the environment
-                env.update(script_env(METRICS_FILE_ENV, metrics, metrics_port))
-                argv = list(script)
-            else:
-                argv = [*trainer_cmd, "--pservers", pservers, "--trainers", str(num_trainers), "--trainer-id", str(i),
-                        *mode, *(["--metrics", str(metrics)] if ours else []), *self._metrics_port_flag(metrics_port),
-                        *self.trainer_args]
-            if ours:  # trainers append: this run's numbers only, like the logs
-                with contextlib.suppress(OSError):  # unremovable: the trainer will say why it cannot write
-                    metrics.unlink(missing_ok=True)
-            self.trainers.append(Role("trainer", i, argv, env, log_dir / f"trainer.{i}.log",
-                                      metrics_path=metrics, metrics_port=metrics_port))
-
-    def _metrics_port(self, position: int) -> int | None:
-        """Role ``position`` (pservers first, then trainers) serves metrics on BASE+position."""
-        return None if self.opts.metrics_port is None else self.opts.metrics_port + position
-
-    @staticmethod
-    def _metrics_port_flag(port: int | None) -> list[str]:
-        return [] if port is None else ["--metrics-port", str(port)]
+    def plan(self, server_cmd: list[str] | None, trainer_cmd: list[str] | None, port_dir: Path) -> None:
+        """Ports, argv and environment of every role; the commands default to this installation's."""
+        self.servers, self.trainers = self.cluster.plan(port_dir, server_cmd, trainer_cmd)
 
     def print_layout(self) -> None:
         n, m = self.opts.layout
@@ -361,207 +229,39 @@ class Launcher:
         if self.trainers:
             self.board.line(f"  trainer.0 command: {shlex.join(self.trainers[0].argv)}")
 
-    # -- running
-
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not POSIX
-                pass
-        timer = loop.call_later(self.opts.timeout, self._on_timeout) if self.opts.timeout else None
-        ticker = asyncio.create_task(self._status_loop())
+        sup: Supervisor = self.cluster.supervisor(self.servers, self.trainers, self.board)
         try:
-            code = await self._supervise()
+            on_signals(sup.interrupt, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not POSIX
+            pass
+        timeout = self.opts.timeout
+        timer = sup.stop_after(timeout, f"--timeout {timeout:g} s expired, stopping the cluster") if timeout else None
+        try:
+            code = await sup.run()
         finally:
-            ticker.cancel()
             if timer is not None:
                 timer.cancel()
-            await self._stop_all(INTERRUPT_GRACE if self.stop_code in (130, 143, 129) else STOP_GRACE)
-            await self._sweep_groups()
-        self._report(code)
+        self._report(result_of(sup, code))
         return code
-
-    async def _supervise(self) -> int:
-        for role in self.servers:
-            await self._spawn(role)
-        await self._wait_until(self._all_listening, self.opts.start_timeout, poll=0.05)
-        hint = " (does the script call fleet.run_server()?)" if self.opts.script_argv is not None else ""
-        for role in self.servers:
-            if not role.listening and role.failure is None and self.stop_code is None:
-                role.fail(f"did not start listening within {self.opts.start_timeout:g} s{hint}")
-        if (code := self._verdict()) is not None:
-            return code
-        for role in self.trainers:
-            if self._verdict() is not None:
-                break  # a stop request or a failure while starting: start no more
-            await self._spawn(role)
-        await self._wait_until(lambda: not any(r.running for r in self.trainers), None)
-        if (code := self._verdict()) is not None:
-            return code
-        keep_serving = "--no-exit-when-done" in self.opts.server_argv
-        grace = 0.0 if keep_serving else self.opts.server_grace
-        await self._wait_until(lambda: not any(r.running for r in self.servers), grace)
-        if (code := self._verdict()) is not None:
-            return code
-        for role in self.servers:
-            if role.running and not keep_serving:
-                role.fail(f"still running {grace:g} s after every trainer finished (did each trainer call worker_done?)")
-        return EXIT_FAILED if any(r.failure for r in self.servers) else 0
-
-    def _verdict(self) -> int | None:
-        """Why to stop now, as an exit code: a stop request, or a failed role; None to go on."""
-        if self.stop_code is not None:
-            return self.stop_code
-        return EXIT_FAILED if any(r.failure for r in self.roles) else None
-
-    def _all_listening(self) -> bool:
-        for role in self.servers:
-            if not role.listening and role.port_file is not None and role.port_file.exists():
-                role.listening = True
-            if not role.listening and role.returncode is not None:
-                role.fail(f"{describe_exit(role.returncode)} before listening")
-        return all(r.listening for r in self.servers)
-
-    async def _wait_until(self, done: Callable[[], bool], timeout: float | None, poll: float | None = None,
-                          stopping: bool = False) -> bool:
-        """Sleep until ``done()``, waking on every child exit (and every ``poll`` s); give up at the
-        timeout, or (unless ``stopping``) as soon as a role failed or a stop was requested."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            if done():
-                return True
-            if (not stopping and self._verdict() is not None) or (stopping and self.hurry.is_set()):
-                return False
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return False
-            nap = poll if remaining is None else (remaining if poll is None else min(poll, remaining))
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), nap)
-            except TimeoutError:
-                pass
-
-    async def _spawn(self, role: Role) -> None:
-        role.log_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(role.log_path, "wb") as log:
-                role.proc = await asyncio.create_subprocess_exec(
-                    *role.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    env=role.env, start_new_session=True, preexec_fn=child_setup(),
-                )
-        except OSError as exc:
-            role.fail(f"could not start {shlex.join(role.argv[:1])}: {exc}")
-            self.changed.set()
-            return
-        role.started = time.monotonic()
-        self.watchers.append(asyncio.create_task(self._watch(role)))
-
-    async def _watch(self, role: Role) -> None:
-        assert role.proc is not None
-        role.returncode = await role.proc.wait()
-        role.ended = time.monotonic()
-        if role.returncode != 0 and role.sent is None:
-            early = role.port_file is not None and not role.listening and not role.port_file.exists()
-            role.fail(describe_exit(role.returncode) + (" before listening" if early else ""))
-        mark = "" if role.returncode == 0 or role.sent else "  <- FAILED"
-        self.board.line(f"aps-local: {role.name} exited: {role.state()} after {role.duration():.1f} s{mark}")
-        self.changed.set()
-
-    async def _status_loop(self) -> None:
-        period = TTY_REFRESH if self.board.tty else self.opts.status_interval
-        if period <= 0:
-            return
-        while True:
-            await asyncio.sleep(period)
-            self.board.status(self.roles, time.monotonic() - self.began)
-
-    # -- stopping
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        if self.stop_code is not None or self.stopping:
-            self.hurry.set()
-            self.board.line(f"aps-local: {sig.name} again, killing everything", error=True)
-        else:
-            self.stop_code, self.stop_reason = 128 + sig.value, f"interrupted by {sig.name}"
-            self.board.line(f"aps-local: {sig.name}, stopping the cluster ({sig.name} again kills at once)", error=True)
-        self.changed.set()
-
-    def _on_timeout(self) -> None:
-        if self.stop_code is None:
-            self.stop_code, self.stop_reason = EXIT_TIMEOUT, f"timed out after {self.opts.timeout:g} s"
-            self.board.line(f"aps-local: --timeout {self.opts.timeout:g} s expired, stopping the cluster", error=True)
-            self.changed.set()
-
-    async def _stop_all(self, grace: float) -> None:
-        """SIGTERM every running role's group, SIGKILL what is left after ``grace``, reap all."""
-        self.stopping = True
-        for role in self.roles:
-            if role.running:
-                role.sent = "SIGTERM"
-                signal_group(role, signal.SIGTERM)
-        await self._wait_until(lambda: not any(r.running for r in self.roles), grace, stopping=True)
-        for role in self.roles:
-            if role.running:
-                role.sent = "SIGKILL"
-                signal_group(role, signal.SIGKILL)
-        if self.watchers:
-            await asyncio.gather(*self.watchers)
-
-    async def _sweep_groups(self, grace: float = 3.0) -> None:
-        """Kill anything a role forked and left behind after the role itself exited.
-
-        Helpers of a role (e.g. multiprocessing's resource tracker) exit a moment after the role
-        does, so they get ``grace`` seconds before they count as left behind."""
-        deadline = time.monotonic() + grace
-        while any(group_alive(r) for r in self.roles) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for role in self.roles:
-            if group_alive(role):
-                signal_group(role, signal.SIGKILL)
-                self.board.line(f"aps-local: {role.name} left processes behind in its group; killed them", error=True)
 
     # -- the end
 
-    def _report(self, code: int) -> None:
-        self._print_summary()
-        if code == 0:
-            self.board.line(f"aps-local: ok, every role exited 0 in {time.monotonic() - self.began:.1f} s")
+    def _report(self, result: LaunchResult) -> None:
+        self.board.line("")
+        for row in summary_rows(result):
+            self.board.line(row)
+        if result.ok:
+            self.board.line(f"aps-local: ok, every role exited 0 in {result.seconds:.1f} s")
             return
-        if self.stop_code is not None:
-            self.board.line(f"aps-local: {self.stop_reason}; stopped every role", error=True)
-        failed = sorted((r for r in self.roles if r.failure), key=lambda r: r.failed_at)
-        if failed:
-            self._print_failure(failed[0])
-        for other in failed[1:]:
+        if result.reason:
+            self.board.line(f"aps-local: {result.reason}; stopped every role", error=True)
+        if result.failed:
+            self._print_failure(result.failed[0])
+        for other in result.failed[1:]:
             self.board.line(f"aps-local: also failed: {other.name} {other.failure} (log: {other.log_path})", error=True)
 
-    def _print_summary(self) -> None:
-        """One row per role; trainers also show their last epoch's numbers (blank without one)."""
-        results = {r.name: self._last_epoch(r) for r in self.trainers}
-        with_auc = any(e is not None and e.get("auc") is not None for e in results.values())
-        head = ("role", "pid", "exit status", "duration", "examples/s", "loss") + (("auc",) if with_auc else ())
-        rows = [(*head, "log")]
-        for r in self.roles:
-            d = r.duration()
-            pid = str(r.proc.pid) if r.proc else "-"
-            numbers = epoch_cells(results.get(r.name), with_auc)
-            rows.append((r.name, pid, r.state(), "-" if d is None else f"{d:.1f} s", *numbers, str(r.log_path)))
-        widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
-        self.board.line("")
-        for row in rows:
-            self.board.line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-
-    def _last_epoch(self, role: Role) -> dict[str, Any] | None:
-        """The role's last "epoch" record written during this run (wall clock, as the records)."""
-        if role.metrics_path is None:
-            return None
-        return last_epoch_record(role.metrics_path, trainer=role.index, since=self.began_wall)
-
-    def _print_failure(self, role: Role) -> None:
+    def _print_failure(self, role: RoleResult) -> None:
         """The first failure, which usually caused the rest: what, where, and its log's tail."""
         def say(text: str) -> None:
             self.board.line(text, error=True)
@@ -570,7 +270,7 @@ class Launcher:
         if role.kind == "pserver" and any("address already in use" in x.lower() for x in last_lines(role.log_path, 50)):
             say(f"aps-local: {role.name} could not bind its port: another process took it after aps-local chose it "
                 "(a race) or --server-args gave one in use; run again")
-        tail = last_lines(role.log_path, TAIL_LINES)
+        tail = role.log_tail(TAIL_LINES)
         say(f"--- last {len(tail)} lines of {role.log_path} ---" if tail else f"--- {role.log_path} is empty ---")
         for line in tail:
             say(f"  {line}")
@@ -579,11 +279,11 @@ class Launcher:
 # ------------------------------------------------------------------------------------ entry
 
 
-async def _amain(opts: argparse.Namespace, trainer_args: list[str], server_cmd: list[str], trainer_cmd: list[str]) -> int:
-    launcher = Launcher(opts, trainer_args, Board(sys.stdout, sys.stderr))
+async def _amain(opts: argparse.Namespace, trainer_args: list[str]) -> int:
+    launcher = Launcher(opts, trainer_args, Board(sys.stdout, sys.stderr, opts.status_interval))
     port_dir = Path(tempfile.mkdtemp(prefix="aps-local-"))
     try:
-        launcher.plan(server_cmd, trainer_cmd, port_dir)
+        launcher.plan(None, None, port_dir)
         launcher.print_layout()
         return await launcher.run()
     finally:
@@ -629,18 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     if not script and opts.trainer_argv is None and (problem := trainer_args_problem(trainer_args)):
         print(f"aps-local: error: trainer options: {problem} (see aps-trainer --help)", file=sys.stderr)
         return EXIT_USAGE
-    server_cmd = opts.script_argv if script else program("aps-server", "aps.cli.server")
-    trainer_cmd = opts.script_argv if script else (opts.trainer_argv or program("aps-trainer", "aps.cli.trainer"))
-    if server_cmd is None or trainer_cmd is None:
-        missing = "aps-server" if server_cmd is None else "aps-trainer (use --trainer-cmd)"
-        print(f"aps-local: error: {missing} is not available in this installation", file=sys.stderr)
+    try:
+        program("aps-server", "aps.cli.server")
+        if not script and opts.trainer_argv is None:
+            program("aps-trainer", "aps.cli.trainer")
+    except ConfigError as exc:
+        print(f"aps-local: error: {exc}" + (" (use --trainer-cmd)" if "aps-trainer" in str(exc) else ""), file=sys.stderr)
         return EXIT_USAGE
     try:
         Path(opts.log_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"aps-local: error: cannot create log dir {opts.log_dir}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_main(_amain(opts, trainer_args, server_cmd, trainer_cmd))
+    return run_main(_amain(opts, trainer_args))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ import re
 import shutil
 from typing import Any, TextIO
 
-from .local_roles import Role, describe_exit, last_lines
+from ..launcher import LaunchResult
+from ..launcher_roles import Role, describe_exit, last_lines
+
+TTY_REFRESH = 0.5  # seconds between rewrites of the status line on a terminal
 
 
 # ------------------------------------------------------------------------------------ terminal
@@ -17,10 +20,14 @@ class Board:
     """Everything aps-local prints. On a TTY one status line is kept at the bottom, rewritten in
     place; other lines are printed above it. Not on a TTY, status lines are plain and periodic."""
 
-    def __init__(self, out: TextIO, err: TextIO) -> None:
+    def __init__(self, out: TextIO, err: TextIO, interval: float = 10.0) -> None:
         self.out, self.err = out, err
         self.tty = out.isatty()
+        self.interval = interval  # seconds between plain status lines (not a TTY); 0 = none
         self._status_shown = False
+
+    def status_period(self) -> float:
+        return TTY_REFRESH if self.tty else self.interval
 
     def _write(self, stream: TextIO, text: str) -> None:
         # A closed terminal or pipe (`aps-local ... | head`) must not stop aps-local from
@@ -50,6 +57,20 @@ class Board:
 
     def close(self) -> None:
         self._clear()
+
+
+def summary_rows(result: LaunchResult) -> list[str]:
+    """The summary table: one row per role, trainers with their last epoch's numbers (blank
+    without one), and the log path last."""
+    with_auc = any(r.last_epoch is not None and r.last_epoch.get("auc") is not None for r in result.roles)
+    head = ("role", "pid", "exit status", "duration", "examples/s", "loss") + (("auc",) if with_auc else ())
+    rows = [(*head, "log")]
+    for r in result.roles:
+        seconds = "-" if r.seconds is None else f"{r.seconds:.1f} s"
+        pid = "-" if r.pid is None else str(r.pid)
+        rows.append((r.name, pid, r.state, seconds, *epoch_cells(r.last_epoch, with_auc), str(r.log_path)))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
 
 
 def epoch_cells(record: dict[str, Any] | None, with_auc: bool) -> tuple[str, ...]:

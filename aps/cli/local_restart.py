@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..server.autosave import latest_checkpoint
-from .local_roles import Role, describe_exit
+from ..launcher_roles import Role, describe_exit
 
 #: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
 RESTARTED_TRAINER_TIMEOUT = 10.0

@@ -17,15 +17,11 @@ from typing import Any
 
 import structlog
 
-from ..errors import ApsError
+from ..errors import WorkerFailed
 from .ipc import Kind, Record
 from .worker import WorkerSpec, worker_main
 
 log = structlog.get_logger("aps.trainer")
-
-
-class WorkerFailed(ApsError):
-    """A compute worker reported an error or died."""
 
 
 class WorkerPool:

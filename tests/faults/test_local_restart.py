@@ -10,7 +10,7 @@ import pytest
 import aps
 from aps.errors import ConfigError
 from aps.cli.local_restart import Restarts, add_restart_flags
-from aps.cli.local_roles import Role
+from aps.launcher_roles import Role
 from aps.server.checkpoint import save_shard
 from aps.server.tables import make_shard
 

@@ -1,21 +1,27 @@
-"""aps-local's children: one process per role, started in its own process group, made to die
-with aps-local on Linux, signalled as a group, and their logs read back for status lines.
-See :mod:`aps.cli.local` for the process model this serves."""
+"""The launcher's children: one process per role, started in its own process group, made to die
+with the launcher on Linux (:mod:`aps.procs`), signalled as a group, and their logs read back
+for status lines. See :mod:`aps.launcher` for the process model this serves."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import importlib.util
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from .errors import ConfigError
+from .procs import die_with_parent_preexec
+
+#: where the repository's program shims live (bin/aps-server, bin/aps-trainer), when run from a checkout
+BIN = Path(__file__).resolve().parents[1] / "bin"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
@@ -47,10 +53,12 @@ class Role:
     started: float | None = None
     ended: float | None = None
     returncode: int | None = None
-    sent: str | None = None  # the last signal aps-local sent it
+    sent: str | None = None  # the last signal the launcher sent it
     failure: str | None = None  # why it counts as failed; None while it has not
     failed_at: float = 0.0
     listening: bool = False
+    launcher: str = "aps-local"  # who signals it, as its state says
+    cwd: Path | None = None  # where it runs (None: the launcher's own directory)
 
     @property
     def name(self) -> str:
@@ -69,7 +77,7 @@ class Role:
             return "failed to start" if self.failure else "not started"
         if self.returncode is None:
             return "running"
-        return describe_exit(self.returncode) + (f" (aps-local sent {self.sent})" if self.sent else "")
+        return describe_exit(self.returncode) + (f" ({self.launcher} sent {self.sent})" if self.sent else "")
 
     def duration(self) -> float | None:
         if self.started is None:
@@ -77,26 +85,35 @@ class Role:
         return (self.ended or time.monotonic()) - self.started
 
 
-def child_setup() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die with aps-local (Linux PR_SET_PDEATHSIG), or None.
+def program(name: str, module: str) -> list[str]:
+    """How to run an aps program with this interpreter: the bin/ shim if present, else ``-m``.
+    A ConfigError when neither exists (an installation without the program)."""
+    shim = BIN / name
+    if shim.is_file():
+        return [sys.executable, str(shim)]
+    if importlib.util.find_spec(module) is not None:
+        return [sys.executable, "-m", module]
+    raise ConfigError(f"{name} is not available in this installation")
 
-    prctl is resolved here, in the parent, so the child only makes one C call between fork and
-    exec. If aps-local died before the call, the child kills itself (the classic race)."""
-    if not sys.platform.startswith("linux"):
-        return None
+
+def child_options() -> dict[str, Any]:
+    """Keyword arguments for ``subprocess.Popen`` / ``asyncio.create_subprocess_exec`` that make
+    a child a role: no stdin, its own session and process group (a terminal's Ctrl-C reaches only
+    the launcher, which signals each group once), and death with the launcher on Linux."""
+    return {"stdin": subprocess.DEVNULL, "start_new_session": True, "preexec_fn": die_with_parent_preexec()}
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free ports. All sockets stay open until every port is chosen, so none repeats;
+    another process may still take one before the pserver binds it (reported as such)."""
+    sockets = [socket.socket() for _ in range(n)]
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), *[ctypes.c_ulong(0)] * 3)
-
-    def setup() -> None:
-        prctl(*args)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def signal_group(role: Role, sig: signal.Signals) -> None:
