@@ -1,8 +1,9 @@
 """Control messages between a trainer and its compute workers (over a multiprocessing pipe).
 
 Only small fixed records cross the pipe; bulk data (ids, gradients, rows) goes through the
-shared arrays. A record is ``kind:u8, a:i64, b:i64, counts:i64[*]`` packed with struct, plus an
-optional UTF-8 text (error messages).
+shared arrays. A record is ``kind:u8, answers:u8, step:i64, epoch:i64, examples:i64, steps:i64,
+counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
+one meaning in every kind that uses it; the others stay 0.
 """
 
 from __future__ import annotations
@@ -11,41 +12,50 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-_HEAD = struct.Struct("<BqqI")
+_HEAD = struct.Struct("<BBqqqqI")
 
 
 class Kind(IntEnum):
     # trainer -> worker
-    EPOCH = 1  # a = epoch number: train over your files once
-    OK = 2  # the request you sent is done; a = request step
+    EPOCH = 1  # train over your files once (epoch)
+    OK = 2  # the request of kind ``answers`` you sent for ``step`` is done
     STOP = 3  # exit now
     # worker -> trainer
-    PULL = 10  # refresh the rows whose ids are in my mailbox; counts = ids per sparse table
-    GRADS = 11  # my gradients are in my mailbox; counts = ids per sparse table
-    EPOCH_DONE = 12  # I finished epoch a (b = steps in it)
+    PULL = 10  # refresh the rows whose ids are in my id mailbox half of ``step``; counts per sparse table
+    GRADS = 11  # my gradients of ``step`` (``examples`` examples) are in my mailbox; counts per sparse table
+    EPOCH_DONE = 12  # I finished ``epoch`` after ``steps`` steps in it
     ERROR = 13  # I failed; text says why (I exit after sending)
     READY = 14  # kernels compiled, arrays attached
 
 
 @dataclass
 class Record:
+    """One control message; which fields a kind uses is written beside each :class:`Kind`."""
+
     kind: Kind
-    a: int = 0
-    b: int = 0
+    #: the worker step a PULL, GRADS or OK is about (its id mailbox half is ``step % 2``)
+    step: int = 0
+    #: the epoch an EPOCH or EPOCH_DONE is about
+    epoch: int = 0
+    #: GRADS: examples in the batch whose gradients are in the mailbox
+    examples: int = 0
+    #: EPOCH_DONE: steps the worker trained in that epoch
+    steps: int = 0
+    #: OK: the kind of request it answers (PULL or GRADS); 0 otherwise
+    answers: int = 0
+    #: PULL, GRADS: ids written to the mailbox, one count per sparse table in the model's order
     counts: list[int] = field(default_factory=list)
+    #: ERROR: what went wrong
     text: str = ""
 
     def encode(self) -> bytes:
         text = self.text.encode("utf-8")
-        return (
-            _HEAD.pack(int(self.kind), self.a, self.b, len(self.counts))
-            + struct.pack(f"<{len(self.counts)}q", *self.counts)
-            + text
-        )
+        head = _HEAD.pack(int(self.kind), self.answers, self.step, self.epoch, self.examples, self.steps, len(self.counts))
+        return head + struct.pack(f"<{len(self.counts)}q", *self.counts) + text
 
     @classmethod
     def decode(cls, data: bytes) -> Record:
-        kind, a, b, n = _HEAD.unpack_from(data, 0)
+        kind, answers, step, epoch, examples, steps, n = _HEAD.unpack_from(data, 0)
         counts = list(struct.unpack_from(f"<{n}q", data, _HEAD.size))
         text = data[_HEAD.size + 8 * n :].decode("utf-8", errors="replace")
-        return cls(Kind(kind), a, b, counts, text)
+        return cls(Kind(kind), step, epoch, examples, steps, answers, counts, text)

@@ -1,5 +1,5 @@
-"""Numba kernels the runtime itself needs: merging sparse gradients by id, local SGD for geo,
-and row bookkeeping. Models bring their own kernels."""
+"""Numba kernels the runtime itself needs: merging sparse gradients by id as they arrive, local
+SGD for geo, and row bookkeeping. Models bring their own kernels."""
 
 from __future__ import annotations
 
@@ -7,35 +7,62 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
-def _merge_sorted(ids: np.ndarray, rows: np.ndarray, order: np.ndarray, out_ids: np.ndarray, out_rows: np.ndarray) -> int:
-    n = ids.shape[0]
-    dim = rows.shape[1]
-    k = -1
-    last = -1
-    for j in range(n):
-        i = order[j]
-        if k < 0 or ids[i] != last:
-            k += 1
-            last = ids[i]
-            out_ids[k] = last
+@njit(cache=True, nogil=True)
+def accumulate_rows(
+    slot_of: np.ndarray, acc_ids: np.ndarray, acc_rows: np.ndarray, used: int, ids: np.ndarray, rows: np.ndarray
+) -> int:
+    """Merge ``rows`` (one per entry of ``ids``) into the accumulator: a row whose id already
+    has a slot (``slot_of[id] >= 0``) is added to it, a new id takes the next free slot.
+
+    Returns the slots in use afterwards, or ``-1 - j`` if ``ids[j]`` is not a row of the table
+    (the accumulator is then partly updated and must be discarded). The caller makes sure the
+    new ids fit (:func:`count_new`)."""
+    dim = acc_rows.shape[1]
+    limit = slot_of.shape[0]
+    for j in range(ids.shape[0]):
+        r = ids[j]
+        if r < 0 or r >= limit:
+            return -1 - j
+        s = slot_of[r]
+        if s < 0:
+            s = used
+            used += 1
+            slot_of[r] = s
+            acc_ids[s] = r
             for d in range(dim):
-                out_rows[k, d] = rows[i, d]
+                acc_rows[s, d] = rows[j, d]
         else:
             for d in range(dim):
-                out_rows[k, d] += rows[i, d]
-    return k + 1
+                acc_rows[s, d] += rows[j, d]
+    return used
 
 
-def merge_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum rows that share an id. Returns (unique ids ascending, summed rows)."""
-    if len(ids) == 0:
-        return ids.astype(np.int64), rows.reshape(0, rows.shape[1] if rows.ndim == 2 else 0).astype(np.float32)
-    order = np.argsort(ids, kind="stable")
-    out_ids = np.empty(len(ids), dtype=np.int64)
-    out_rows = np.empty((len(ids), rows.shape[1]), dtype=np.float32)
-    k = _merge_sorted(ids, rows, order, out_ids, out_rows)
-    return out_ids[:k], out_rows[:k]
+@njit(cache=True, nogil=True)
+def count_new(slot_of: np.ndarray, ids: np.ndarray) -> int:
+    """How many slots merging ``ids`` would take: distinct ids without a slot yet (ids out of
+    the table count once each, so that :func:`accumulate_rows` is the one to report them)."""
+    limit = slot_of.shape[0]
+    new = 0
+    for j in range(ids.shape[0]):
+        r = ids[j]
+        if r < 0 or r >= limit:
+            new += 1
+        elif slot_of[r] == -1:
+            slot_of[r] = -2  # seen in this batch: counted once
+            new += 1
+    for j in range(ids.shape[0]):
+        r = ids[j]
+        if 0 <= r < limit and slot_of[r] == -2:
+            slot_of[r] = -1
+    return new
+
+
+@njit(cache=True, nogil=True)
+def release_slots(slot_of: np.ndarray, acc_ids: np.ndarray, used: int) -> None:
+    """Forget the ids of the first ``used`` slots, so the accumulator is empty again in
+    O(slots used), not O(table rows)."""
+    for s in range(used):
+        slot_of[acc_ids[s]] = -1
 
 
 @njit(cache=True, nogil=True)

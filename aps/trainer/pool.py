@@ -125,7 +125,7 @@ class WorkerPool:
         self._epoch_done = set()
         self._epoch_event = asyncio.Event()
         for w in range(len(self.specs)):
-            self.send(w, Record(Kind.EPOCH, epoch))
+            self.send(w, Record(Kind.EPOCH, epoch=epoch))
         await self._wait(self._epoch_event, None, "epoch did not finish")
 
     async def stop(self, grace: float = 5.0) -> None:

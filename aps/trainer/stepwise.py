@@ -39,6 +39,7 @@ from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, tr
 from .communicator import Communicator
 from .ipc import Kind, Record
 from .model import Batch, Model
+from .modes import mode_class
 from .monitor import Monitor
 from .reader import Chunk
 from .shared import STAT, Attached, SharedArrays
@@ -119,7 +120,8 @@ class StepTrainer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aps-communicator", daemon=True)
         self._thread.start()
-        self._shared = SharedArrays(self.model, 1, with_mailboxes=self.strategy.mode != "geo")
+        kind = mode_class(self.strategy.mode)
+        self._shared = SharedArrays(self.model, 1, with_mailboxes=kind.mailboxes)
         try:
             worker_end, self._mine = Pipe()
             spec = WorkerSpec(
@@ -127,7 +129,7 @@ class StepTrainer:
                 trainer_id=self.trainer_id,
                 num_trainers=self.cluster.num_trainers,
                 num_workers=1,
-                mode=self.strategy.mode,
+                local_sgd=kind.local_sgd,
                 files=[],
                 layout=self._shared.layout,
                 model=self.model,
@@ -303,7 +305,7 @@ class StepTrainer:
 
     async def _finish_epoch(self, begin_next: bool) -> dict[str, Any]:
         assert self._comm is not None and self._monitor is not None
-        await self._comm.handle(0, Record(Kind.EPOCH_DONE, self.epoch))
+        await self._comm.handle(0, Record(Kind.EPOCH_DONE, epoch=self.epoch))
         await self._comm.finish_epoch(self.epoch)
         record = self._monitor.end_epoch(self.epoch, {"mode": self.strategy.mode})
         self.records.append(record)

@@ -18,12 +18,12 @@ import structlog
 from ..client import PSClient
 from ..cluster import ClusterSpec
 from ..errors import ConfigError
-from ..specs import SGD
 from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
 from .communicator import Communicator
 from .files import assign_to_workers, expand_inputs, split_files
 from .ipc import Record
 from .model import Model
+from .modes import mode_class
 from .monitor import Monitor, terminal
 from .pool import WorkerPool
 from .shared import Attached, SharedArrays
@@ -75,13 +75,7 @@ def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, traine
         raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
     if not 0 <= trainer_id < cluster.num_trainers:
         raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
-    if strategy.mode == "geo":
-        for spec in model.tables():
-            if not isinstance(spec.optimizer, SGD):
-                raise ConfigError(
-                    f"geo mode trains locally with SGD, but table {spec.name!r} declares "
-                    f"{type(spec.optimizer).__name__}; use SGD or another mode"
-                )
+    mode_class(strategy.mode).check(model)
 
 
 def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, options: TrainOptions) -> PSClient:
@@ -184,7 +178,8 @@ class Trainer:
         assert self.strategy.workers is not None
         self.probe.comm = self.probe.monitor = None  # nothing of a previous run reported as this one's
         result = TrainResult(files=mine)
-        shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=self.strategy.mode != "geo")
+        kind = mode_class(self.strategy.mode)
+        shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=kind.mailboxes)
         pool: WorkerPool | None = None
         ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
         try:
@@ -197,7 +192,7 @@ class Trainer:
                     trainer_id=self.trainer_id,
                     num_trainers=self.cluster.num_trainers,
                     num_workers=self.strategy.workers,
-                    mode=self.strategy.mode,
+                    local_sgd=kind.local_sgd,
                     files=per_worker[w],
                     layout=shared.layout,
                     model=self.model,
@@ -206,7 +201,7 @@ class Trainer:
                     pipe_command=self.options.pipe_command,
                     skip_bad_lines=self.options.skip_bad_lines,
                     seed=self.options.seed,
-                    prefetch=self.strategy.prefetch,
+                    prefetch=kind.prefetch and self.strategy.prefetch,
                 )
                 for w in range(self.strategy.workers)
             ]

@@ -1,11 +1,11 @@
 """A compute worker process: reads its files, parses them, runs the model's kernel.
 
-In geo mode it trains on the shared replica with local SGD (Hogwild with the other workers) and
-never waits for the network. In the other modes each batch asks the trainer for fresh rows and
-hands its gradients over through its shared mailbox; the trainer's communicator decides when the
-worker may go on (see docs/modes.md). In async mode the worker does not idle on that round trip:
-it publishes the *next* batch's ids (in the other half of its double-buffered id mailbox) before
-computing the current one, so the rows arrive while it computes.
+With ``local_sgd`` (geo mode) it trains on the shared replica with local SGD (Hogwild with the
+other workers) and never waits for the network. Otherwise each batch asks the trainer for fresh
+rows and hands its gradients over through its shared mailbox; the trainer's mode decides when the
+worker may go on (see docs/modes.md). With ``prefetch`` (async mode) the worker does not idle on
+that round trip: it publishes the *next* batch's ids (in the other half of its double-buffered id
+mailbox) before computing the current one, so the rows arrive while it computes.
 
 BLAS is pinned to one thread per worker (threadpoolctl, at process start): ``--workers N`` then
 means N busy cores, and numpy's matrix products never oversubscribe them.
@@ -44,7 +44,8 @@ class WorkerSpec:
     trainer_id: int
     num_trainers: int
     num_workers: int
-    mode: str
+    #: train with SGD on the replica and keep the gradients (geo), instead of handing them over
+    local_sgd: bool
     files: list[str]
     layout: SharedLayout
     model: Model
@@ -53,7 +54,8 @@ class WorkerSpec:
     pipe_command: str | None = None
     skip_bad_lines: bool = False
     seed: int = 0
-    prefetch: bool = True
+    #: ask for the next batch's rows while this one computes (async mode)
+    prefetch: bool = False
 
 
 class Worker:
@@ -75,12 +77,12 @@ class Worker:
             rng=np.random.default_rng([spec.seed, spec.trainer_id, spec.worker_id]),
             skip_bad_lines=spec.skip_bad_lines,
         )
-        self.geo = spec.mode == "geo"
-        self.prefetch = spec.mode == "async" and spec.prefetch
+        self.local_sgd = spec.local_sgd
+        self.prefetch = spec.prefetch and not spec.local_sgd
         self._prefetched = -1  # step whose rows were requested ahead of time
         self._replies: set[tuple[int, int]] = set()  # (kind, step) replies received early
         self.auc = Auc(state=self.shared.auc[spec.worker_id])
-        if not self.geo:
+        if not self.local_sgd:
             w = spec.worker_id
             self.box_ids = self.shared.all_mailbox_ids[w]
             self.box_sparse = self.shared.all_mailbox_sparse[w]
@@ -103,8 +105,8 @@ class Worker:
                 return
             if rec.kind == Kind.EPOCH:
                 steps_before = self.step
-                asyncio.run(self._epoch(rec.a))
-                self.conn.send_bytes(Record(Kind.EPOCH_DONE, rec.a, self.step - steps_before).encode())
+                asyncio.run(self._epoch(rec.epoch))
+                self.conn.send_bytes(Record(Kind.EPOCH_DONE, epoch=rec.epoch, steps=self.step - steps_before).encode())
 
     async def _epoch(self, epoch: int) -> None:
         self.stats[STAT["epoch"]] = epoch
@@ -140,8 +142,8 @@ class Worker:
         """One step on ``batch``; returns its summed loss (the caller of a step-wise trainer
         hands it back to the user's loop, the worker process only counts it)."""
         t0 = time.perf_counter()
-        if self.geo:
-            loss = self._train_geo(batch)
+        if self.local_sgd:
+            loss = self._train_local(batch)
         else:
             loss = self._train_remote(batch, upcoming)
         predicted = self.model.predictions(batch)
@@ -155,7 +157,7 @@ class Worker:
         s[STAT["compute_s"]] += time.perf_counter() - t0
         return loss
 
-    def _grads_geo(self, batch: Batch) -> Grads:
+    def _local_grads(self, batch: Batch) -> Grads:
         grads = Grads()
         for name, ids in batch.sparse_ids.items():
             buf = self.local_sparse[name]
@@ -169,7 +171,7 @@ class Worker:
             grads.dense[name] = buf
         return grads
 
-    def _geo_lrs(self) -> dict[str, float]:
+    def _local_lrs(self) -> dict[str, float]:
         """Local SGD learning rate of every table for this step.
 
         Decay counts this trainer's steps (all its workers), times trainer_num: each trainer
@@ -187,14 +189,14 @@ class Worker:
             self._lrs, self._lrs_step = lrs, self.step
         return self._lrs
 
-    def _train_geo(self, batch: Batch) -> float:
-        lrs = self._geo_lrs()
+    def _train_local(self, batch: Batch) -> float:
+        lrs = self._local_lrs()
         if self.fused_sgd:
             loss = self.model.local_sgd(batch, self.params, lrs, self.shared.dirty)
             if loss is None:
                 raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
             return float(loss)
-        grads = self._grads_geo(batch)
+        grads = self._local_grads(batch)
         loss = self.model.compute(batch, self.params, grads)
         for name, ids in batch.sparse_ids.items():
             sgd_rows(self.params.sparse[name], ids, grads.sparse[name], lrs[name], self.shared.dirty[name])
@@ -223,11 +225,11 @@ class Worker:
             self._await(Kind.PULL, step)
         else:
             counts = self._publish(batch, step)
-            self._send(Record(Kind.PULL, step, 0, counts))
+            self._send(Record(Kind.PULL, step=step, counts=counts))
             self._await(Kind.PULL, step)
         if self.prefetch and upcoming is not None:
             # the next batch's rows travel while this one computes
-            self._send(Record(Kind.PULL, step + 1, 0, self._publish(upcoming, step + 1)))
+            self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
             self._prefetched = step + 1
         grads = Grads()
         for table, n in zip(self.model.sparse_tables(), counts):
@@ -238,7 +240,7 @@ class Worker:
             buf.fill(0.0)
             grads.dense[name] = buf
         loss = self.model.compute(batch, self.params, grads)
-        self._send(Record(Kind.GRADS, step, batch.examples, counts))
+        self._send(Record(Kind.GRADS, step=step, examples=batch.examples, counts=counts))
         self._await(Kind.GRADS, step)
         return float(loss)
 
@@ -261,7 +263,7 @@ class Worker:
                 raise ApsError(reply.text or "the trainer's communicator failed")
             if reply.kind != Kind.OK:
                 raise ApsError(f"worker expected OK from the trainer, got {reply.kind.name}")
-            got = (reply.b, reply.a)
+            got = (reply.answers, reply.step)
             if got == key:
                 break
             self._replies.add(got)

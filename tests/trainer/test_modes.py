@@ -15,7 +15,7 @@ import pytest
 import aps
 from aps.cluster import ClusterSpec
 from aps.trainer import Strategy, Trainer, TrainOptions
-from aps.trainer.communicator import GradItem, merge_items
+from aps.trainer.accumulator import GradAccumulator
 from tests.trainer.linreg_model import LinReg, make_data
 
 FEATURES = 200
@@ -119,15 +119,24 @@ async def test_geo_one_trainer_k1_equals_local_sgd(tmp_path: Path) -> None:
 
 
 def test_async_merge_sums_duplicate_ids() -> None:
-    a = GradItem({"t": (np.array([5, 1, 5]), np.array([[1.0, 2.0], [3.0, 4.0], [10.0, 20.0]], np.float32))}, {}, 3)
-    b = GradItem({"t": (np.array([1, 7]), np.array([[100.0, 200.0], [0.5, 0.5]], np.float32))}, {}, 2)
-    merged = merge_items([a, b], average=False)
-    ids, rows = merged.sparse["t"]
-    assert ids.tolist() == [1, 5, 7]
-    assert rows.tolist() == [[103.0, 204.0], [11.0, 22.0], [0.5, 0.5]]
-    assert merged.examples == 5
-    averaged = merge_items([a, b], average=True)
-    assert averaged.sparse["t"][1].tolist() == [[51.5, 102.0], [5.5, 11.0], [0.25, 0.25]]
+    table = aps.SparseTable("t", rows=8, dim=2)
+
+    def merged() -> GradAccumulator:
+        acc = GradAccumulator([table], [], {"t": 3}, max_batches=2)
+        acc.add([np.array([5, 1, 5])], [np.array([[1.0, 2.0], [3.0, 4.0], [10.0, 20.0]], np.float32)], {}, 3)
+        acc.add([np.array([1, 7])], [np.array([[100.0, 200.0], [0.5, 0.5]], np.float32)], {}, 2)
+        return acc
+
+    summed = merged()
+    ids, rows = summed.sparse()["t"]
+    order = np.argsort(ids)
+    assert ids[order].tolist() == [1, 5, 7]
+    assert rows[order].tolist() == [[103.0, 204.0], [11.0, 22.0], [0.5, 0.5]]
+    assert summed.examples == 5
+    averaged = merged()
+    averaged.scale(1.0 / averaged.batches)
+    ids, rows = averaged.sparse()["t"]
+    assert rows[np.argsort(ids)].tolist() == [[51.5, 102.0], [5.5, 11.0], [0.25, 0.25]]
 
 
 def test_geo_refuses_non_sgd_tables() -> None:

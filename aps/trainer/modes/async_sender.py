@@ -1,0 +1,138 @@
+"""async: workers push as they go (docs/modes.md, "async").
+
+A worker's gradients are merged into the newest accumulator that has room (at most
+``max_merge_var_num`` batches each) and the worker is released at once; a full set of waiting
+batches (``send_queue_size``) holds it back until the sender has taken some. The sender takes the
+oldest accumulator whenever the previous push is done, averages it when ``--merge`` says so,
+pushes it and, every ``min_send_grad_num_before_recv`` pushes, pulls the dense parameters.
+Workers prefetch their next batch's rows so they never idle on the pull round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import numpy as np
+
+from ...errors import ApsError
+from ..accumulator import GradAccumulator
+from ..ipc import Kind, Record
+from .base import Link, Mode
+
+
+class AsyncSender(Mode):
+    """Merge on arrival into bounded accumulators; one sender task pushes them in order."""
+
+    prefetch = True
+
+    def __init__(self, link: Link) -> None:
+        super().__init__(link)
+        s = link.strategy
+        assert s.max_merge_var_num is not None and s.send_queue_size is not None
+        assert s.min_send_grad_num_before_recv is not None
+        self._merge = s.max_merge_var_num
+        self._queue_size = s.send_queue_size
+        self._recv_every = s.min_send_grad_num_before_recv
+        self._average = link.average(across_workers=False)
+        # enough accumulators for send_queue_size waiting batches, plus the one being pushed
+        count = -(-self._queue_size // self._merge) + 1
+        self._free: list[GradAccumulator] = [link.accumulator(self._merge) for _ in range(count)]
+        self._ready: deque[GradAccumulator] = deque()  # oldest first; the newest may still fill
+        self._waiting = 0  # batches merged and not yet taken by the sender
+        self._sending = False
+        self._changed = asyncio.Condition()
+        self._sender: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await super().start()
+        self._sender = asyncio.ensure_future(self._send_loop())
+
+    async def stop(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+
+    @property
+    def queue_depth(self) -> int | None:
+        return self._waiting
+
+    @property
+    def queue_capacity(self) -> int | None:
+        return self._queue_size
+
+    def _target(self, ids: list[np.ndarray]) -> GradAccumulator | None:
+        """The accumulator a batch with these ids goes to now, or None if it must wait."""
+        if self._waiting >= self._queue_size:
+            return None
+        if self._ready and self._ready[-1].fits(ids):
+            return self._ready[-1]
+        if self._free:
+            acc = self._free.pop()
+            self._ready.append(acc)
+            return acc
+        return None
+
+    async def on_grads(self, worker: int, rec: Record) -> None:
+        ids = self.link.mailbox_ids(worker, rec.counts, rec.step)
+        async with self._changed:
+            target: list[GradAccumulator | None] = [None]
+
+            def room() -> bool:
+                if self.failure is not None:
+                    return True
+                target[0] = self._target(ids)
+                return target[0] is not None
+
+            await self._changed.wait_for(room)  # bounded: nothing fits -> the worker waits
+            self.check_failure()
+            acc = target[0]
+            assert acc is not None
+            self.link.take(acc, worker, rec.counts, rec.step, rec.examples)
+            self._waiting += 1
+            self._changed.notify_all()
+        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.GRADS))
+
+    async def flush(self) -> None:
+        """Wait until every merged batch was pushed."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.failure is not None or (not self._ready and not self._sending))
+        self.check_failure()
+
+    async def end_epoch(self) -> None:
+        await self.flush()
+        await self.link.pull_dense()
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: bool(self._ready))
+                    acc = self._ready.popleft()
+                    self._waiting -= acc.batches
+                    self._sending = True
+                    self._changed.notify_all()
+                try:
+                    await self._send(acc)
+                finally:
+                    acc.clear()
+                    async with self._changed:
+                        self._free.append(acc)
+                        self._sending = False
+                        self._changed.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced by the trainer through check(), and to waiting workers
+            self.failure = exc
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _send(self, acc: GradAccumulator) -> None:
+        if acc.batches == 0:
+            raise ApsError("AsyncSender: an empty accumulator was queued")
+        if self._average:
+            acc.scale(1.0 / acc.batches)
+        await self.link.push(acc, sync=False)
+        self.link.pushed_batches += acc.batches
+        if self.link.sends % self._recv_every == 0:
+            await self.link.pull_dense()

@@ -1,0 +1,199 @@
+"""What every mode shares: the link to the pservers and the replica, and the mode interface.
+
+A mode is one object built once per trainer (:func:`aps.trainer.modes.mode_class` is the one
+place that reads the mode's name). The communicator hands it the workers' requests; the class
+says what the workers must do differently (train locally, use mailboxes, prefetch rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from ...client import PSClient
+from ...errors import ApsError
+from ...specs import SGD, DenseTable, SparseTable
+from ..accumulator import GradAccumulator
+from ..ipc import Kind, Record
+from ..kernels import scatter_rows
+from ..model import Model
+from ..shared import Attached
+from ..strategy import Strategy
+
+#: rows per request when a whole sparse table is pulled (initial replica fill)
+_PULL_ALL_ROWS = 1 << 16
+
+
+@dataclass
+class Link:
+    """The trainer's side of every mode: the client, the replica, the replies to workers, and
+    the counters the metrics endpoint reads."""
+
+    ps: PSClient
+    model: Model
+    strategy: Strategy  # resolved: no None knobs
+    shared: Attached
+    reply: Callable[[int, Record], None]
+    trainer_id: int
+    num_trainers: int
+    sparse_tables: list[SparseTable] = field(init=False)
+    dense_tables: list[DenseTable] = field(init=False)
+    push_slots: asyncio.Semaphore = field(init=False)
+    #: merged gradient pushes sent
+    sends: int = 0
+    #: worker batches those pushes carried
+    pushed_batches: int = 0
+    #: geo delta exchanges done
+    geo_syncs: int = 0
+
+    def __post_init__(self) -> None:
+        self.sparse_tables = self.model.sparse_tables()
+        self.dense_tables = self.model.dense_tables()
+        assert self.strategy.thread_pool_size is not None
+        self.push_slots = asyncio.Semaphore(self.strategy.thread_pool_size)
+
+    def accumulator(self, max_batches: int) -> GradAccumulator:
+        """A pre-sized accumulator for ``max_batches`` worker batches of this model."""
+        sizes = {t.name: self.model.max_batch_ids(t.name) for t in self.sparse_tables}
+        return GradAccumulator(self.sparse_tables, self.dense_tables, sizes, max_batches)
+
+    def average(self, across_workers: bool) -> bool:
+        """Whether merged gradients are averaged (else summed), per ``--merge``."""
+        if self.strategy.merge != "auto":
+            return self.strategy.merge == "average"
+        if across_workers:
+            return True  # one step of sync / half_async = the mean over the combined batch
+        # async merges successive batches: adding SGD gradients = applying them in turn
+        return not all(isinstance(t.optimizer, SGD) for t in self.model.tables())
+
+    def take(self, acc: GradAccumulator, worker: int, counts: list[int], step: int, examples: int) -> None:
+        """Merge the gradients ``worker`` left in its mailbox for ``step`` into ``acc``."""
+        grads = self.shared.all_mailbox_sparse[worker]
+        rows = [grads[t.name][:n] for t, n in zip(self.sparse_tables, counts)]
+        acc.add(self.mailbox_ids(worker, counts, step), rows, self.shared.all_mailbox_dense[worker], examples)
+
+    def mailbox_ids(self, worker: int, counts: list[int], step: int) -> list[np.ndarray]:
+        """Views of the ids ``worker`` wrote for ``step``, one array per sparse table."""
+        boxes = self.shared.all_mailbox_ids[worker]
+        return [boxes[t.name][step % 2][:n] for t, n in zip(self.sparse_tables, counts)]
+
+    async def push(self, acc: GradAccumulator, sync: bool) -> None:
+        """Push an accumulator's gradients: every table concurrently, at most
+        ``thread_pool_size`` at once, straight from its buffers."""
+        timeout = self.strategy.rpc_timeout
+
+        async def sparse(name: str, ids: np.ndarray, rows: np.ndarray) -> None:
+            async with self.push_slots:
+                await self.ps.push_sparse_grad(name, ids, rows, sync=sync, timeout=timeout)
+
+        async def dense(name: str, grad: np.ndarray) -> None:
+            async with self.push_slots:
+                await self.ps.push_dense_grad(name, grad, sync=sync, timeout=timeout)
+
+        await asyncio.gather(
+            *(sparse(name, ids, rows) for name, (ids, rows) in acc.sparse().items()),
+            *(dense(name, grad) for name, grad in acc.dense().items()),
+        )
+        self.sends += 1
+
+    async def pull_rows(self, worker: int, counts: list[int], step: int) -> None:
+        """Pull the rows whose ids the worker wrote in the id mailbox half of ``step``."""
+
+        async def one(t: SparseTable, ids: np.ndarray) -> None:
+            if len(ids):
+                ids = ids.copy()  # the worker may publish its next ids in the other half only
+                rows = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
+                scatter_rows(self.shared.params[t.name], ids, rows)
+
+        await asyncio.gather(*(one(t, ids) for t, ids in zip(self.sparse_tables, self.mailbox_ids(worker, counts, step))))
+
+    async def pull_all_sparse(self) -> None:
+        for t in self.sparse_tables:
+            params = self.shared.params[t.name]
+            for start in range(0, t.rows, _PULL_ALL_ROWS):
+                ids = np.arange(start, min(t.rows, start + _PULL_ALL_ROWS), dtype=np.int64)
+                params[start : start + len(ids)] = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
+
+    async def pull_dense(self) -> None:
+        """Every dense table at once (one round trip, not one per table)."""
+
+        async def one(t: DenseTable) -> None:
+            self.shared.params[t.name][...] = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout)
+
+        await asyncio.gather(*(one(t) for t in self.dense_tables))
+
+
+class Mode:
+    """One training mode of a trainer (docs/modes.md has a section per subclass).
+
+    The communicator calls :meth:`start` once, then per epoch :meth:`begin_epoch`, the
+    workers' requests (:meth:`on_pull`, :meth:`on_grads`, :meth:`on_worker_done`),
+    :meth:`end_epoch` and, after the trainers' epoch barrier, :meth:`after_barrier`; finally
+    :meth:`stop`. A failure of a background task is kept in :attr:`failure`.
+    """
+
+    #: workers hand gradients over through shared mailboxes (else they keep them)
+    mailboxes: ClassVar[bool] = True
+    #: workers apply SGD to the shared replica themselves (a model's fused ``local_sgd``)
+    local_sgd: ClassVar[bool] = False
+    #: workers ask for their next batch's rows while the current one computes
+    prefetch: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, model: Model) -> None:
+        """Raise ConfigError if ``model`` cannot train in this mode (before anything starts)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.epoch = 0
+        self.failure: BaseException | None = None
+
+    async def start(self) -> None:
+        """Fill the local replica from the pservers and start any background task."""
+        await self.link.pull_dense()
+
+    def begin_epoch(self, epoch: int, workers: set[int]) -> None:
+        self.epoch = epoch
+
+    async def on_pull(self, worker: int, rec: Record) -> None:
+        """A worker asks for fresh rows of its batch: pull them into the replica, say OK."""
+        await self.link.pull_rows(worker, rec.counts, rec.step)
+        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.PULL))
+
+    async def on_grads(self, worker: int, rec: Record) -> None:
+        """A worker's gradients of ``rec.step`` are in its mailbox; reply OK once they are taken."""
+        raise ApsError(f"{type(self).__name__}: workers of this mode keep their gradients (got GRADS from worker {worker})")
+
+    async def on_worker_done(self, worker: int) -> None:
+        """``worker`` finished the epoch: it sends nothing more in it."""
+
+    async def flush(self) -> None:
+        """Hand the pservers everything computed so far, without ending the epoch."""
+
+    async def end_epoch(self) -> None:
+        """Every worker finished the epoch: flush what is in flight so the servers have it all."""
+        await self.flush()
+
+    async def after_barrier(self) -> None:
+        """The trainers met at the epoch barrier: take in what the others sent before it."""
+
+    async def stop(self) -> None:
+        """Cancel background tasks."""
+
+    @property
+    def queue_depth(self) -> int | None:
+        """Batches of gradients waiting to be sent, where the mode queues them (else None)."""
+        return None
+
+    @property
+    def queue_capacity(self) -> int | None:
+        """How many batches may wait before workers are held back (None: no queue)."""
+        return None
+
+    def check_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure

@@ -1,0 +1,114 @@
+"""geo (GEO-SGD): workers train locally, the trainer exchanges deltas (docs/modes.md, "geo").
+
+Workers apply SGD to the shared replica themselves (Hogwild) and mark the rows they write. Every
+``k_steps`` trainer steps the exchange sends, for each touched row, ``delta = (local - old) /
+trainer_num`` (and sets ``old += delta``), then takes in the rows other trainers changed since
+its previous pull: ``local += server - old; old = server``. Dense tables use the same formula on
+the whole tensor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...specs import SGD
+from ..kernels import geo_apply, geo_delta
+from ..model import Model
+from ..shared import STAT
+from .base import Link, Mode
+
+#: how often the exchange task looks at the trainer's step count
+_POLL_S = 0.005
+
+
+class GeoExchange(Mode):
+    """Local SGD on the replica; a delta exchange with the pservers every ``k_steps`` steps."""
+
+    mailboxes = False
+    local_sgd = True
+
+    @classmethod
+    def check(cls, model: Model) -> None:
+        for spec in model.tables():
+            if not isinstance(spec.optimizer, SGD):
+                raise ConfigError(
+                    f"geo mode trains locally with SGD, but table {spec.name!r} declares "
+                    f"{type(spec.optimizer).__name__}; use SGD or another mode"
+                )
+
+    def __init__(self, link: Link) -> None:
+        super().__init__(link)
+        self._old_sparse: dict[str, np.ndarray] = {}
+        self._old_dense: dict[str, np.ndarray] = {}
+        self._last_steps = 0
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        link = self.link
+        for t in link.sparse_tables:
+            await link.ps.pull_sparse_changed(t.name)  # registers us for change tracking
+        await link.pull_all_sparse()
+        self._old_sparse = {t.name: link.shared.params[t.name].copy() for t in link.sparse_tables}
+        await link.pull_dense()
+        self._old_dense = {t.name: link.shared.params[t.name].copy() for t in link.dense_tables}
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def flush(self) -> None:
+        await self.exchange()
+
+    async def after_barrier(self) -> None:
+        await self.exchange()  # take in what the other trainers sent before the barrier
+
+    def trainer_steps(self) -> int:
+        return int(self.link.shared.stats[:, STAT["steps"]].sum())
+
+    async def _loop(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(_POLL_S)
+                if self.trainer_steps() - self._last_steps >= self.link.strategy.k_steps:
+                    await self.exchange()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced by the trainer through check()
+            self.failure = exc
+
+    async def exchange(self) -> None:
+        """Send ``(local - old) / trainers`` for touched rows, then take in others' changes."""
+        link = self.link
+        timeout = link.strategy.rpc_timeout
+        async with self._lock:
+            self._last_steps = self.trainer_steps()
+            scale = 1.0 / link.num_trainers
+            for t in link.sparse_tables:
+                dirty = link.shared.dirty[t.name]
+                # workers keep setting flags meanwhile: scan a snapshot. A row written after the
+                # snapshot keeps (or gets again) its flag, because workers write rows first and
+                # set flags after, and deltas are read only after the clear below.
+                ids = np.flatnonzero(dirty.copy()).astype(np.int64)
+                dirty[ids] = 0
+                if len(ids):
+                    delta = np.empty((len(ids), t.dim), dtype=np.float32)
+                    geo_delta(link.shared.params[t.name], self._old_sparse[t.name], ids, scale, delta)
+                    await link.ps.push_sparse_delta(t.name, ids, delta, timeout=timeout)
+                changed, rows = await link.ps.pull_sparse_changed(t.name, timeout=timeout)
+                if len(changed):
+                    geo_apply(link.shared.params[t.name], self._old_sparse[t.name], changed, rows)
+            for t in link.dense_tables:
+                local, old = link.shared.params[t.name], self._old_dense[t.name]
+                delta = (local - old) * np.float32(scale)
+                old += delta
+                await link.ps.push_dense_delta(t.name, delta, timeout=timeout)
+                server = await link.ps.pull_dense(t.name, timeout=timeout)
+                local += server - old
+                old[...] = server
+            link.geo_syncs += 1
