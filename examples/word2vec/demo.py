@@ -37,8 +37,9 @@ def main() -> int:
     parser.add_argument("--out", default="model/word2vec", help="checkpoints go to OUT/epoch_N")
     parser.add_argument(
         "--model-arg", action="append", default=None, metavar="KEY=VALUE",
-        help="word2vec settings (default: negatives=pair lr=2.5, i.e. gensim's negative sampling; "
-        "pass --model-arg negatives=batch --model-arg lr=1.0 for the reference network's shared negatives)",
+        help="word2vec settings (default: the model's: negatives shared by each target's window, linear "
+        "decay over the run; pass --model-arg negatives=batch --model-arg lr=1.0 --model-arg "
+        "lr_schedule=exponential for the reference network's)",
     )
     args = parser.parse_args()
 
@@ -51,10 +52,11 @@ def main() -> int:
     cmd = [
         sys.executable, str(ROOT / "bin" / "aps-local"), args.cluster, "--mode", "geo", "--status-interval", "15", "--",
         "--model", "word2vec", "--model-arg", f"dict_path={data / 'dict.txt'}", "--model-arg", f"dim={args.dim}",
+        "--model-arg", f"epochs={args.epochs}",
         "--data", str(data / "train"), "--epochs", str(args.epochs), "--workers", str(args.workers),
         "--k-steps", str(args.k_steps), "--save-dir", str(out), "--print-period", "15",
     ]
-    for arg in args.model_arg or ["negatives=pair", "lr=2.5"]:
+    for arg in args.model_arg or []:
         cmd += ["--model-arg", arg]
     for old_metrics in LOG.glob("trainer.*.metrics.jsonl"):
         old_metrics.unlink()  # aps-local replaces its trainers' files; a bigger earlier --cluster left more
@@ -76,14 +78,15 @@ def main() -> int:
     for k in range(trainers):
         epochs = [json.loads(line) for line in (LOG / f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
         seconds = max(seconds, sum(r["seconds"] for r in epochs if r["event"] == "epoch"))
-    tokens = sum(f["tokens"] for f in json.loads((data / "meta.json").read_text())["files"]) * args.epochs
+    # raw corpus words (before min_count and downsampling), as gensim counts its words/s
+    tokens = int(json.loads((data / "meta.json").read_text())["total_tokens"]) * args.epochs
     total = result.total
     print(
         f"\nanalogy accuracy {100 * total.accuracy:.1f}% on {total.asked} of {total.questions} questions "
         f"(coverage {100 * total.coverage:.1f}%)"
     )
-    print(f"trained {tokens:,} words in {seconds:.1f} s of epoch time: {tokens / max(seconds, 1e-9):,.0f} words/s "
-          f"over {trainers} trainers (whole run {wall:.0f} s incl. start-up)")
+    print(f"trained {tokens:,} corpus words in {seconds:.1f} s of epoch time: {tokens / max(seconds, 1e-9):,.0f} words/s "
+          f"over {trainers} trainers; whole run {wall:.0f} s incl. start-up: {tokens / max(wall, 1e-9):,.0f} words/s")
     plot_curves(LOG)
     return 0
 

@@ -615,3 +615,19 @@ def test_linear_schedule_needs_geo_and_reads_the_prepared_token_count(dict_path:
     (dict_path.parent / "meta.json").write_text('{"tokens_after_downsampling": 12345}')
     prepared = Word2Vec(dict_path=str(dict_path), dim=4)
     assert (prepared.epoch_tokens, prepared.describe()["epoch_tokens_from"]) == (12345, str(dict_path.parent / "meta.json"))
+
+
+def test_window_geo_step_is_lr_times_trainers(dict_path: Path) -> None:
+    """Geo divides each trainer's delta by the trainer count; window mode's local step makes up
+    for it: 2 trainers at lr step exactly as 1 trainer at 2 x lr."""
+    moved = []
+    for trainers, lr in ((2, 1e-2), (1, 2e-2), (1, 1e-2)):
+        model = window_model(dict_path)
+        worker = WorkerContext(trainer_id=0, worker_id=0, num_trainers=trainers, num_workers=1, rng=np.random.default_rng(0))
+        batch = next(iter(model.batches(chunk(LINES), worker)))
+        params = random_params(model, seed=1)
+        start = params.sparse[EMB].copy()
+        model.local_sgd(batch, params, {EMB: lr, EMB_W: lr, EMB_B: lr}, {k: np.zeros(VOCAB, np.uint8) for k in params.sparse})
+        moved.append(params.sparse[EMB] - start)
+    np.testing.assert_array_equal(moved[0], moved[1])
+    assert np.abs(moved[0] - moved[2]).max() > 1e-3
