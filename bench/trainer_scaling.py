@@ -50,7 +50,7 @@ def make_model(args: argparse.Namespace, tmp: Path) -> tuple[object, list[str]]:
         data = Path(args.data or ROOT / "data" / "word2vec")
         files = sorted(str(p) for p in (data / "train").iterdir())[: args.files]
         return Word2Vec(dict_path=str(data / "dict.txt"), dim=args.dim), files
-    from tests.trainer.linreg_model import LinReg, make_data
+    from examples.linreg.model import LinReg, make_data
 
     make_data(tmp / "linreg", files=8, lines_per_file=50_000, features=100_000)
     return LinReg(features=100_000, batch_size=256, lr=0.1), sorted(str(p) for p in (tmp / "linreg").iterdir())

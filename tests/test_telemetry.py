@@ -32,7 +32,7 @@ from aps.telemetry import TrainerCollector, TrainerProbe, trainer_registry
 from aps.trainer import Strategy, Trainer, TrainOptions
 from aps.trainer.shared import STAT, STAT_FIELDS
 from tests.conftest import BIN, ROOT, wait_port_file
-from tests.trainer.linreg_model import LinReg, make_data
+from examples.linreg.model import LinReg, make_data
 
 Samples = dict[str, list[Sample]]
 
@@ -180,14 +180,14 @@ def test_cli_flags_reach_the_configs(tmp_path: Path) -> None:
     assert (config.metrics_port, config.metrics_host, config.metrics_port_file) == (0, None, "m.port")
     assert "--metrics-port" in server_parser().format_help() and "--metrics-port" in trainer_parser().format_help()
     args = trainer_parser().parse_args(
-        ["--pservers", "127.0.0.1:1", "--model", "tests.trainer.linreg_model:LinReg", "--data", "x",
+        ["--pservers", "127.0.0.1:1", "--model", "examples.linreg.model:LinReg", "--data", "x",
          "--metrics-port", "9999", "--metrics-port-file", "t.port", "--workers", "1",
          "--metrics", str(tmp_path / "m.jsonl")]
     )
     options = make_trainer(args).options
     assert (options.metrics_port, options.metrics_host, options.metrics_port_file) == (9999, "127.0.0.1", "t.port")
     assert make_trainer(trainer_parser().parse_args(
-        ["--pservers", "127.0.0.1:1", "--model", "tests.trainer.linreg_model:LinReg", "--data", "x", "--workers", "1",
+        ["--pservers", "127.0.0.1:1", "--model", "examples.linreg.model:LinReg", "--data", "x", "--workers", "1",
          "--metrics", str(tmp_path / "m.jsonl")]
     )).options.metrics_port is None
 

@@ -22,7 +22,7 @@ import pytest
 
 from aps.cli.local import Board, Launcher, parse_args
 from tests.conftest import BIN, ROOT
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -473,7 +473,7 @@ def test_summary_shows_each_trainers_last_epoch_from_its_metrics_file(tmp_path: 
                         "examples_per_s": 1.0})
     (logs / "trainer.0.metrics.jsonl").write_text(stale + "\n")
     result = subprocess.run(
-        launcher_argv("1x2", "--log-dir", "runlogs", "--", "--model", "tests.trainer.linreg_model:LinReg",
+        launcher_argv("1x2", "--log-dir", "runlogs", "--", "--model", "examples.linreg.model:LinReg",
                       "--data", str(tmp_path / "data"), "--epochs", "2", "--workers", "1", "--no-save"),
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
     )
@@ -575,7 +575,7 @@ def test_real_roles_serve_metrics_on_the_ports_aps_local_gives_them(tmp_path: Pa
     make_data(tmp_path / "data", files=2, lines_per_file=100)
     base = free_port_run(3)
     result = subprocess.run(
-        launcher_argv("1x2", "--metrics-port", str(base), "--", "--model", "tests.trainer.linreg_model:LinReg",
+        launcher_argv("1x2", "--metrics-port", str(base), "--", "--model", "examples.linreg.model:LinReg",
                       "--data", str(tmp_path / "data"), "--workers", "1", "--no-save"),
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ROOT
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 # (mode, lr, epochs): the initial loss on this data is ~0.75 (labels have variance ~0.75)
 MODES = [("sync", 0.5, 6), ("half_async", 0.4, 6), ("async", 0.1, 6), ("geo", 0.25, 4)]
@@ -22,7 +22,7 @@ def test_aps_local_2x2(tmp_path: Path, mode: str, lr: float, epochs: int) -> Non
     make_data(tmp_path / "data", files=4, lines_per_file=1500)
     cmd = [
         sys.executable, str(BIN / "aps-local"), "2x2", "--mode", mode, "--timeout", "240", "--",
-        "--model", "tests.trainer.linreg_model:LinReg", "--model-arg", f"lr={lr}",
+        "--model", "examples.linreg.model:LinReg", "--model-arg", f"lr={lr}",
         "--data", str(tmp_path / "data"), "--epochs", str(epochs), "--workers", "2", "--k-steps", "10",
         "--save-dir", str(tmp_path / "model"),
     ]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ROOT
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 
 def children(pid: int) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 #: short, for a fast test, yet above how long a trainer's event loop may stall while it spawns
 #: its workers on a busy machine (over 2 s was seen): a stalled trainer sends no heartbeat

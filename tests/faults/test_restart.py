@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, model_loss, wait_for
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 EPOCHS = 3
 #: how much worse (absolute, in mean 0.5 * squared error) the model of a job whose pserver 1 was

@@ -19,7 +19,7 @@ from aps.errors import ApsError, ConfigError
 from aps.trainer import Batch
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
-from tests.trainer.linreg_model import LinReg, make_data
+from examples.linreg.model import LinReg, make_data
 
 pytestmark = pytest.mark.timeout(60)
 

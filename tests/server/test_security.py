@@ -26,7 +26,7 @@ from aps.server.throttle import AuthThrottle
 from aps.wire.auth import auth_mac
 from tests.conftest import BIN, ROOT, Processes, wait_port_file
 from tests.server.test_bad_input import Raw
-from tests.trainer.linreg_model import make_data
+from examples.linreg.model import make_data
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -483,7 +483,7 @@ def test_tls_trainer_and_server_processes(processes: Processes, tmp_path: Path, 
     address = f"127.0.0.1:{wait_port_file(port_file, proc)}"
     trainer = processes.start(
         "aps-trainer", "--pservers", address, "--token-file", str(path), "--tls-ca", cert, "--model",
-        "tests.trainer.linreg_model:LinReg", "--data", str(tmp_path / "data"), "--workers", "1", "--epochs", "1",
+        "examples.linreg.model:LinReg", "--data", str(tmp_path / "data"), "--workers", "1", "--epochs", "1",
         "--save-dir", "model", "--print-period", "60", log_name="trainer.log", cwd=tmp_path, env=env,
     )
     assert trainer.wait(timeout=80) == 0, (tmp_path / "trainer.log").read_text()[-3000:]

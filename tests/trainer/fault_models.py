@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 from aps.trainer import Batch, Chunk, WorkerContext
-from tests.trainer.linreg_model import LinReg
+from examples.linreg.model import LinReg
 
 
 class SlowLinReg(LinReg):

@@ -20,7 +20,7 @@ from aps.trainer.ipc import Kind, Record
 from aps.trainer.modes import AsyncSender, Link
 from aps.trainer.shared import Attached, SharedArrays
 from aps.trainer.trainer import create_tables
-from tests.trainer.linreg_model import LinReg
+from examples.linreg.model import LinReg
 
 EMB = aps.SparseTable("emb", rows=50, dim=4, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
 TAGS = aps.SparseTable("tags", rows=7, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))

@@ -12,7 +12,7 @@ import aps
 from aps.cluster import ClusterSpec
 from aps.trainer import Strategy, Trainer, TrainOptions
 from aps.trainer.pool import WorkerFailed
-from tests.trainer.linreg_model import LinReg
+from examples.linreg.model import LinReg
 
 
 async def train(tmp_path: Path, files: list[str], **options) -> list[dict]:

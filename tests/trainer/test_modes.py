@@ -1,6 +1,6 @@
 """Each communicator mode against real pservers on port 0 and real worker processes.
 
-The problem (tests/trainer/linreg_model.py) has a known optimum, so convergence is checked
+The problem (examples/linreg/model.py) has a known optimum, so convergence is checked
 against it; sync and geo are also checked step for step against single-process SGD.
 """
 
@@ -16,7 +16,7 @@ import aps
 from aps.cluster import ClusterSpec
 from aps.trainer import Strategy, Trainer, TrainOptions
 from aps.trainer.accumulator import GradAccumulator
-from tests.trainer.linreg_model import LinReg, make_data
+from examples.linreg.model import LinReg, make_data
 
 FEATURES = 200
 
