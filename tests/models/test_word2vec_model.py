@@ -267,7 +267,7 @@ def test_per_pair_negatives_follow_unigram_to_the_075(dict_path: Path) -> None:
 
 def test_guided_sampler_equals_searchsorted() -> None:
     from aps.models.word2vec import batching as K
-    from aps.models.word2vec.model import sample_negatives
+    from aps.models.word2vec.corpus import sample_negatives
 
     rng = np.random.default_rng(3)
     counts = np.concatenate([rng.integers(1, 10**6, 50), np.ones(3000), rng.integers(0, 3, 500)])

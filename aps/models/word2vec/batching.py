@@ -168,7 +168,7 @@ def negative_guide(cdf: np.ndarray, bits: int = 17) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def sample_cdf(cdf: np.ndarray, guide: np.ndarray, uniforms: np.ndarray, out: np.ndarray) -> None:
     """``out = min(searchsorted(cdf, uniforms), len(cdf) - 1)`` (exactly
-    :func:`~aps.models.word2vec.model.sample_negatives`), but searching only the bucket of
+    :func:`~aps.models.word2vec.corpus.sample_negatives`), but searching only the bucket of
     :func:`negative_guide` that holds each uniform: a couple of probes instead of ~16 cache
     missing ones over the whole table. ``uniforms`` and ``out`` are flat and of equal length."""
     nbuckets = guide.shape[0] - 1

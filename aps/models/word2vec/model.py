@@ -54,7 +54,6 @@ needs them, so the pickled model stays a handful of settings. The kernels are sp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -66,6 +65,7 @@ from ...specs import SGD, Constant, ExponentialDecay, SparseTable, TableSpec, Un
 from ...trainer.model import Batch, Grads, Model, Params, WorkerContext
 from ...trainer.reader import Chunk
 from . import batching as B
+from .corpus import check_bool, check_float, check_fraction, check_int, count_lines, epoch_tokens_of, negative_cdf, read_counts
 from . import step as S
 
 EMB = "emb"
@@ -128,98 +128,6 @@ class WindowBatch(NamedTuple):
     progress: float
 
 
-def count_lines(path: Path) -> int:
-    """Lines of a text file (a last line without newline counts), read in blocks."""
-    lines = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            lines += block.count(b"\n")
-            last = block[-1:]
-    return lines + (last != b"\n")
-
-
-def read_counts(path: Path) -> np.ndarray:
-    """The ``count`` column of a ``word count`` dictionary file (line N = id N)."""
-    counts = []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if len(parts) != 2 or not parts[1].isdigit():
-                raise DataError(f"expected 'word count', got {line.rstrip()!r}", str(path), lineno)
-            counts.append(int(parts[1]))
-    return np.asarray(counts, dtype=np.float64)
-
-
-def negative_cdf(counts: np.ndarray, power: float = 0.75) -> np.ndarray:
-    """Cumulative sampling distribution ``count^power / sum`` (the reference's ``cs``)."""
-    weights = np.power(np.asarray(counts, dtype=np.float64), power)
-    total = weights.sum()
-    if not total > 0:
-        raise ConfigError("every word count is zero: cannot sample negatives")
-    return np.cumsum(weights / total)
-
-
-def sample_negatives(cdf: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
-    """Ids for uniforms in [0, 1) by inverse CDF (``cs.searchsorted(u)``), clipped to the vocab
-    because the last cumulative value may round to just below 1."""
-    ids = np.searchsorted(cdf, uniforms)
-    np.minimum(ids, cdf.shape[0] - 1, out=ids)
-    return ids.astype(np.int32)
-
-
-def _int(name: str, value: Any, low: int = 1) -> int:
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"word2vec {name} must be an integer, got {value!r}") from None
-    if out != float(value) or out < low:
-        raise ConfigError(f"word2vec {name} must be an integer >= {low}, got {value!r}")
-    return out
-
-
-def _float(name: str, value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"word2vec {name} must be a number, got {value!r}") from None
-    if not out > 0 or out != out or out == float("inf"):
-        raise ConfigError(f"word2vec {name} must be a positive number, got {value!r}")
-    return out
-
-
-def _bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"word2vec {name} must be true or false, got {value!r}")
-
-
-def _fraction(name: str, value: Any) -> float:
-    out = _float(name, value)
-    if out >= 1.0:
-        raise ConfigError(f"word2vec {name} must be below 1, got {value!r}")
-    return out
-
-
-def epoch_tokens_of(dict_path: Path) -> tuple[int, str]:
-    """Tokens one epoch trains on, and where that number comes from: prepare_data.py's
-    ``meta.json`` beside the dictionary (tokens after its downsampling) when there is one, else
-    the dictionary's counts (a corpus trained as counted)."""
-    meta = dict_path.parent / "meta.json"
-    if meta.is_file():
-        try:
-            tokens = int(json.loads(meta.read_text())["tokens_after_downsampling"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"no 'tokens_after_downsampling' number in it ({exc})", str(meta), 1) from None
-        return tokens, str(meta)
-    return int(read_counts(dict_path).sum()), str(dict_path)
-
-
 class Word2Vec(Model):
     """Skip-gram with negative sampling; see the module docstring for the exact semantics.
 
@@ -261,19 +169,19 @@ class Word2Vec(Model):
             raise ConfigError(f"word2vec lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}")
         self.negatives = str(negatives)
         self.lr_schedule = str(lr_schedule)
-        self.dim = _int("dim", dim)
-        self.window = _int("window", window)
-        self.neg_num = _int("neg_num", neg_num)
-        self.batch_size = DEFAULT_BATCH[self.negatives] if batch_size is None or batch_size == "" else _int(
+        self.dim = check_int("dim", dim)
+        self.window = check_int("window", window)
+        self.neg_num = check_int("neg_num", neg_num)
+        self.batch_size = DEFAULT_BATCH[self.negatives] if batch_size is None or batch_size == "" else check_int(
             "batch_size", batch_size)
-        self.lr = DEFAULT_LR[self.negatives] if lr is None or lr == "" else _float("lr", lr)
-        self.decay_steps = _int("decay_steps", decay_steps)
-        self.decay_rate = _float("decay_rate", decay_rate)
-        self.lr_floor = _fraction("lr_floor", lr_floor)
-        self.epochs = _int("epochs", epochs)
-        self.seed = _int("seed", seed, low=0)
-        self.epoch_tokens = _int("epoch_tokens", epoch_tokens, low=0)
-        self.bias = self.negatives != "window" if bias is None or bias == "" else _bool("bias", bias)
+        self.lr = DEFAULT_LR[self.negatives] if lr is None or lr == "" else check_float("lr", lr)
+        self.decay_steps = check_int("decay_steps", decay_steps)
+        self.decay_rate = check_float("decay_rate", decay_rate)
+        self.lr_floor = check_fraction("lr_floor", lr_floor)
+        self.epochs = check_int("epochs", epochs)
+        self.seed = check_int("seed", seed, low=0)
+        self.epoch_tokens = check_int("epoch_tokens", epoch_tokens, low=0)
+        self.bias = self.negatives != "window" if bias is None or bias == "" else check_bool("bias", bias)
         self.epoch_tokens_from = "epoch_tokens"
         if self.epoch_tokens == 0:
             self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path)
