@@ -9,9 +9,10 @@ checkpoint (docs/operations.md, "Restarting a pserver"). A pserver is not restar
 the run as before, when it died before listening, before its first checkpoint, after N restarts,
 or in sync mode (whose pservers refuse to go on from one shard's rollback).
 
-The launcher (local.py) calls :func:`add_restart_flags` when it builds its parser, adds
-:meth:`Restarts.server_args` to each pserver's arguments, and asks :meth:`Restarts.take` when a
-pserver exits; when that says yes, it spawns the role again.
+aps-local (cli/local.py) calls :func:`add_restart_flags` when it builds its parser and puts
+:meth:`Restarts.server_args` before the pservers' own ``--server-args``; the supervisor
+(launcher_run.py) asks :meth:`Restarts.take` when a role exits, and when that gives a line to
+show, spawns the role again.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Restarts:
         role.proc = None
         role.returncode = None
         role.started = role.ended = None
-        return (
-            f"aps-local: {role.name} {how}; restarting it from its last checkpoint in {self.directory} "
+        return (  # the launcher puts its own name in front
+            f"{role.name} {how}; restarting it from its last checkpoint in {self.directory} "
             f"({self.counts[role.index]} of {self.limit})"
         )
