@@ -4,7 +4,7 @@
 * data: ``examples/ctr_dnn/make_data.py`` (synthetic Criteo lines from a known model, so the
   Bayes-optimal test AUC is known), generated once per run into a temporary directory;
 * aps: ``aps-local 1x1 --mode async -- --model ctr_dnn --workers 2`` (1 pserver + 1 trainer with
-  2 compute workers), one epoch, then ``examples/ctr_dnn/infer.py`` on the test files;
+  2 compute workers), run through its API ``aps.LocalCluster`` in this process, one epoch, then ``examples/ctr_dnn/infer.py`` on the test files;
 * PyTorch: the same network in ``torch.nn`` with ``torch.set_num_threads(2)``, trained in its
   own process on the arrays aps's own parser (``aps.models.criteo.CriteoFormat``) makes from the
   same files, cut into the same batches (1 MiB chunks, batches of 1000 lines within a chunk, as
@@ -25,8 +25,9 @@ What is timed:
   (its workers parse the text inside the epoch); PyTorch: the loop over the pre-parsed batches
   alone (forward, backward, both optimizer steps). ``loop + parse`` adds PyTorch's parse time,
   which is the like-for-like number against aps's epoch;
-* whole run, as the user waits - aps: the ``aps-local`` command (process start-up, epoch,
-  checkpoint save, shut-down); PyTorch: its training process (interpreter start-up, ``import
+* whole run, as the user waits - aps: the launcher's run (the pserver's and the trainer's
+  process start-up, epoch, checkpoint save, shut-down; the aps-local command adds only its own
+  interpreter's start to that); PyTorch: its training process (interpreter start-up, ``import
   torch``, parsing, loop, saving the model and optimizer state like aps's checkpoint).
   Evaluation is not in either.
 
@@ -65,6 +66,8 @@ from machine import machine_busy_seconds  # bench/machine.py
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+import aps  # noqa: E402
+
 TORCH_VERSION = "2.13.0"
 INSTALL_HINT = (
     f"PyTorch is needed for this benchmark (a bench-only dependency, not in pyproject): "
@@ -80,7 +83,7 @@ NOISY_OTHER_CPU = 0.2  # other processes used more than this many cores during a
 
 
 def own_cpu_seconds() -> float:
-    """This process plus its reaped children (aps-local reaps its roles, the trainer its workers)."""
+    """This process plus its reaped children (the launcher here reaps the roles, the trainer its workers)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -301,20 +304,23 @@ def run_aps(data: Path, work: Path, args: argparse.Namespace) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    cmd = [
-        sys.executable, str(ROOT / "bin" / "aps-local"), "1x1", "--mode", "async", "--status-interval", "0", "--",
+    trainer_args = [
         "--model", "ctr_dnn", "--data", str(data / "train_data"), "--epochs", "1", "--workers", str(args.workers),
         "--save-dir", str(work / "model"), "--print-period", "5", *shlex.split(args.aps_extra),
     ]
-    with open(work / "aps-local.out", "wb") as out, CpuMeter() as meter:
-        proc = subprocess.run(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = (work / "aps-local.out").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"aps-local failed (exit {proc.returncode}); its output ends:\n{tail}")
+    cluster = aps.LocalCluster(1, 1, trainer_args, mode="async", log_dir=work / "log", cwd=work)
+    with CpuMeter() as meter:
+        result = cluster.run()
+    if not result.ok:
+        role = result.failed[0] if result.failed else result.roles[-1]
+        tail = "\n".join(role.log_tail(30))
+        raise RuntimeError(f"aps failed (exit {result.code}{', ' + result.reason if result.reason else ''}): "
+                           f"{role.name} {role.state}; its log ({role.log_path}) ends:\n{tail}")
     records = [json.loads(line) for line in (work / "log" / "trainer.0.metrics.jsonl").read_text().splitlines()]
     epoch = [r for r in records if r.get("event") == "epoch"][-1]
     return {
-        "command": shlex.join(cmd), "examples": epoch["examples"], "steps": epoch["steps"],
+        "command": f"aps-local 1x1 --mode async -- {shlex.join(trainer_args)}  (run as aps.LocalCluster)",
+        "examples": epoch["examples"], "steps": epoch["steps"],
         "loss": epoch["loss"], "train_auc": epoch["auc"], "epoch_s": epoch["seconds"],
         "loop_examples_per_s": epoch["examples_per_s"], "wait_share": epoch["wait_share"],
         "wall_s": meter.wall, "wall_examples_per_s": epoch["examples"] / meter.wall,
@@ -568,8 +574,8 @@ def main() -> int:
         "nn.Embedding(sparse=True) + torch.optim.SparseAdam (lazy too, one step count per table) and torch.optim.Adam "
         "for the FC layers, one update per batch. Train loop ex/s: aps = the epoch's examples_per_s (its workers parse "
         f"inside the epoch); PyTorch = the loop over pre-parsed batches (parsing with aps's CriteoFormat took "
-        f"{parse_s:.1f} s more, counted in 'loop + parse' and in the whole run). Whole run: aps-local start to exit "
-        "(incl. checkpoint save) vs the PyTorch process start to exit (import, parse, loop, save model + optimizer "
+        f"{parse_s:.1f} s more, counted in 'loop + parse' and in the whole run). Whole run: the launcher's start of the "
+        "pserver to its last exit (incl. checkpoint save) vs the PyTorch process start to exit (import, parse, loop, save model + optimizer "
         "state). Test AUC: sklearn roc_auc_score over all test lines for both; logloss: aps.metrics.logloss.",
     ]
     print("\n".join(lines))

@@ -11,9 +11,7 @@ import datetime as _dt
 import json
 import os
 import platform
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from aps import PServerProcess
+
 MIB = 1 << 20
 
 
@@ -47,36 +46,32 @@ def rss_bytes(pid: int) -> tuple[int, int]:
 
 @dataclass
 class ServerProcess:
-    """One ``bin/aps-server`` child process on a free port (``--port 0 --port-file``)."""
+    """One ``aps-server`` child process on a free port (``aps.PServerProcess``: ``--port 0
+    --port-file``, its own process group, dies with this process), plus its memory readings."""
 
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
+    server: PServerProcess
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.server.proc
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return self.server.address
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.log_path
 
     @classmethod
     def start(cls, workdir: Path, *args: str, name: str = "pserver", env: dict[str, str] | None = None,
               timeout: float = 60.0) -> ServerProcess:
-        port_file = workdir / f"{name}.port"
-        port_file.unlink(missing_ok=True)
-        log_path = workdir / f"{name}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "bin" / "aps-server"), "--port", "0", "--port-file", str(port_file), *args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-            )
-        deadline = time.monotonic() + timeout
-        while not port_file.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(f"aps-server exited with {proc.returncode} before listening; see {log_path}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise TimeoutError(f"aps-server did not listen within {timeout} s; see {log_path}")
-            time.sleep(0.05)
-        return cls(proc, int(port_file.read_text().strip()), log_path)
+        """``aps-server ARGS`` running in ``workdir``, its output in ``workdir/NAME.log``, once it listens."""
+        return cls(PServerProcess.start(*args, log_path=workdir / f"{name}.log", cwd=workdir, env=env, timeout=timeout))
 
     def rss(self) -> tuple[int, int]:
         return rss_bytes(self.proc.pid)
@@ -85,18 +80,11 @@ class ServerProcess:
         return memory(self.proc.pid)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.server.alive()
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit within 20 s; its exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.server.stop(grace=20.0)
 
 
 def percentiles_ms(samples: list[float], qs: tuple[float, ...] = (50, 99)) -> dict[str, float]:

@@ -2,8 +2,8 @@
 """Trainer scaling: examples/s of one trainer with 1 vs 2 compute workers, in every mode, and the
 share of step time the workers spend waiting on the network.
 
-One pserver runs as a separate process (bin/aps-server); the trainer runs here with the Trainer
-API. Prints a Markdown table and writes JSON (default bench/results/trainer_scaling.json).
+One pserver runs as a separate process (aps-server, started with aps.PServerProcess); the trainer
+runs here with the Trainer API. Prints a Markdown table and writes JSON (default bench/results/trainer_scaling.json).
 
     python bench/trainer_scaling.py                       # word2vec on data/word2vec if prepared
     python bench/trainer_scaling.py --model linreg        # the small test model, generated data
@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,22 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from aps import PServerProcess  # noqa: E402
 from aps.cluster import ClusterSpec  # noqa: E402
 from aps.trainer import Strategy, Trainer, TrainOptions  # noqa: E402
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
-    port_file = tmp / f"port.{time.monotonic_ns()}"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bin" / "aps-server"), "--port", "0", "--port-file", str(port_file), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("aps-server did not start")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
 
 
 def make_model(args: argparse.Namespace, tmp: Path) -> tuple[object, list[str]]:
@@ -57,19 +43,15 @@ def make_model(args: argparse.Namespace, tmp: Path) -> tuple[object, list[str]]:
 
 
 async def run_once(model: object, files: list[str], mode: str, workers: int, tmp: Path, k_steps: int) -> dict:
-    proc, address = start_server(tmp)
+    server = PServerProcess.start("--log-level", "warning", log_path=tmp / f"pserver.{mode}.{workers}.log")
     try:
         strategy = Strategy(mode=mode, workers=workers, k_steps=k_steps)
         options = TrainOptions(save_dir=None, print_period=3600, live_line=False)
-        result = await Trainer(model, strategy, ClusterSpec([address], 1), 0, options).atrain(files, 1)  # type: ignore[arg-type]
+        result = await Trainer(model, strategy, ClusterSpec([server.address], 1), 0, options).atrain(files, 1)  # type: ignore[arg-type]
         epoch = result.epochs[-1]
         return {k: epoch[k] for k in ("examples", "seconds", "examples_per_s", "wait_share", "loss")}
     finally:
-        try:
-            proc.wait(timeout=30)  # exits by itself after worker_done
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        server.wait(timeout=30)  # exits by itself after worker_done (killed and an error if not)
 
 
 def main() -> int:
