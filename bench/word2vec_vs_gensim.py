@@ -17,6 +17,7 @@ gensim's wheel) for every run's vectors, aps's exported in the word2vec binary f
 as the mean over ``--seeds`` seeds with the lowest and highest.
 
     python bench/word2vec_vs_gensim.py [--data data/word2vec,data/word2vec_docs] [--epochs 1,3] [--seeds 3]
+    python bench/word2vec_vs_gensim.py --data data/word2vec --epochs 1 --seeds 1 --workers 1,2,4,8,14   # 16 cores
 
 Speed depends on what else runs on the machine: the 1-minute load average before and after each
 run is recorded next to its numbers.
@@ -56,7 +57,7 @@ def gensim_eval(path: Path, questions: Path) -> tuple[float, int]:
     return float(score), len(total["correct"]) + len(total["incorrect"])
 
 
-def run_gensim(data: Path, epochs: int, dim: int, seed: int, out: Path) -> dict:
+def run_gensim(data: Path, epochs: int, dim: int, seed: int, workers: int, out: Path) -> dict:
     from gensim.models import Word2Vec
     from gensim.models.word2vec import PathLineSentences
 
@@ -65,7 +66,7 @@ def run_gensim(data: Path, epochs: int, dim: int, seed: int, out: Path) -> dict:
 
     words = read_words(data / "dict.txt")
     started = time.perf_counter()
-    model = Word2Vec(sg=1, workers=2, vector_size=dim, window=5, negative=5, sample=0, min_count=1, seed=seed)
+    model = Word2Vec(sg=1, workers=workers, vector_size=dim, window=5, negative=5, sample=0, min_count=1, seed=seed)
     corpus = PathLineSentences(str(data / "train"))
     model.build_vocab(corpus)
     trained = time.perf_counter()
@@ -78,7 +79,8 @@ def run_gensim(data: Path, epochs: int, dim: int, seed: int, out: Path) -> dict:
     return {"train_seconds": done - trained, "wall_seconds": done - started}
 
 
-def run_aps(data: Path, epochs: int, dim: int, seed: int, work: Path, out: Path, model_args: tuple[str, ...]) -> dict:
+def run_aps(data: Path, epochs: int, dim: int, seed: int, workers: int, work: Path, out: Path,
+            model_args: tuple[str, ...]) -> dict:
     from aps.models.word2vec.evaluate import load_checkpoint_table, read_words
     from aps.models.word2vec.export import export_word2vec
 
@@ -89,7 +91,7 @@ def run_aps(data: Path, epochs: int, dim: int, seed: int, work: Path, out: Path,
         sys.executable, str(ROOT / "bin" / "aps-local"), "1x1", "--mode", "geo", "--status-interval", "0", "--",
         "--model", "word2vec", "--model-arg", f"dict_path={data / 'dict.txt'}", "--model-arg", f"dim={dim}",
         "--model-arg", f"epochs={epochs}", "--model-arg", f"seed={seed}", "--seed", str(seed),
-        "--data", str(data / "train"), "--epochs", str(epochs), "--workers", "2",
+        "--data", str(data / "train"), "--epochs", str(epochs), "--workers", str(workers),
         "--save-dir", str(work / "model"), "--print-period", "600",
     ]
     for arg in model_args:
@@ -116,17 +118,18 @@ def summarise(runs: list[dict], raw_tokens: int, epochs: int) -> dict:
     }
 
 
-def bench_corpus(data: Path, epochs_list: list[int], seeds: int, dim: int, reference: bool, tmp: Path) -> dict:
+def bench_corpus(data: Path, epochs_list: list[int], seeds: int, dim: int, reference: bool, workers: int,
+                 tmp: Path) -> dict:
     meta = json.loads((data / "meta.json").read_text())
     raw_tokens = int(meta["total_tokens"])
     questions = data / "questions-words.txt"
     systems: list[tuple[str, int, Callable[[int, int, Path], dict]]] = [
-        ("gensim", seeds, lambda e, s, out: run_gensim(data, e, dim, s, out)),
-        ("aps", seeds, lambda e, s, out: run_aps(data, e, dim, s, tmp / "aps", out, ())),
+        ("gensim", seeds, lambda e, s, out: run_gensim(data, e, dim, s, workers, out)),
+        ("aps", seeds, lambda e, s, out: run_aps(data, e, dim, s, workers, tmp / "aps", out, ())),
     ]
     if reference:
-        systems.append(("aps reference setting", 1, lambda e, s, out: run_aps(data, e, dim, s, tmp / "aps", out, REFERENCE)))
-    result: dict = {"data": str(data), "raw_tokens": raw_tokens, "trained_tokens": int(meta["tokens_after_downsampling"]),
+        systems.append(("aps reference setting", 1, lambda e, s, out: run_aps(data, e, dim, s, workers, tmp / "aps", out, REFERENCE)))
+    result: dict = {"data": str(data), "workers": workers, "raw_tokens": raw_tokens, "trained_tokens": int(meta["tokens_after_downsampling"]),
                     "questions_in_vocab": meta.get("analogy", {}).get("in_vocab"), "epochs": {}}
     for epochs in epochs_list:
         rows = {}
@@ -140,7 +143,7 @@ def bench_corpus(data: Path, epochs_list: list[int], seeds: int, dim: int, refer
                 r["accuracy"], r["asked"] = gensim_eval(out, questions)
                 r["seed"] = seed
                 runs.append(r)
-                print(f"{data.name} {epochs} epoch(s) {name} seed {seed}: {r['wall_seconds']:.1f} s whole run, "
+                print(f"{data.name} {epochs} epoch(s) {workers} workers {name} seed {seed}: {r['wall_seconds']:.1f} s whole run, "
                       f"{r['train_seconds']:.1f} s training, accuracy {100 * r['accuracy']:.2f}%, "
                       f"load {before:.1f}/{r['load_after']:.1f}", file=sys.stderr, flush=True)
             rows[name] = summarise(runs, raw_tokens, epochs)
@@ -150,15 +153,15 @@ def bench_corpus(data: Path, epochs_list: list[int], seeds: int, dim: int, refer
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| corpus | epochs | run | words/s whole run | vs gensim | words/s training | vs gensim | accuracy: mean (min-max), seeds | load avg |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| corpus | epochs | workers | run | words/s whole run | vs gensim | words/s training | vs gensim | accuracy: mean (min-max), seeds | load avg |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for res in results:
         for epochs, rows in res["epochs"].items():
             base = rows["gensim"]
             for name, r in rows.items():
                 lines.append(
-                    f"| {Path(res['data']).name} ({res['raw_tokens'] / 1e6:.1f}M raw tokens) | {epochs} | {name} "
+                    f"| {Path(res['data']).name} ({res['raw_tokens'] / 1e6:.1f}M raw tokens) | {epochs} | {res['workers']} | {name} "
                     f"| {r['words_per_s_wall']:,.0f} | {r['words_per_s_wall'] / base['words_per_s_wall']:.2f}x "
                     f"| {r['words_per_s_train']:,.0f} | {r['words_per_s_train'] / base['words_per_s_train']:.2f}x "
                     f"| {100 * r['accuracy_mean']:.2f}% ({100 * r['accuracy_min']:.2f}-{100 * r['accuracy_max']:.2f}), {r['seeds']} "
@@ -174,6 +177,9 @@ def main() -> int:
     parser.add_argument("--epochs", default="1,3", help="comma-separated epoch counts (default 1,3)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per setting (default 3)")
     parser.add_argument("--dim", type=int, default=100)
+    parser.add_argument("--workers", default="2",
+                        help="comma-separated worker counts: gensim's workers= and aps's --workers (default 2; "
+                             "the 16-core sweep: 1,2,4,8,14)")
     parser.add_argument("--reference", action="store_true", help="also the reference network's setting (one seed)")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "word2vec_vs_gensim.json"))
     args = parser.parse_args()
@@ -185,9 +191,10 @@ def main() -> int:
             return 2
     epochs_list = [int(e) for e in args.epochs.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        results = [bench_corpus(d, epochs_list, args.seeds, args.dim, args.reference, Path(tmp)) for d in corpora]
+        results = [bench_corpus(d, epochs_list, args.seeds, args.dim, args.reference, int(w), Path(tmp))
+                   for d in corpora for w in args.workers.split(",")]
     print(f"\nword2vec, dim {args.dim}, window 5, 5 negatives; {os.cpu_count()} cores; "
-          "aps = aps-local 1x1 --workers 2 (geo), gensim = Word2Vec(sg=1, workers=2)\n")
+          "aps = aps-local 1x1 --workers W (geo), gensim = Word2Vec(sg=1, workers=W)\n")
     print(table(results))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
