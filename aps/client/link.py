@@ -13,7 +13,7 @@ import ssl as _ssl
 from typing import Any
 
 from .. import wire
-from ..errors import ConnectionLost, RemoteProtocolError, ServerError
+from ..errors import ConnectionLost, RemoteProtocolError, ServerError, TokenMissing
 from ..wire.auth import auth_mac
 
 
@@ -85,7 +85,8 @@ class Link:
             link.lease = hello.lease_ms / 1000
             if hello.auth_required:
                 if token is None:
-                    raise ServerError(9, f"pserver {address} requires a token and none was given", server=address)
+                    raise TokenMissing(f"pserver {address} requires a token and none was given "
+                                       "(pass token=, or set APS_TOKEN)")
                 await link.request(wire.Auth(mac=auth_mac(token, hello.nonce, client_id)), first_request_id + 1)
         except BaseException:
             link.close()

@@ -213,9 +213,8 @@ async def test_auth_with_token() -> None:
         with pytest.raises(aps.ServerError) as info:
             await aps.connect(addrs(servers), token="wrong", timeout=5, **FAST)
         assert info.value.code == ErrorCode.AUTH_FAILED
-        with pytest.raises(aps.ServerError) as info:
-            await aps.connect(addrs(servers), timeout=5, **FAST)
-        assert info.value.code in (ErrorCode.AUTH_FAILED, ErrorCode.AUTH_REQUIRED)
+        with pytest.raises(aps.TokenMissing, match="requires a token and none was given"):
+            await aps.connect(addrs(servers), timeout=5, **FAST)  # a setting to fix here: a ConfigError
         # the servers still serve the right token afterwards
         async with aps.connect(addrs(servers), token="let-me-in") as ps:
             assert (await ps.pull_sparse("emb", [3])).shape == (1, 8)

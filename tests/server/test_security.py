@@ -126,7 +126,7 @@ async def main():
     try:
         await aps.connect(pservers.split(","), timeout=10, retries=0)
         refused = None
-    except aps.ServerError as exc:
+    except aps.TokenMissing as exc:  # a ConfigError: the token is this side's setting
         refused = str(exc)
     async with aps.connect(pservers.split(","), token=token, trainer_id=tid, timeout=10) as ps:
         await ps.create_table(aps.SparseTable("emb", rows=8, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0)))
