@@ -28,6 +28,7 @@ from ..errors import ConfigError, ConnectionLost, ErrorCode, RequestTimeout, Ser
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
+from .lanes import PortPlan, lane_address
 from .link import Link
 
 T = TypeVar("T")
@@ -55,6 +56,8 @@ class PSClient:
         ssl: Any = None,
         deadline: float = DEFAULT_DEADLINE,
         heartbeat: float = DEFAULT_HEARTBEAT,
+        ports_num: int = 1,
+        ports_num_for_sparse: int = 0,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -80,8 +83,15 @@ class PSClient:
         self.max_frame = max_frame
         self.ssl = client_context(ssl)
         self.client_id = int.from_bytes(os.urandom(8), "little") or 1
-        self._links: list[Link | None] = [None] * len(self.addresses)
-        self._connecting: list[asyncio.Future[Link] | None] = [None] * len(self.addresses)
+        #: which of each pserver's ports a request goes to (aps/client/lanes.py)
+        self.ports = PortPlan(len(self.addresses), ports_num, ports_num_for_sparse)
+        lanes = len(self.addresses) * self.ports.lanes
+        #: connection of lane ``j`` of server ``k`` at ``k * ports.lanes + j``
+        self._links: list[Link | None] = [None] * lanes
+        self._connecting: list[asyncio.Future[Link] | None] = [None] * lanes
+        #: the version each pull reply gave, per (server, table, dense block or -1 for sparse):
+        #: the next gradient push to that server names it as what it was computed from
+        self._versions: dict[tuple[int, str, int], int] = {}
         self._next_request = 1
         self._specs: dict[str, TableSpec] = {}
         self._closed = False
@@ -95,12 +105,14 @@ class PSClient:
 
     async def open(self) -> PSClient:
         """Connect to every pserver (concurrently) and check they agree on the cluster layout."""
+        lanes = self.ports.lanes
         try:
-            links = await self._budget(self._gather([self._link(k) for k in range(self.num_servers)]))
+            links = await self._budget(self._gather([self._link(k, j) for k in range(self.num_servers) for j in range(lanes)]))
         except BaseException:
             await self.aclose()  # no half-open client: close the links that did open
             raise
-        for k, link in enumerate(links):
+        for i, link in enumerate(links):
+            k = i // lanes
             if link.num_servers != self.num_servers or link.server_index != k:
                 await self.aclose()
                 raise ConfigError(
@@ -147,7 +159,7 @@ class PSClient:
         for link in self._links:
             if link is not None:
                 link.close()
-        self._links = [None] * self.num_servers
+        self._links = [None] * len(self._links)
 
     # ----------------------------------------------------------------- plumbing
 
@@ -156,33 +168,34 @@ class PSClient:
         self._next_request += count
         return rid
 
-    async def _link(self, k: int) -> Link:
-        link = self._links[k]
+    async def _link(self, k: int, lane: int = 0) -> Link:
+        i = k * self.ports.lanes + lane
+        link = self._links[i]
         if link is not None and not link.closed:
             return link
-        pending = self._connecting[k]
+        pending = self._connecting[i]
         if pending is None:
-            pending = self._connecting[k] = asyncio.ensure_future(self._open_link(k))
+            pending = self._connecting[i] = asyncio.ensure_future(self._open_link(k, lane))
         try:
             link = await asyncio.shield(pending)
         finally:
             if pending.done():
-                self._connecting[k] = None
-        self._links[k] = link
+                self._connecting[i] = None
+        self._links[i] = link
         return link
 
-    async def _open_link(self, k: int) -> Link:
+    async def _open_link(self, k: int, lane: int = 0) -> Link:
         """Connect and handshake, bounded: a peer that accepts TCP but never answers must not
         wedge every later call to this server on one shared, never-finishing connect."""
+        address = lane_address(self.addresses[k], lane)
         try:
             async with asyncio.timeout(self.timeout):
                 link = await Link.open(
-                    self.addresses[k], self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2),
-                    ssl=self.ssl,
+                    address, self.client_id, self.trainer_id, self.token, self.max_frame, self._request_id(2), ssl=self.ssl,
                 )
         except TimeoutError:
-            raise ConnectionLost(f"pserver {self.addresses[k]} did not answer the handshake within {self.timeout} s") from None
-        if self._links[k] is not None and (link.server_index, link.num_servers) != (k, self.num_servers):
+            raise ConnectionLost(f"pserver {address} did not answer the handshake within {self.timeout} s") from None
+        if self._links[k * self.ports.lanes + lane] is not None and (link.server_index, link.num_servers) != (k, self.num_servers):
             link.close()  # a reconnect found another server at this address: never mix shards
             raise ConfigError(
                 f"pserver {link.address} now says it is server {link.server_index} of {link.num_servers}, "
@@ -190,8 +203,9 @@ class PSClient:
             )
         return link
 
-    async def _call(self, k: int, msg: wire.Message, flags: int = 0) -> wire.Message:
-        """One request to server k, retried on lost connections and retriable server errors.
+    async def _call(self, k: int, msg: wire.Message, flags: int = 0, lane: int = 0) -> wire.Message:
+        """One request to server k (on its port ``lane``), retried on lost connections and
+        retriable server errors.
 
         A lost connection, or a server that says it is shutting down, is retried (reconnecting
         with backoff) until ``deadline`` seconds after the first failure; other retriable
@@ -206,9 +220,9 @@ class PSClient:
         first_failure: float | None = None
         while True:
             try:
-                link = self._links[k]
+                link = self._links[k * self.ports.lanes + lane]
                 if link is None or link.closed:
-                    link = await self._link(k)
+                    link = await self._link(k, lane)
                 return await link.request(msg, request_id, flags)
             except ConnectionLost as exc:
                 if isinstance(exc.__cause__, _ssl.SSLCertVerificationError):
@@ -229,7 +243,7 @@ class PSClient:
                 if isinstance(error, ServerError):
                     raise error
                 raise ConnectionLost(
-                    f"pserver {self.addresses[k]} still unreachable {waited:.1f} s after the connection was lost "
+                    f"pserver {lane_address(self.addresses[k], lane)} still unreachable {waited:.1f} s after the connection was lost "
                     f"(rpc deadline {self.deadline:g} s): {error}"
                 ) from (error.__cause__ or error)
             await asyncio.sleep(min(self.backoff * 2**attempt, _MAX_BACKOFF, self.deadline - waited))
@@ -335,14 +349,17 @@ class PSClient:
 
     async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
         order, grouped, slices = split_ids(ids, self.num_servers)
-        calls, targets = [], []
+        calls, targets, servers = [], [], []
         for k, part in enumerate(slices):
             shard_ids = ids[order[part]] if self.num_servers > 1 else ids
+            lane = self.ports.sparse_lane(k)
             for chunk in self._chunks(len(shard_ids), spec.dim * 4 + 8):
                 if chunk.stop > chunk.start:
-                    calls.append(self._call(k, wire.PullSparse(table=spec.name, ids=shard_ids[chunk])))
+                    calls.append(self._call(k, wire.PullSparse(table=spec.name, ids=shard_ids[chunk]), lane=lane))
                     targets.append((part, chunk))
+                    servers.append(k)
         replies = await self._gather(calls)
+        self._note_versions(spec.name, [(k, -1) for k in servers], replies)
         if len(replies) == 1 and len(ids) and self.num_servers == 1:
             return replies[0].values  # type: ignore[attr-defined,no-any-return]
         out = np.empty((len(ids), spec.dim), dtype=np.float32)
@@ -362,7 +379,6 @@ class PSClient:
             # gradient, not one per chunk (which differs for Adagrad / Adam)
             ids, values = _sum_duplicates(ids, values)
         order, _, slices = split_ids(ids, self.num_servers)
-        cls = wire.PushSparseDelta if delta else wire.PushSparseGrad
         calls = []
         for k, part in enumerate(slices):
             rows = order[part] if self.num_servers > 1 else slice(None)
@@ -370,10 +386,16 @@ class PSClient:
             chunks = self._chunks(len(shard_ids), spec.dim * 4 + 8)
             if delta and len(shard_ids) == 0:
                 continue
+            lane = self.ports.sparse_lane(k)
+            based_on = self._versions.get((k, spec.name, -1), -1)
             for i, chunk in enumerate(chunks):
                 last = wire.Flag.FINAL if i == len(chunks) - 1 else 0
-                msg = cls(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk])
-                calls.append(self._call(k, msg, flags | last))
+                msg: wire.Message
+                if delta:
+                    msg = wire.PushSparseDelta(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk])
+                else:
+                    msg = wire.PushSparseGrad(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk], based_on=based_on)
+                calls.append(self._call(k, msg, flags | last, lane))
         await self._budget(self._gather(calls), timeout)
 
     async def push_sparse_grad(
@@ -401,8 +423,9 @@ class PSClient:
 
         async def drain(k: int) -> list[wire.ChangedReply]:
             replies = []
+            lane = self.ports.sparse_lane(k)
             while True:
-                reply = await self._call(k, wire.PullSparseChanged(table=table, max_rows=max_rows))
+                reply = await self._call(k, wire.PullSparseChanged(table=table, max_rows=max_rows), lane=lane)
                 assert isinstance(reply, wire.ChangedReply)
                 replies.append(reply)
                 if not reply.more:
@@ -416,25 +439,39 @@ class PSClient:
 
     # ----------------------------------------------------------------- dense
 
-    def _dense_parts(self, spec: DenseTable) -> list[tuple[DenseBlock, int, int]]:
-        """(block, offset, count) pieces each of which fits in one frame."""
+    def _dense_parts(self, spec: DenseTable) -> list[tuple[DenseBlock, int, int, int]]:
+        """(block, offset, count, lane) pieces each of which fits in one frame; every piece of
+        one block on the same port of its server (lanes.py)."""
         per = max(1, self._frame_budget() // 4)
         parts = []
         for block in dense_blocks(spec.name, spec.size, self.num_servers):
+            lane = self.ports.dense_lane(block.server)
             for offset in range(0, block.size, per):
-                parts.append((block, offset, min(per, block.size - offset)))
+                parts.append((block, offset, min(per, block.size - offset), lane))
         return parts
+
+    def _note_versions(self, table: str, keys: Sequence[tuple[int, int]], replies: Sequence[wire.Message]) -> None:
+        """Remember the version each pull reply read, per (server, block); of several replies
+        for one key the oldest, as values read at it are part of what was pulled."""
+        seen: dict[tuple[int, str, int], int] = {}
+        for (k, block), reply in zip(keys, replies):
+            version = reply.version  # type: ignore[attr-defined]
+            key = (k, table, block)
+            seen[key] = min(version, seen.get(key, version))
+        self._versions.update(seen)
 
     async def pull_dense(self, table: str, timeout: float | None | bool = True) -> np.ndarray:
         """The whole dense table as float32 with the table's shape."""
         spec = await self._dense_spec(table)
         parts = self._dense_parts(spec)
         calls = [
-            self._call(b.server, wire.PullDense(table=table, block=b.index, offset=off, count=cnt)) for b, off, cnt in parts
+            self._call(b.server, wire.PullDense(table=table, block=b.index, offset=off, count=cnt), lane=lane)
+            for b, off, cnt, lane in parts
         ]
         replies = await self._budget(self._gather(calls), timeout)
+        self._note_versions(table, [(b.server, b.index) for b, _, _, _ in parts], replies)
         out = np.empty(spec.size, dtype=np.float32)
-        for (block, offset, count), reply in zip(parts, replies):
+        for (block, offset, count, _), reply in zip(parts, replies):
             out[block.start + offset : block.start + offset + count] = reply.values  # type: ignore[attr-defined]
         return out.reshape(spec.shape)
 
@@ -446,12 +483,17 @@ class PSClient:
         if arr.dtype.kind != "f":
             raise ConfigError(f"table {table!r}: values must be floating point, got {arr.dtype}")
         flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
-        cls = wire.PushDenseDelta if delta else wire.PushDenseGrad
         calls = []
-        for block, offset, count in self._dense_parts(spec):
+        for block, offset, count, lane in self._dense_parts(spec):
             last = wire.Flag.FINAL if offset + count == block.size else 0
             piece = flat[block.start + offset : block.start + offset + count]
-            calls.append(self._call(block.server, cls(table=table, block=block.index, offset=offset, values=piece), flags | last))
+            msg: wire.Message
+            if delta:
+                msg = wire.PushDenseDelta(table=table, block=block.index, offset=offset, values=piece)
+            else:
+                based_on = self._versions.get((block.server, table, block.index), -1)
+                msg = wire.PushDenseGrad(table=table, block=block.index, offset=offset, values=piece, based_on=based_on)
+            calls.append(self._call(block.server, msg, flags | last, lane))
         await self._budget(self._gather(calls), timeout)
 
     async def push_dense_grad(self, table: str, grad: Any, *, sync: bool = False, timeout: float | None | bool = True) -> None:
@@ -529,6 +571,8 @@ def connect(
     ssl: Any = None,
     deadline: float = DEFAULT_DEADLINE,
     heartbeat: float = DEFAULT_HEARTBEAT,
+    ports_num: int = 1,
+    ports_num_for_sparse: int = 0,
 ) -> PSClient:
     """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
 
@@ -538,9 +582,12 @@ def connect(
     ``deadline``: seconds a lost pserver is retried (reconnecting) before a call fails, 0 for no
     retry; ``retries``: how often other retriable refusals are; ``heartbeat``: seconds between
     the pings a trainer's client (``trainer_id >= 0``) sends to keep its lease, 0 for none.
+    ``ports_num`` / ``ports_num_for_sparse``: the pservers' v2 launch parameters (each listens
+    on that many consecutive ports from its address); this client then spreads dense-table
+    traffic over the dense ports and sparse-table traffic over the sparse ones (aps/client/lanes.py).
     """
     return PSClient(
         addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff,
-        ssl=ssl, deadline=deadline, heartbeat=heartbeat,
+        ssl=ssl, deadline=deadline, heartbeat=heartbeat, ports_num=ports_num, ports_num_for_sparse=ports_num_for_sparse,
     )
 

@@ -82,6 +82,28 @@ class ServerConfig:
     #: its client's heartbeats), for this many seconds is gone: barriers and sync rounds waiting
     #: for it fail naming it, and it counts as done for the exit rule. 0: never.
     trainer_timeout: float = 60.0
+    #: the v2 launch parameters (aps-server --ports-num / --ports-num-for-sparse): this server
+    #: listens on ``ports_num + ports_num_for_sparse`` consecutive ports from ``port``, the first
+    #: ``ports_num`` for dense tables and control requests, the rest for sparse tables. Any port
+    #: serves any request; the split is how aps clients spread their traffic (docs/protocol.md).
+    ports_num: int = 1
+    ports_num_for_sparse: int = 0
+    #: async mode: a gradient push computed from a version of its table (shard or dense block)
+    #: more than ``ratio * num_trainers`` updates old is dropped and counted (the reference's
+    #: async_lagged_grad_discard_ratio; its num_gradient_servers is the number of trainers).
+    #: 0: never dropped. Sync pushes are never dropped.
+    async_lagged_grad_discard_ratio: float = 0.0
+
+    @property
+    def num_ports(self) -> int:
+        """Every port this server listens on."""
+        return self.ports_num + self.ports_num_for_sparse
+
+    @property
+    def lag_limit(self) -> float:
+        """Updates a gradient's parameters may be behind before it is dropped (inf: never)."""
+        ratio = self.async_lagged_grad_discard_ratio
+        return ratio * self.num_trainers if ratio > 0 else float("inf")
 
     def __post_init__(self) -> None:
         if not 0 <= self.server_index < self.num_servers:
@@ -93,5 +115,13 @@ class ServerConfig:
         if self.max_frame < 4096 or self.max_frame > 0xFFFFFFFF - HEADER_SIZE:
             raise ConfigError(f"max_frame must be in [4096, 4 GiB), got {self.max_frame}")
         check_metrics_options(self.metrics_port, self.metrics_port_file)
+        if self.ports_num < 1 or self.ports_num_for_sparse < 0:
+            raise ConfigError(f"ports_num must be >= 1 and ports_num_for_sparse >= 0, got {self.ports_num} and "
+                              f"{self.ports_num_for_sparse}")
+        if self.port and self.port + self.num_ports > 65536:
+            raise ConfigError(f"ports {self.port}..{self.port + self.num_ports - 1} run past 65535")
+        ratio = self.async_lagged_grad_discard_ratio
+        if not (ratio >= 0 and ratio < float("inf")):
+            raise ConfigError(f"async_lagged_grad_discard_ratio must be a number >= 0 (0: off), got {ratio}")
         if self.resume is not None and self.init_model is not None:
             raise ConfigError("resume and init_model exclude each other: resume restarts a shard, init_model starts a new job")

@@ -26,6 +26,7 @@ from .config import ServerConfig
 from .core_checkpoints import CheckpointHandlers, checkpoint_root
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
+from .lag import SPARSE, UpdateVersions
 from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
@@ -50,6 +51,8 @@ class ServerCore(CheckpointHandlers):
         self.tables: dict[str, Shard] = {}
         self.specs: dict[str, TableSpec] = {}
         self.stats = ServerStats()
+        #: gradient updates applied per table shard / dense block, and lagged pushes dropped
+        self.versions = UpdateVersions(config.lag_limit)
         self.replays = ReplayCache(config.dedup_window)
         self.barriers = Barriers()
         self.sync_rounds = SyncRounds(config.num_trainers)
@@ -331,7 +334,8 @@ class ServerCore(CheckpointHandlers):
         if msg.ids.ndim == 1:  # else _local_ids refuses it
             n, dim = len(msg.ids), shard.spec.dim
             self._reply_fits(_array_bytes(0, (n, dim), 4), msg.table, f"{n} rows of {dim} float32")
-        return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=shard.pull(self._local_ids(shard, msg.ids)))
+        values = shard.pull(self._local_ids(shard, msg.ids))
+        return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
     def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
         shard = self._sparse(msg.table)
@@ -344,13 +348,18 @@ class ServerCore(CheckpointHandlers):
             def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
                 assert ids is not None
                 shard.push_grad(ids, values, scale=scale, advance_step=True, client=None)
+                self.versions.applied(shard.spec.name)
 
             # the future itself is the reply (and what the replay cache keeps), so a withdrawn
             # chunk can be found and forgotten by identity
             return self.sync_rounds.add(
                 (msg.table,), client_id, local, msg.values, final, apply, result=wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
             )
+        if self.versions.lagged(msg.table, SPARSE, msg.based_on):
+            return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old
         shard.push_grad(local, msg.values, advance_step=final, client=client_id)
+        if final:
+            self.versions.applied(msg.table)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
 
     def _push_sparse_delta(self, client_id: int, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
@@ -395,7 +404,8 @@ class ServerCore(CheckpointHandlers):
         block = shard.blocks.get(msg.block)
         if block is not None and msg.offset + msg.count <= block.size:  # else pull names the bad range
             self._reply_fits(_array_bytes(0, (msg.count,), 4), msg.table, f"{msg.count} float32")
-        return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=shard.pull(msg.block, msg.offset, msg.count))
+        values = shard.pull(msg.block, msg.offset, msg.count)
+        return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=self.versions.version(msg.table, msg.block))
 
     def _check_dense_values(self, msg: wire.PushDenseGrad | wire.PushDenseDelta) -> None:
         if msg.values.dtype != np.float32 or msg.values.ndim != 1:
@@ -415,10 +425,17 @@ class ServerCore(CheckpointHandlers):
 
             def apply(_: np.ndarray | None, values: np.ndarray) -> None:
                 shard.push_grad(block, offset, values, scale=scale, advance_step=final)
+                if final:
+                    self.versions.applied(shard.spec.name, block)
 
             key = (msg.table, msg.block, msg.offset)
             return self.sync_rounds.add(key, client_id, None, msg.values, True, apply, result=wire.Ok(op=wire.Op.PUSH_DENSE_GRAD))
+        if self.versions.lagged(msg.table, msg.block, msg.based_on):
+            shard.pull(msg.block, msg.offset, len(msg.values))  # a bad range is refused, dropped or not
+            return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)  # dropped (counted): computed from parameters too old
         shard.push_grad(msg.block, msg.offset, msg.values, advance_step=final)
+        if final:
+            self.versions.applied(msg.table, msg.block)
         return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)
 
     def _push_dense_delta(self, client_id: int, msg: wire.PushDenseDelta, flags: int) -> wire.Message:
@@ -471,6 +488,7 @@ class ServerCore(CheckpointHandlers):
                 for name, spec in self.specs.items()
             },
             **self.stats.as_dict(),
+            "lagged_grads": self.versions.as_dict(),
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
 

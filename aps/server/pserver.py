@@ -8,12 +8,14 @@ CLI turned into an ``aclose`` call.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 from typing import Any
 
 import structlog
 
+from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..telemetry import MetricsEndpoint, server_registry
 from ..tls import server_context
@@ -21,10 +23,40 @@ from .config import ServerConfig
 from .connection import ServerConnection, check_limits
 from .autosave import AutoCheckpoints
 from .core import ServerCore
+from .stats import PortStats
 from .throttle import AuthThrottle
 from .warmup import warm_up_kernels
 
 log = structlog.get_logger("aps.server")
+
+#: attempts at finding ``num_ports`` consecutive free ports when the first one is 0 (any)
+_FREE_RUN_TRIES = 64
+
+
+class _PortConnection(ServerConnection):
+    """A connection accepted on one of the server's ports: it counts its connections and frames
+    in that port's stats, so an operator sees how the clients spread their traffic."""
+
+    def __init__(self, server: PServer, port: PortStats) -> None:
+        super().__init__(server)
+        self.port_stats = port
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.port_stats.connections += 1
+        self.port_stats.connections_total += 1
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.port_stats.connections -= 1
+        super().connection_lost(exc)
+
+    def _frame_received(self, frame: wire.Frame) -> None:
+        try:
+            op = wire.Op(frame.opcode).name
+        except ValueError:
+            op = f"opcode_{frame.opcode}"
+        self.port_stats.frame(op, wire.HEADER_SIZE + len(frame.payload))
+        super()._frame_received(frame)
 
 
 class PServer:
@@ -39,7 +71,8 @@ class PServer:
         #: bytes in flight over every connection (max_inflight_bytes bounds it; connection.py)
         self.inflight_bytes = 0
         self.closing = False
-        self._server: asyncio.base_events.Server | None = None
+        #: one listening socket per port (``config.num_ports`` consecutive ones)
+        self._servers: list[asyncio.base_events.Server] = []
         self._closed: asyncio.Event | None = None
         self._close_task: asyncio.Task[None] | None = None
         self.port = config.port
@@ -66,6 +99,11 @@ class PServer:
         return f"{self.host}:{self.port}"
 
     @property
+    def ports(self) -> list[int]:
+        """Every bound port: ``port`` and the ones after it (dense first, then sparse)."""
+        return [self.port + i for i in range(len(self._servers) or self.config.num_ports)]
+
+    @property
     def metrics_port(self) -> int | None:
         """The bound port of the metrics endpoint (useful with ``metrics_port=0``), or None."""
         return self.metrics.port if self.metrics is not None else None
@@ -75,18 +113,8 @@ class PServer:
         self._closed = asyncio.Event()
         warm_up_kernels()
         tls = server_context(self.config.tls_cert, self.config.tls_key)
-        try:
-            self._server = await loop.create_server(
-                lambda: ServerConnection(self), self.config.host, self.config.port, reuse_address=True, ssl=tls
-            )
-        except socket.gaierror as exc:  # errno is a resolver code, not an OS errno
-            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: "
-                              f"host {self.config.host!r} does not resolve to an address here ({exc.strerror})") from exc
-        except OSError as exc:
-            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}") from exc
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        self._servers = await self._listen(loop, tls)
+        self.port = self._servers[0].sockets[0].getsockname()[1]
         self.core.leases.start(heard_all=self.core.resumed is not None)
         if self.checkpoints is not None:
             self.checkpoints.start()
@@ -101,17 +129,64 @@ class PServer:
             try:
                 self.metrics = endpoint.start()
             except BaseException:
-                self._server.close()  # do not leave the data port open behind a failed start
+                for listening in self._servers:  # do not leave the data ports open behind a failed start
+                    listening.close()
                 raise
         log.info(
             "pserver listening",
             address=self.address,
+            ports=f"{self.port}-{self.ports[-1]}" if len(self.ports) > 1 else str(self.port),
+            sparse_ports=self.config.ports_num_for_sparse,
             tls=tls is not None,
             index=self.config.server_index,
             servers=self.config.num_servers,
             trainers=self.config.num_trainers,
         )
         return self
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop, tls: Any) -> list[asyncio.base_events.Server]:
+        """Listen on ``num_ports`` consecutive ports from ``config.port``; with port 0 (any), on
+        the first run of that many consecutive free ports found."""
+        count, first = self.config.num_ports, self.config.port
+        for _ in range(_FREE_RUN_TRIES if first == 0 and count > 1 else 1):
+            servers: list[asyncio.base_events.Server] = []
+            try:
+                base = first
+                for i in range(count):
+                    servers.append(await self._listen_one(loop, tls, base + i, i))
+                    base = servers[0].sockets[0].getsockname()[1]  # port 0: the one the system chose
+                return servers
+            except OSError as exc:
+                for listening in servers:
+                    listening.close()
+                if first == 0 and exc.errno == errno.EADDRINUSE and servers:
+                    continue  # the port after a free one was taken: try another run
+                self._listen_failed(exc, servers)
+        raise ConfigError(f"cannot find {count} consecutive free ports on {self.config.host} "
+                          f"after {_FREE_RUN_TRIES} tries: pass --port")
+
+    async def _listen_one(self, loop: asyncio.AbstractEventLoop, tls: Any, port: int, slot: int) -> asyncio.base_events.Server:
+        if port > 65535:
+            raise OSError(errno.EADDRINUSE, f"port {port} is past 65535")
+        stats = PortStats(port, "dense" if slot < self.config.ports_num else "sparse")
+        server = await loop.create_server(
+            lambda: _PortConnection(self, stats), self.config.host, port, reuse_address=True, ssl=tls
+        )
+        stats.port = server.sockets[0].getsockname()[1]
+        if slot == 0:
+            self.core.stats.ports.clear()
+        self.core.stats.ports.append(stats)
+        return server
+
+    def _listen_failed(self, exc: OSError, opened: list[asyncio.base_events.Server]) -> None:
+        """A port could not be bound: raise a ConfigError naming it and why."""
+        host = self.config.host
+        port = self.config.port + len(opened) if self.config.port else 0
+        if isinstance(exc, socket.gaierror):  # errno is a resolver code, not an OS errno
+            raise ConfigError(f"cannot listen on {host}:{port}: "
+                              f"host {host!r} does not resolve to an address here ({exc.strerror})") from exc
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc
 
     async def wait_closed(self) -> None:
         """Return once the server has shut down (trainers done, aclose, or signal)."""
@@ -141,8 +216,8 @@ class PServer:
 
     async def _shutdown(self) -> None:
         self.closing = True
-        if self._server is not None:
-            self._server.close()
+        for listening in self._servers:
+            listening.close()
         # requests that wait on other trainers (barriers, sync rounds) would never finish now
         self.core.fail_waiters(ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
         if self.inflight:
@@ -161,9 +236,9 @@ class PServer:
         # let the replies already written reach the socket before closing it
         for conn in list(self.connections):
             conn.close()
-        if self._server is not None:
+        if self._servers:
             try:
-                await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
+                await asyncio.wait_for(asyncio.gather(*(s.wait_closed() for s in self._servers)), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
         if self.metrics is not None:  # last, so the drain itself can still be watched

@@ -74,11 +74,39 @@ class OpStats:
         }
 
 
+@dataclass
+class PortStats:
+    """Traffic that arrived on one of a server's ports (it listens on several with the v2
+    launch parameters): connections, frames and bytes, and frames per opcode name."""
+
+    port: int
+    kind: str  # "dense" (dense tables and control requests) or "sparse"
+    connections: int = 0
+    connections_total: int = 0
+    frames: int = 0
+    bytes_in: int = 0
+    ops: dict[str, int] = field(default_factory=dict)
+
+    def frame(self, op: str, size: int) -> None:
+        self.frames += 1
+        self.bytes_in += size
+        self.ops[op] = self.ops.get(op, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "port": self.port, "kind": self.kind, "connections": self.connections,
+            "connections_total": self.connections_total, "frames": self.frames, "bytes_in": self.bytes_in,
+            "ops": dict(sorted(self.ops.items())),
+        }
+
+
 class ServerStats:
     """Per-op statistics of one pserver."""
 
     def __init__(self) -> None:
         self.ops: dict[str, OpStats] = {}
+        #: one entry per listening port, in port order (filled in when the server listens)
+        self.ports: list[PortStats] = []
         self.connections = 0
         self.connections_total = 0
         #: seconds the last checkpoint took to write (0: none yet), and how many were written
@@ -101,4 +129,5 @@ class ServerStats:
             "bytes_in": sum(s.bytes_in for s in self.ops.values()),
             "bytes_out": sum(s.bytes_out for s in self.ops.values()),
             "ops": {name: s.as_dict() for name, s in sorted(self.ops.items())},
+            "ports": [p.as_dict() for p in self.ports],
         }

@@ -25,7 +25,7 @@ from enum import IntFlag
 from ..errors import LocalProtocolError, RemoteProtocolError
 
 MAGIC = b"AP"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 HEADER = struct.Struct("<2sBBHHQII")
 HEADER_SIZE = HEADER.size  # 24
 #: default largest payload accepted (and produced) by either side; bigger arrays are chunked

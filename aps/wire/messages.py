@@ -94,11 +94,14 @@ class PullSparse(Message):
 @dataclass(slots=True)
 class PushSparseGrad(Message):
     OP = Op.PUSH_SPARSE_GRAD
-    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"))
+    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"), ("based_on", "i64"))
     MUTATES = True
     table: str = ""
     ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
     values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+    #: the table version (of this server's shard) the gradient was computed from, as a
+    #: PULL_SPARSE reply gave it; -1: not stated (never discarded as lagged)
+    based_on: int = -1
 
 
 @dataclass(slots=True)
@@ -132,12 +135,15 @@ class PullDense(Message):
 @dataclass(slots=True)
 class PushDenseGrad(Message):
     OP = Op.PUSH_DENSE_GRAD
-    FIELDS = (("table", "str"), ("block", "u32"), ("offset", "u64"), ("values", "arr"))
+    FIELDS = (("table", "str"), ("block", "u32"), ("offset", "u64"), ("values", "arr"), ("based_on", "i64"))
     MUTATES = True
     table: str = ""
     block: int = 0
     offset: int = 0
     values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+    #: the version of this block the gradient was computed from, as a PULL_DENSE reply gave
+    #: it; -1: not stated (never discarded as lagged)
+    based_on: int = -1
 
 
 @dataclass(slots=True)
@@ -238,9 +244,14 @@ class TextReply(Message):
 
 @dataclass(slots=True)
 class ArrayReply(Message):
-    FIELDS = (("values", "arr"),)
+    """Rows or a dense range, with the version they were read at: the number of gradient
+    updates applied so far to the table's shard (sparse) or to the block (dense) on this server.
+    A push of a gradient computed from these values names it (``based_on``)."""
+
+    FIELDS = (("values", "arr"), ("version", "i64"))
     op: int = 0
     values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+    version: int = 0
 
 
 @dataclass(slots=True)

@@ -348,8 +348,10 @@ def test_zero_size_array_with_absurd_other_dim_is_remote_error() -> None:
     payload = array_payload(1, 2, [0, 1 << 62], b"")
     with pytest.raises(RemoteProtocolError, match="too big"):
         wire.decode(Frame(int(wire.Op.PULL_DENSE), int(Flag.REPLY), 1, bytearray(payload)))
-    ok = wire.decode(Frame(int(wire.Op.PULL_DENSE), int(Flag.REPLY), 1, bytearray(array_payload(1, 2, [0, 1 << 20], b""))))
+    version = (7).to_bytes(8, "little")  # the reply's version field follows the array
+    ok = wire.decode(Frame(int(wire.Op.PULL_DENSE), int(Flag.REPLY), 1, bytearray(array_payload(1, 2, [0, 1 << 20], b"") + version)))
     assert ok.values.shape == (0, 1 << 20)  # type: ignore[attr-defined]
+    assert ok.version == 7  # type: ignore[attr-defined]
 
 
 def test_invalid_utf8_is_remote_error() -> None:
