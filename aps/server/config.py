@@ -47,9 +47,10 @@ class ServerConfig:
     #: TLS: a PEM certificate (chain) and its private key; both or neither (None: plain TCP)
     tls_cert: str | None = None
     tls_key: str | None = None
-    #: a failed AUTH is answered after auth_fail_delay * 2**(recent failures of that address),
-    #: at most auth_fail_max_delay seconds; at most auth_fail_concurrent failures per address are
-    #: held at once, and further AUTHs from it wait to be checked
+    #: every AUTH is checked at once and a right one answered at once; a wrong one is answered
+    #: when its slot time ends: each address has auth_fail_concurrent slots, the n-th recent
+    #: failure takes auth_fail_delay * 2**(n-1) seconds of one, at most auth_fail_max_delay
+    #: (throttle.py; wrong AUTHs beyond its bounds are left to the handshake deadline)
     auth_fail_delay: float = 0.05
     auth_fail_max_delay: float = 1.0
     auth_fail_concurrent: int = 2

@@ -366,6 +366,7 @@ class ServerConnection(asyncio.Protocol):
                 self.peer.rpartition(":")[0],
                 lambda: self._check_auth(mac),
                 lambda ok, why: self._auth_verdict(ok, why, request_id),
+                self._auth_shed,
             )
             return True
         if not self.authenticated:
@@ -381,8 +382,11 @@ class ServerConnection(asyncio.Protocol):
         return None if self.closed else check_mac(self.config.token, self.nonce, self.client_id, mac)
 
     def _auth_verdict(self, ok: bool, why: str, request_id: int) -> None:
-        """The throttled answer to AUTH: a refusal comes late (see throttle.py), a success at once."""
+        """The answer to AUTH: a success at once, a refusal when its address's slot time ends
+        (see throttle.py), possibly after the connection has gone."""
         if not ok:
+            if self.closed:
+                return
             log.warning("authentication failed", peer=self.peer, reason=why)
             self._refuse(request_id, ServerError(ErrorCode.AUTH_FAILED, why))
             return
@@ -392,6 +396,14 @@ class ServerConnection(asyncio.Protocol):
         self._held = False
         self._update_reading()
         asyncio.get_running_loop().call_soon(self.data_received, b"")  # requests queued behind the AUTH
+
+    def _auth_shed(self) -> None:
+        """A wrong AUTH while its address (or the server) already has as many refusals scheduled
+        as the throttle keeps: nothing is kept for it; the connection reads nothing more and the
+        handshake deadline closes it unanswered (an early answer would tell a guesser its guess
+        was wrong sooner than the throttle allows). With ``handshake_timeout`` 0 it stays open
+        until the peer closes it, as an idle unauthenticated connection does."""
+        log.debug("wrong AUTH shed: the handshake deadline closes it", peer=self.peer)
 
     # ----------------------------------------------------------------- output
 

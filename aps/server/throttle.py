@@ -1,43 +1,52 @@
-"""Slowing down token guessing: failed handshakes are answered late, and few at a time per address.
+"""Slowing down token guessing without slowing down the clients that hold the token.
 
-Answering a wrong MAC late is not enough by itself: a right one is answered at once, so a guesser
-that opens many connections in parallel learns from the silence that its guesses failed. So a
-failed check also holds one of its address's few *slots* until its late answer goes out, and an
-AUTH from an address whose slots are all held waits before it is even checked. A guesser thus gets
-at most ``concurrent`` checks per ``max_delay`` seconds per address, however many connections it
-opens, while a client with the right token, from an address without recent failures, is checked
-and answered at once.
+Every AUTH is checked the moment it arrives (an HMAC compare costs microseconds): a right one is
+answered at once, whatever else its address is doing. Only a *wrong* one is answered late, and
+its address's failures are answered on a fixed schedule: each address has ``concurrent`` slots,
+the n-th recent failure occupies a slot for ``base * 2**(n-1)`` seconds (at most ``max_delay``),
+and a failure's refusal goes out when its slot time ends. Opening connections in parallel thus
+buys nothing: an address learns at most ``concurrent`` wrong answers per ``max_delay`` seconds.
+
+What the throttle holds is bounded: at most ``max_pending`` scheduled refusals per address and
+``max_pending_total`` over the server, one timer each (its connection stops reading meanwhile).
+A wrong AUTH beyond those bounds is not scheduled at all: it is *shed*, and its connection is left
+to the handshake deadline every unauthenticated connection has (``handshake_timeout``), which
+closes it unanswered. So a guesser holding thousands of connections open gets one answer per
+connection per handshake deadline, costs the server nothing beyond the connections themselves,
+and never delays a right AUTH from the same address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 
 #: ``check()`` says whether the MAC is right, or None when its connection has gone meanwhile
 Check = Callable[[], "bool | None"]
 #: ``verdict(ok, reason)`` answers the client (a refusal closes the connection)
 Verdict = Callable[[bool, str], None]
+#: ``shed()`` is called for a wrong AUTH over the bounds: its connection waits for its deadline
+Shed = Callable[[], None]
 
 
 class _Peer:
-    __slots__ = ("failures", "last_failure", "held", "waiting")
+    __slots__ = ("failures", "last_failure", "slots", "pending")
 
-    def __init__(self) -> None:
+    def __init__(self, concurrent: int) -> None:
         self.failures = 0
         self.last_failure = float("-inf")
-        self.held = 0
-        self.waiting: deque[tuple[Check, Verdict]] = deque()
+        self.slots = [float("-inf")] * concurrent  # loop time at which each slot is free again
+        self.pending = 0  # refusals scheduled and not yet sent
 
 
 class AuthThrottle:
     """Per peer address: the n-th recent failure is answered after ``base * 2**(n-1)`` seconds
-    (at most ``max_delay``), at most ``concurrent`` failures are held at once, and further AUTHs
-    from that address wait (up to ``max_waiting``; more are refused unchecked). An address's count
-    starts again after ``forget_after`` seconds without failures; at most ``max_peers`` addresses
-    are remembered (the least recently seen are forgotten first)."""
+    (at most ``max_delay``) of one of ``concurrent`` slots; at most ``max_pending`` refusals are
+    scheduled per address and ``max_pending_total`` in all (beyond them a wrong AUTH is shed). An
+    address's count starts again after ``forget_after`` seconds without failures; at most
+    ``max_peers`` addresses are remembered (the least recently seen are forgotten first)."""
 
     def __init__(
         self,
@@ -46,7 +55,8 @@ class AuthThrottle:
         concurrent: int = 2,
         *,
         forget_after: float = 60.0,
-        max_waiting: int = 256,
+        max_pending: int = 64,
+        max_pending_total: int = 4096,
         max_peers: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -54,67 +64,75 @@ class AuthThrottle:
             raise ValueError(f"need 0 <= base_delay <= max_delay, got {base_delay}, {max_delay}")
         if concurrent < 1:
             raise ValueError(f"concurrent must be >= 1, got {concurrent}")
+        if max_pending < 1 or max_pending_total < max_pending:
+            raise ValueError(f"need 1 <= max_pending <= max_pending_total, got {max_pending}, {max_pending_total}")
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.concurrent = concurrent
         self.forget_after = forget_after
-        self.max_waiting = max_waiting
+        self.max_pending = max_pending
+        self.max_pending_total = max_pending_total
         self.max_peers = max_peers
         self.clock = clock
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self.failures_total = 0
+        self.pending_total = 0
+        self.shed_total = 0
 
     def _peer(self, address: str) -> _Peer:
         peer = self._peers.get(address)
         if peer is None:
-            peer = self._peers[address] = _Peer()
+            peer = self._peers[address] = _Peer(self.concurrent)
             if len(self._peers) > self.max_peers:
-                self._peers.popitem(last=False)  # a pending timer keeps its own reference
+                self._peers.popitem(last=False)  # a scheduled refusal keeps its own reference
         else:
             self._peers.move_to_end(address)
         return peer
 
     def next_delay(self, address: str) -> float:
-        """The delay the next failure from ``address`` would get (for logs and tests)."""
+        """The slot time the next failure from ``address`` would get (for logs and tests)."""
         peer = self._peers.get(address)
         failures = 0 if peer is None or self.clock() - peer.last_failure > self.forget_after else peer.failures
         return self._delay(failures)
 
+    def pending(self, address: str) -> int:
+        """Refusals scheduled for ``address`` and not yet sent."""
+        peer = self._peers.get(address)
+        return 0 if peer is None else peer.pending
+
     def _delay(self, failures: int) -> float:
         return min(self.max_delay, self.base_delay * 2.0 ** min(failures, 64))  # no float overflow
 
-    def submit(self, address: str, check: Check, verdict: Verdict) -> None:
-        """Check a MAC now, or once a slot of ``address`` frees; answer through ``verdict``."""
-        peer = self._peer(address)
-        if peer.held < self.concurrent:
-            self._run(peer, check, verdict)
-        elif len(peer.waiting) < self.max_waiting:
-            peer.waiting.append((check, verdict))
-        else:
-            verdict(False, "too many failed handshakes from this address; try again later")
-
-    def _run(self, peer: _Peer, check: Check, verdict: Verdict) -> None:
+    def submit(self, address: str, check: Check, verdict: Verdict, shed: Shed) -> None:
+        """Check a MAC now; answer a right one now through ``verdict``, a wrong one when its
+        slot time ends, or hand it to ``shed`` when the bounds are full."""
         ok = check()
         if ok is None:
             return
         if ok:
             verdict(True, "")
             return
+        peer = self._peer(address)
         now = self.clock()
         if now - peer.last_failure > self.forget_after:
             peer.failures = 0
         delay = self._delay(peer.failures)
         peer.failures += 1
         peer.last_failure = now
-        peer.held += 1
         self.failures_total += 1
-        asyncio.get_running_loop().call_later(delay, self._release, peer, verdict)
+        if peer.pending >= self.max_pending or self.pending_total >= self.max_pending_total:
+            self.shed_total += 1
+            shed()
+            return
+        loop = asyncio.get_running_loop()
+        slot = min(range(self.concurrent), key=peer.slots.__getitem__)
+        due = max(loop.time(), peer.slots[slot]) + delay
+        peer.slots[slot] = due
+        peer.pending += 1
+        self.pending_total += 1
+        loop.call_at(due, self._refuse, peer, verdict)
 
-    def _release(self, peer: _Peer, verdict: Verdict) -> None:
-        peer.held -= 1
-        try:
-            verdict(False, "bad token")
-        finally:
-            while peer.waiting and peer.held < self.concurrent:
-                check, waiting_verdict = peer.waiting.popleft()
-                self._run(peer, check, waiting_verdict)
+    def _refuse(self, peer: _Peer, verdict: Verdict) -> None:
+        peer.pending -= 1
+        self.pending_total -= 1
+        verdict(False, "bad token")

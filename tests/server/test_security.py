@@ -252,6 +252,10 @@ async def test_pipelined_auths_on_one_connection_get_one_check() -> None:
         await srv.aclose()
 
 
+def _never_shed() -> None:
+    raise AssertionError("shed while under the throttle's bounds")
+
+
 async def test_throttle_backoff_doubles_is_capped_and_is_forgotten() -> None:
     now = [100.0]
     throttle = AuthThrottle(0.001, 0.016, concurrent=1, forget_after=60.0, clock=lambda: now[0])
@@ -259,26 +263,91 @@ async def test_throttle_backoff_doubles_is_capped_and_is_forgotten() -> None:
     delays = []
     for i in range(7):
         delays.append(throttle.next_delay("10.0.0.1"))
-        throttle.submit("10.0.0.1", lambda: False, lambda ok, why, i=i: verdicts.append((f"bad{i}", ok, why)))
-    # one slot: the first failure is held, the others wait to be checked
-    assert delays == [0.001] + [0.002] * 6 and verdicts == []
-    throttle.submit("10.0.0.2", lambda: True, lambda ok, why: verdicts.append(("other", ok, why)))
-    assert verdicts == [("other", True, "")]  # another address is not held up
+        throttle.submit("10.0.0.1", lambda: False, lambda ok, why, i=i: verdicts.append((f"bad{i}", ok, why)), _never_shed)
+    # each failure is counted when it is checked (at once); one slot: refusals go out one after another
+    assert delays == [0.001, 0.002, 0.004, 0.008, 0.016, 0.016, 0.016] and verdicts == []
+    assert throttle.pending("10.0.0.1") == 7 and throttle.pending_total == 7
+    throttle.submit("10.0.0.2", lambda: True, lambda ok, why: verdicts.append(("other", ok, why)), _never_shed)
+    throttle.submit("10.0.0.1", lambda: True, lambda ok, why: verdicts.append(("right", ok, why)), _never_shed)
+    # another address is not held up, nor is a right MAC from the address with failures pending
+    assert verdicts == [("other", True, ""), ("right", True, "")]
     await asyncio.sleep(0.2)
-    assert [v[0] for v in verdicts[1:]] == [f"bad{i}" for i in range(7)]
-    assert all(not ok and why == "bad token" for _, ok, why in verdicts[1:])
+    assert [v[0] for v in verdicts[2:]] == [f"bad{i}" for i in range(7)]
+    assert all(not ok and why == "bad token" for _, ok, why in verdicts[2:])
+    assert throttle.pending("10.0.0.1") == 0 and throttle.pending_total == 0
     assert throttle.next_delay("10.0.0.1") == 0.016  # 0.001 * 2**7, capped
     now[0] += 61
     assert throttle.next_delay("10.0.0.1") == 0.001
     gone: list[bool] = []
-    throttle.submit("10.0.0.1", lambda: None, lambda ok, why: gone.append(ok))  # its connection closed
+    throttle.submit("10.0.0.1", lambda: None, lambda ok, why: gone.append(ok), _never_shed)  # its connection closed
     assert gone == [] and throttle.failures_total == 7
-    many = AuthThrottle(0.0, 0.0, concurrent=10_000)
+    many = AuthThrottle(0.0, 0.0, concurrent=10_000, max_pending=2000, max_pending_total=2000)
     answered: list[bool] = []
     for _ in range(1500):  # 2.0 ** 1500 would overflow a float
-        many.submit("10.0.0.3", lambda: False, lambda ok, why: answered.append(ok))
+        many.submit("10.0.0.3", lambda: False, lambda ok, why: answered.append(ok), _never_shed)
     await asyncio.sleep(0.05)
     assert answered == [False] * 1500 and many.next_delay("10.0.0.3") == 0.0
+
+
+async def test_throttle_sheds_wrong_auths_over_its_bounds_and_still_answers_right_ones() -> None:
+    """What the throttle keeps is bounded per address and in all: a wrong AUTH beyond the bounds
+    is shed (its connection is left to the handshake deadline), never queued; a right one is
+    answered at once whatever the bounds."""
+    throttle = AuthThrottle(0.05, 0.05, concurrent=1, max_pending=3, max_pending_total=5)
+    events: list[str] = []
+
+    def wrong(address: str, i: int) -> None:
+        throttle.submit(address, lambda: False, lambda ok, why: events.append(f"refused {address} {i}"),
+                        lambda: events.append(f"shed {address} {i}"))
+
+    for i in range(5):
+        wrong("10.0.0.1", i)
+    assert events == ["shed 10.0.0.1 3", "shed 10.0.0.1 4"] and throttle.pending("10.0.0.1") == 3
+    for i in range(3):
+        wrong("10.0.0.2", i)  # the server-wide bound (5) is reached at its third
+    assert events[2:] == ["shed 10.0.0.2 2"] and throttle.pending_total == 5
+    throttle.submit("10.0.0.1", lambda: True, lambda ok, why: events.append(f"right {ok}"), _never_shed)
+    assert events[-1] == "right True"
+    assert (throttle.failures_total, throttle.shed_total) == (8, 3)
+    await asyncio.sleep(0.4)  # 3 slot times of 0.05 s on 10.0.0.1's one slot
+    assert sorted(events[4:]) == sorted([f"refused 10.0.0.1 {i}" for i in range(3)] + ["refused 10.0.0.2 0", "refused 10.0.0.2 1"])
+    assert throttle.pending_total == 0
+    wrong("10.0.0.1", 9)  # room again: scheduled, not shed
+    assert throttle.pending("10.0.0.1") == 1 and throttle.shed_total == 3
+
+
+async def test_wrong_auths_over_the_bounds_are_closed_at_the_handshake_deadline() -> None:
+    """Held-open guessing connections beyond what the throttle keeps are not answered early
+    (that would tell the guesser sooner): the handshake deadline closes them; meanwhile a client
+    with the token from the same address is served at once."""
+    srv = await aps.serve(port=0, token=SECRET, handshake_timeout=2.0, auth_fail_delay=0.3, auth_fail_max_delay=0.3)
+    srv.auth_throttle.max_pending = 2
+    try:
+        opened = time.monotonic()
+        raws = []
+        for i in range(4):
+            raw = await Raw.open(srv)
+            await raw.hello(client_id=100 + i)
+            raw.send_bytes(wire.encode_bytes(wire.Auth(mac=bytes(32)), 2))
+            raws.append(raw)
+        await asyncio.sleep(0.1)
+        assert srv.auth_throttle.pending("127.0.0.1") == 2 and srv.auth_throttle.shed_total == 2
+        began = time.monotonic()
+        async with aps.connect([srv.address], token=SECRET, timeout=10) as ps:
+            await ps.ping()
+        assert time.monotonic() - began < 0.5
+        # the two scheduled ones are refused after 0.3 s (one per slot); the shed ones get no answer
+        for raw in raws[:2]:
+            rid, err = await raw.recv()
+            assert rid == 2 and isinstance(err, wire.Error) and err.code == ErrorCode.AUTH_FAILED
+        assert 0.29 <= time.monotonic() - opened < 1.5
+        for raw in raws[2:]:
+            assert await raw.closed_by_peer() == b""
+        assert time.monotonic() - opened >= 1.99  # closed at the 2 s handshake deadline
+        for raw in raws:
+            raw.close()
+    finally:
+        await srv.aclose()
 
 
 # ---------------------------------------------------------------- 3. checkpoint paths under a root
