@@ -87,6 +87,9 @@ class RoleMaker:
     port_file: str | None = None
     metrics_file: str | None = None
     metrics_port: int | None = None
+    #: ports of each pserver (v2's PADDLE_INIT_PORTS_NUM / _FOR_SPARSE; aps/client/lanes.py)
+    ports_num: int = 1
+    ports_num_for_sparse: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_num < 1:
@@ -124,7 +127,7 @@ class RoleMaker:
         return len(self.server_endpoints)
 
     def cluster(self) -> ClusterSpec:
-        return ClusterSpec(list(self.server_endpoints), self.worker_num)
+        return ClusterSpec(list(self.server_endpoints), self.worker_num, self.ports_num, self.ports_num_for_sparse)
 
 
 def PaddleCloudRoleMaker(is_collective: bool = False, env: Mapping[str, str] | None = None) -> RoleMaker:  # noqa: N802
@@ -145,7 +148,8 @@ def PaddleCloudRoleMaker(is_collective: bool = False, env: Mapping[str, str] | N
                           "PADDLE_PSERVER_IPS with PADDLE_PSERVER_PORT, or APS_PSERVERS")
     common: dict[str, Any] = dict(
         worker_num=cluster.num_trainers, server_endpoints=tuple(cluster.pservers), token=own["token"],
-        metrics_port=_env_int(env, METRICS_PORT_ENV),
+        metrics_port=_env_int(env, METRICS_PORT_ENV), ports_num=cluster.ports_num,
+        ports_num_for_sparse=cluster.ports_num_for_sparse,
     )
     if own["role"] == "pserver":
         host = None if own["host"] is None else str(own["host"])
@@ -444,7 +448,7 @@ class Fleet:
         self._server_config = ServerConfig(
             host=str(role.host), port=int(role.port or 0), server_index=role.current_id,
             num_servers=role.server_num(), num_trainers=role.worker_num, token=role.token,
-            init_model=model_path, **options,
+            init_model=model_path, ports_num=role.ports_num, ports_num_for_sparse=role.ports_num_for_sparse, **options,
         )
 
     def run_server(self) -> None:

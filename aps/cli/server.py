@@ -21,9 +21,28 @@ optimizers, and exits by itself once every trainer has sent worker_done. SIGTERM
 it gracefully (stop accepting, finish in-flight requests, write a last checkpoint when
 --checkpoint-dir is set, exit 0).
 
-Settings come from flags or from the environment (flags win). Environment names: APS_HOST /
-POD_IP, APS_PORT / PADDLE_PORT, APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST (its position in
-that list gives the index), APS_SERVER_INDEX, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TOKEN.
+Settings come from flags or from the environment (flags win; of several names the first set
+wins). Environment names, aps's first, then Paddle's (Fleet, then the older transpiler
+contract, then the v2 launch parameters):
+  host          APS_HOST, POD_IP, PADDLE_CURRENT_IP
+  port          APS_PORT, PADDLE_PORT, PADDLE_PSERVER_PORT, PADDLE_INIT_PORT
+  pservers      APS_PSERVERS, PADDLE_PSERVERS_IP_PORT_LIST (host:port,...), else
+                PADDLE_PSERVER_IPS with PADDLE_PSERVER_PORT, else PADDLE_INIT_PSERVERS with
+                PADDLE_INIT_PORT (IPs sharing one port); this server's position in the list
+                (its host:port) gives its index
+  index         APS_SERVER_INDEX
+  trainers      APS_TRAINERS, PADDLE_TRAINERS_NUM, PADDLE_TRAINERS, PADDLE_INIT_NUM_GRADIENT_SERVERS
+  ports         APS_PORTS_NUM, PADDLE_INIT_PORTS_NUM; APS_PORTS_NUM_FOR_SPARSE,
+                PADDLE_INIT_PORTS_NUM_FOR_SPARSE
+  token         APS_TOKEN
+PADDLE_TRAINING_ROLE / TRAINING_ROLE / APS_ROLE, PADDLE_TRAINER_ID / PADDLE_INIT_TRAINER_ID and
+PADDLE_INIT_TRAINER_COUNT are the trainers' (aps-trainer, aps.fleet) and not read here.
+
+v2 launch parameters: with --ports-num N --ports-num-for-sparse M the server listens on N+M
+consecutive ports from --port: N for dense tables and control requests, then M for sparse
+tables. Every port serves every request; trainers given the same numbers spread dense traffic
+over the dense ports and sparse traffic over the sparse ones (docs/protocol.md, "Ports"); the
+stats op reports frames per port. --num-gradient-servers is v2's name of --trainers.
 
 Security: with a token (--token-file, or APS_TOKEN) only clients that prove it are served, and
 failed proofs are answered slowly; save and load paths clients name must lie under
@@ -42,6 +61,7 @@ examples:
   aps-server --port 0 --port-file ps.port --metrics-port 0 --metrics-port-file ps.metrics.port
   aps-server --port 7164 --trainers 2 --checkpoint-dir ckpt --checkpoint-every 300 --keep-checkpoints 3
   aps-server --port 7164 --trainers 2 --resume ckpt --checkpoint-every 300    # after a crash: same index
+  aps-server --port 7164 --ports-num 2 --ports-num-for-sparse 2 --num-gradient-servers 4 --async-lagged-grad-discard-ratio 1.6
   aps-server --port 7164 --token-file ~/.aps-token --checkpoint-root /data/ckpt --tls-cert ps.pem --tls-key ps.key
 """
 
@@ -55,7 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pservers", help="host:port of every pserver, comma-separated, in index order")
     parser.add_argument("--index", type=int, help="this server's index (default: its position in --pservers, else 0)")
     parser.add_argument("--servers", type=int, help="number of pservers (default: length of --pservers, else 1)")
-    parser.add_argument("--trainers", type=int, help="number of trainers that will connect (default 1)")
+    parser.add_argument("--trainers", "--num-gradient-servers", "--num_gradient_servers", type=int,
+                        help="number of trainers that will connect (default 1); v2 calls them gradient servers")
+    v2 = parser.add_argument_group("v2 launch parameters (Paddle's paddle pserver flags; underscores work too)")
+    v2.add_argument("--ports-num", "--ports_num", type=int, metavar="N",
+                    help="dense ports: listen on N consecutive ports from --port (default 1, or PADDLE_INIT_PORTS_NUM)")
+    v2.add_argument("--ports-num-for-sparse", "--ports_num_for_sparse", type=int, metavar="M",
+                    help="sparse ports: M more ports after the dense ones, for sparse-table traffic "
+                         "(default 0: sparse tables on the dense ports, or PADDLE_INIT_PORTS_NUM_FOR_SPARSE)")
+    v2.add_argument("--async-lagged-grad-discard-ratio", "--async_lagged_grad_discard_ratio", type=float, metavar="R",
+                    default=0.0, help="async mode: drop a gradient computed from parameters more than R x trainers "
+                    "updates old, counted in stats (default 0: keep all)")
     add_token_flags(parser, "clients must prove (HMAC challenge)")
     parser.add_argument("--init-model", metavar="PATH", help="warm start from a checkpoint saved by any number of pservers "
                         "(not confined to --checkpoint-root: it is the operator's own choice)")
@@ -84,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-table-bytes", type=int, default=ServerConfig.max_table_bytes, metavar="BYTES", help="largest table shard this server creates, values plus optimizer state (default 16 GiB)")
     lim.add_argument("--trainer-timeout", type=float, default=ServerConfig.trainer_timeout, metavar="SECONDS", help="a trainer silent this long (no connection, no heartbeat) is gone: sync rounds and barriers stop waiting for it, naming it, and it counts as done (default 60)")
     lim.add_argument("--client-linger", type=float, default=ServerConfig.client_linger, metavar="SECONDS", help="keep a gone client's change tracking and replay entries this long (default 60)")
+    lim.add_argument("--max-tracking-bytes", type=int, default=ServerConfig.max_tracking_bytes, metavar="BYTES", help="GEO change tracking over all clients and tables; over it, gone clients' tracking is dropped first and a dropped client gets every row at its next read (default 256 MiB)")
     add_logging_flags(parser)
     return parser
 
@@ -104,6 +135,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.port_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.port_file))):
         raise ConfigError(f"--port-file {args.port_file}: its directory does not exist")
     servers = args.servers or (len(pservers) if pservers else 1)
+    ports_num = args.ports_num if args.ports_num is not None else cluster.ports_num
+    sparse_ports = args.ports_num_for_sparse if args.ports_num_for_sparse is not None else cluster.ports_num_for_sparse
     trainers = args.trainers or cluster.num_trainers
     token = token_from_args(args, own["token"], structlog.get_logger("aps.server").warning)  # type: ignore[arg-type]
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -136,11 +169,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_inflight_bytes=args.max_inflight_bytes,
         max_table_bytes=args.max_table_bytes,
         client_linger=args.client_linger,
+        max_tracking_bytes=args.max_tracking_bytes,
         trainer_timeout=args.trainer_timeout,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
+        ports_num=ports_num,
+        ports_num_for_sparse=sparse_ports,
+        async_lagged_grad_discard_ratio=args.async_lagged_grad_discard_ratio,
     )
 
 

@@ -134,7 +134,8 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         metrics_port_file=args.metrics_port_file,
         ssl=ca_context(args.tls_ca) if args.tls_ca else (True if args.tls else None),
     )
-    return Trainer(model, _strategy(args), ClusterSpec(pservers, trainers), int(trainer_id), options)  # type: ignore[arg-type]
+    spec = ClusterSpec(pservers, trainers, cluster.ports_num, cluster.ports_num_for_sparse)
+    return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
 
 
 async def _amain(args: argparse.Namespace) -> int:

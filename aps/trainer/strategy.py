@@ -27,7 +27,7 @@ ENV: dict[str, tuple[str, ...]] = {
     "merge": ("APS_MERGE",),
     "rpc_retry_times": ("APS_RPC_RETRY_TIMES", "FLAGS_rpc_retry_times"),
     "rpc_timeout": ("APS_RPC_TIMEOUT",),
-    "workers": ("APS_WORKERS", "CPU_NUM"),
+    "workers": ("APS_WORKERS", "CPU_NUM", "PADDLE_INIT_TRAINER_COUNT"),  # v2: a trainer's compute threads
 }
 
 

@@ -87,6 +87,8 @@ def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, optio
         retries=strategy.rpc_retry_times,
         trainer_id=trainer_id,
         ssl=options.ssl,
+        ports_num=cluster.ports_num,
+        ports_num_for_sparse=cluster.ports_num_for_sparse,
     )
 
 
