@@ -117,3 +117,26 @@ async def test_off_by_default() -> None:
 def test_bad_ratio_is_a_config_error(ratio: float) -> None:
     with pytest.raises(ConfigError, match="async_lagged_grad_discard_ratio"):
         ServerConfig(async_lagged_grad_discard_ratio=ratio)
+
+
+def test_push_layout_as_documented() -> None:
+    """The byte-by-byte example of docs/protocol.md, decoded whole, one byte at a time, and with
+    the next frame's bytes behind it."""
+    msg = wire.PushSparseGrad(table="e", ids=np.array([7], np.int64), values=np.array([[0.5, 0.25]], np.float32), based_on=12)
+    frame = wire.encode_bytes(msg, 9, int(wire.Flag.FINAL))
+    assert frame[2] == wire.PROTOCOL_VERSION == 3
+    payload = frame[wire.HEADER_SIZE:]
+    assert payload.hex() == (
+        "010065" "0201000000000000" "0100000000000000" "0000000000"
+        "0700000000000000" "0102000000000000" "0100000000000000" "0200000000000000"
+        "0000003f0000803e" "0c00000000000000"
+    )
+    reply = wire.encode_bytes(wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=np.zeros((1, 2), np.float32), version=12), 9)
+    assert reply[-8:] == (12).to_bytes(8, "little")
+    for feed in ([frame], [bytes([b]) for b in frame], [frame + frame[:5]]):
+        decoder = wire.FrameDecoder()
+        for piece in feed:
+            decoder.receive_data(piece)
+        back = wire.decode(decoder.next_frame())
+        assert isinstance(back, wire.PushSparseGrad) and back.based_on == 12 and back.ids.tolist() == [7]
+        assert back.values.tolist() == [[0.5, 0.25]] and decoder.next_frame() is None
