@@ -69,6 +69,11 @@ class ServerConfig:
     #: seconds after a client's last connection closes before its change tracking and replay
     #: entries are dropped (its barrier arrivals and sync chunks are withdrawn at once)
     client_linger: float = 60.0
+    #: bytes of GEO change tracking (one bit per row of a sparse shard for each client that reads
+    #: its changes, plus a fixed overhead per client and table) over all clients and tables; over
+    #: it, gone clients' tracking is dropped first (the one gone longest first), then the least
+    #: recently read; a client whose tracking was dropped gets every row at its next read. 0: none
+    max_tracking_bytes: int = 256 << 20
     #: this server's own checkpoints (autosave.py): written here every ``checkpoint_every``
     #: seconds (0: not periodically) and once on SIGTERM; the newest ``keep_checkpoints`` kept.
     #: None: none (the default is ``resume`` when that is set). The operator's own directory,

@@ -46,7 +46,7 @@ def check_limits(config: Any) -> None:
         value = getattr(config, name)
         if not (value >= 0 and value < float("inf")):
             raise ConfigError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value}")
-    for name in ("max_connection_bytes", "max_inflight_bytes", "max_table_bytes"):
+    for name in ("max_connection_bytes", "max_inflight_bytes", "max_table_bytes", "max_tracking_bytes"):
         if isinstance(getattr(config, name), bool) or not isinstance(getattr(config, name), int) or getattr(config, name) < 0:
             raise ConfigError(f"{name} must be a number of bytes >= 0 (0: no limit), got {getattr(config, name)!r}")
     frame = config.max_frame + wire.HEADER_SIZE

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
+from .tracking import TrackingBudget
 
 log = structlog.get_logger("aps.server")
 
@@ -38,9 +38,6 @@ Reply = wire.Message | Awaitable[wire.Message]
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 Shard = SparseShard | DenseShard
-#: (client, table) pairs whose change tracking was dropped, remembered so that the client gets
-#: every row as changed if it comes back (rather than silently missing changes)
-_MAX_FORGOTTEN = 65536
 
 
 class ServerCore(CheckpointHandlers):
@@ -58,10 +55,10 @@ class ServerCore(CheckpointHandlers):
         self.sync_rounds = SyncRounds(config.num_trainers)
         self.done_trainers: set[int] = set()
         self._on_all_done = on_all_done
-        self._changed_leftover: dict[tuple[int, str], np.ndarray] = {}
         self._clients: dict[int, int] = {}  # client id -> its open (handshaken) connections
         self._forget_timers: dict[int, asyncio.TimerHandle] = {}
-        self._forgotten: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        #: change tracking over all sparse tables, bounded by max_tracking_bytes (tracking.py)
+        self.tracking = TrackingBudget(config.max_tracking_bytes)
         self._stopping = False
         self.extra: dict[str, Any] = {}
         self.checkpoint_root = checkpoint_root(config.checkpoint_root)
@@ -160,6 +157,7 @@ class ServerCore(CheckpointHandlers):
     def client_connected(self, client_id: int) -> None:
         """A connection of ``client_id`` finished its handshake."""
         self._clients[client_id] = self._clients.get(client_id, 0) + 1
+        self.tracking.back(client_id)
         timer = self._forget_timers.pop(client_id, None)
         if timer is not None:
             timer.cancel()
@@ -169,12 +167,14 @@ class ServerCore(CheckpointHandlers):
         its barrier arrivals and sync-round chunks are withdrawn at once (they must not count
         toward a barrier or round it is no longer part of; a client that reconnects retries them,
         and they count again), and its change tracking and replay entries are dropped after
-        ``client_linger`` seconds unless it comes back."""
+        ``client_linger`` seconds unless it comes back (its tracking sooner when the server's
+        tracking budget needs the room: gone clients' tracking goes first)."""
         left = self._clients.get(client_id, 0) - 1
         if left > 0:
             self._clients[client_id] = left
             return
         self._clients.pop(client_id, None)
+        self.tracking.gone(client_id)
         error = ServerError(
             ErrorCode.BAD_REQUEST, "withdrawn: the client disconnected before the barrier or sync round completed", True
         )
@@ -195,13 +195,16 @@ class ServerCore(CheckpointHandlers):
         if client_id in self._clients:
             return
         self.replays.forget(client_id)
-        for name, shard in self.tables.items():
-            if isinstance(shard, SparseShard) and shard.untrack(client_id):
-                self._forgotten[(client_id, name)] = True
-                while len(self._forgotten) > _MAX_FORGOTTEN:
-                    self._forgotten.popitem(last=False)
-        for key in [key for key in self._changed_leftover if key[0] == client_id]:
-            del self._changed_leftover[key]
+        for table in self.tracking.tables_of(client_id):
+            self._drop_tracking(client_id, table, over_budget=False)
+
+    def _drop_tracking(self, client_id: int, table: str, *, over_budget: bool) -> None:
+        """Stop tracking ``table``'s changes for ``client_id``; its next read of changes returns
+        every row (the drop is remembered in ``self.tracking``), so nothing is missed."""
+        shard = self.tables.get(table)
+        if isinstance(shard, SparseShard):
+            shard.untrack(client_id)
+        self.tracking.dropped(client_id, table, over_budget=over_budget)
 
     def _reply_fits(self, size: int, table: str, what: str) -> None:
         """Refuse (TOO_LARGE) a request whose reply would not fit in a frame, before building it."""
@@ -371,20 +374,22 @@ class ServerCore(CheckpointHandlers):
 
     def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:
         shard = self._sparse(msg.table)
-        key = (client_id, msg.table)
-        local = self._changed_leftover.pop(key, None)
         new_client = not shard.is_tracked(client_id)
-        fresh = shard.changed(client_id)
-        if self._forgotten.pop(key, False) or (new_client and self.resumed is not None):
-            # its change tracking was dropped while it was away, or this shard was rolled back to
-            # a checkpoint under it (a resumed server): any row may have changed
-            fresh = np.arange(shard.local_rows, dtype=np.int64)
-        local = fresh if local is None else np.union1d(local, fresh)
-        # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more"
+        local = shard.changed(client_id)
+        if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.resumed is not None):
+            # its change tracking was dropped (it was away too long, or over the tracking budget),
+            # or this shard was rolled back to a checkpoint under it (a resumed server): any row
+            # may have changed
+            local = np.arange(shard.local_rows, dtype=np.int64)
+        # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more":
+        # marked again in the client's own bitmap, so its next read sends them (with newer changes)
         fit = max(0, (self.config.max_frame - 64) // (8 + 4 * shard.spec.dim))
         limit = min(msg.max_rows or len(local), fit)
-        if len(local) > limit:
-            self._changed_leftover[key] = local[limit:] if limit else local
+        more = len(local) > limit
+        if more:
+            shard.mark_for(client_id, local[limit:])
+        self._charge_tracking(client_id, shard)
+        if more:
             if not limit:  # not even one row fits: refuse, keeping the rows for a later call
                 raise ServerError(
                     ErrorCode.TOO_LARGE,
@@ -393,9 +398,17 @@ class ServerCore(CheckpointHandlers):
                 )
             local = local[:limit]
         n, k = self.config.num_servers, self.config.server_index
-        return wire.ChangedReply(
-            ids=local * n + k, values=shard.pull(local), more=int(key in self._changed_leftover)
-        )
+        return wire.ChangedReply(ids=local * n + k, values=shard.pull(local), more=int(more))
+
+    def _charge_tracking(self, client_id: int, shard: SparseShard) -> None:
+        """Charge ``client_id``'s bitmap on ``shard`` to the tracking budget (once; a read makes
+        it the most recently used) and drop the tracking the budget says to."""
+        victims = self.tracking.read(client_id, shard.name, shard.tracking_bytes)
+        for victim in victims:
+            self._drop_tracking(*victim, over_budget=True)
+        if victims:
+            log.info("change tracking dropped over the tracking budget (those clients get every row next time)",
+                     pairs=len(victims), budget=self.config.max_tracking_bytes, held=self.tracking.bytes)
 
     # ----------------------------------------------------------------- dense
 

@@ -21,6 +21,7 @@ from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
 from ..specs import Adam, DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
+from .tracking import bitmap_bytes, mark_rows, take_marked
 
 
 def _bad(code: ErrorCode, table: str, message: str) -> ServerError:
@@ -88,8 +89,9 @@ class SparseShard:
     """Rows ``shard, shard + n, shard + 2n, ...`` of a sparse table, plus optimizer state.
 
     ``step`` counts completed optimizer applications on this shard (it drives lr decay).
-    Change tracking (GEO): each tracked client has a bitmap of rows changed by *other* clients
-    since its last :meth:`changed` call.
+    Change tracking (GEO): each tracked client has a bitmap, one bit per local row, of rows
+    changed by *other* clients since its last :meth:`changed` call (tracking.py bounds how many
+    the server keeps).
     """
 
     def __init__(self, spec: SparseTable, shard: int, num_shards: int, *, initialise: bool = True) -> None:
@@ -161,7 +163,12 @@ class SparseShard:
         """Start recording, for ``client_id``, rows that other clients change (idempotent)."""
         client_id = int(client_id)
         if client_id not in self._dirty:
-            self._dirty[client_id] = np.zeros(self.local_rows, dtype=np.bool_)
+            self._dirty[client_id] = np.zeros(bitmap_bytes(self.local_rows), dtype=np.uint8)
+
+    @property
+    def tracking_bytes(self) -> int:
+        """Bytes of one client's change-tracking bitmap on this shard."""
+        return bitmap_bytes(self.local_rows)
 
     def changed(self, client_id: int) -> np.ndarray:
         """Local ids changed by others since the last call, int64 sorted; clears them.
@@ -174,9 +181,12 @@ class SparseShard:
         if bitmap is None:
             self.track(client_id)
             return np.empty(0, dtype=np.int64)
-        ids = np.flatnonzero(bitmap).astype(np.int64, copy=False)
-        bitmap[ids] = False
-        return ids
+        return take_marked(bitmap)
+
+    def mark_for(self, client_id: int, local_ids: np.ndarray) -> None:
+        """Mark ``local_ids`` (valid int64 local ids) changed for ``client_id`` alone: rows a read
+        could not fit in its reply, sent by its next read. The client must be tracked."""
+        mark_rows(self._dirty[int(client_id)], local_ids)
 
     def is_tracked(self, client_id: int) -> bool:
         return int(client_id) in self._dirty
@@ -194,7 +204,7 @@ class SparseShard:
             return
         for other, bitmap in self._dirty.items():
             if client is None or other != client:
-                bitmap[ids] = True
+                mark_rows(bitmap, ids)
 
     # ------------------------------------------------------------ bookkeeping
 

@@ -154,9 +154,6 @@ async def track_and_leave(address: str) -> None:
         await ps.push_sparse_grad("tracked", ids, np.ones((len(ids), 1), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="a gone client's change-tracking bitmap (one byte per row of every sparse "
-                   "table it asked changes of) is kept for --client-linger (60 s) with no cap on how many: memory "
-                   "grows with the number of client ids, and every push marks every bitmap")
 def test_gone_clients_change_tracking_does_not_grow_with_client_ids(tmp_path: Path) -> None:
     """Memory a server holds for clients that have gone must not grow with how many there were
     (issue 9: everything a connection holds is released when it goes, or bounded). Measured:

@@ -319,7 +319,7 @@ def test_change_tracking() -> None:
     assert shard.changed(7).dtype == np.int64
     before = shard.nbytes
     shard.track(3)
-    assert shard.nbytes == before + 20
+    assert shard.nbytes == before + 3  # one bit per row: 20 rows in 3 bytes
 
 
 # ---------------------------------------------------------------- validation
