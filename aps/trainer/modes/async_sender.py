@@ -76,18 +76,12 @@ class AsyncSender(Mode):
     async def on_grads(self, worker: int, rec: Record) -> None:
         ids = self.link.mailbox_ids(worker, rec.counts, rec.step)
         async with self._changed:
-            target: list[GradAccumulator | None] = [None]
-
-            def room() -> bool:
-                if self.failure is not None:
-                    return True
-                target[0] = self._target(ids)
-                return target[0] is not None
-
-            await self._changed.wait_for(room)  # bounded: nothing fits -> the worker waits
-            self.check_failure()
-            acc = target[0]
-            assert acc is not None
+            while True:
+                self.check_failure()
+                acc = self._target(ids)
+                if acc is not None:
+                    break
+                await self._changed.wait()  # bounded: while nothing fits, the worker waits
             self.link.take(acc, worker, rec.counts, rec.step, rec.examples)
             self._waiting += 1
             self._changed.notify_all()
