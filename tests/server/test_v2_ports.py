@@ -4,6 +4,7 @@ over the sparse ones, the same values as on one port, and loud errors for mismat
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import numpy as np
@@ -125,3 +126,36 @@ def test_plan_and_settings() -> None:
     with pytest.raises(ConfigError, match="past 65535"):
         ServerConfig(port=65534, ports_num=2, ports_num_for_sparse=1)
     assert ServerConfig(ports_num=2, ports_num_for_sparse=1).num_ports == 3
+
+
+async def test_sync_rounds_and_geo_exchange_over_several_ports() -> None:
+    """Sync pushes of two trainers meet in one round though they arrive on different ports;
+    GEO deltas and changed-row pulls go over the sparse ports."""
+    table = aps.SparseTable("s", rows=50, dim=2, init=aps.Constant(1.0), optimizer=aps.SGD(lr=1.0))
+    dense = aps.DenseTable("d", shape=(10,), init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
+    plan = dict(ports_num=2, ports_num_for_sparse=2)
+    async with await aps.serve(port=0, num_trainers=2, **plan) as server:
+        clients = [aps.connect([server.address], trainer_id=k, **plan) for k in range(2)]
+        for ps in clients:
+            await ps.open()
+        try:
+            await clients[0].create_table(table)
+            await clients[0].create_table(dense)
+            await clients[1].pull_sparse("s", [0])  # trainer 1's sparse turn is now one port ahead
+            grads = [np.full((1, 2), g, np.float32) for g in (0.25, 0.75)]
+            await asyncio.gather(*(ps.push_sparse_grad("s", [4], g, sync=True) for ps, g in zip(clients, grads)))
+            await asyncio.gather(*(ps.push_dense_grad("d", np.full(10, g, np.float32), sync=True)
+                                   for ps, g in zip(clients, (1.0, 3.0))))
+            np.testing.assert_allclose(await clients[0].pull_sparse("s", [4]), [[0.5, 0.5]])  # 1 - mean(0.25, 0.75)
+            np.testing.assert_allclose(await clients[1].pull_dense("d"), np.full(10, -2.0))
+            await clients[1].pull_sparse_changed("s")  # registers trainer 1
+            await clients[0].push_sparse_delta("s", [7, 9], np.ones((2, 2), np.float32))
+            ids, rows = await clients[1].pull_sparse_changed("s")
+            assert sorted(ids.tolist()) == [7, 9] and np.allclose(rows, 2.0)
+            stats = (await clients[0].stats())[server.address]["ports"]
+        finally:
+            for ps in clients:
+                await ps.aclose()
+    sparse_ops = set().union(*(p["ops"] for p in stats[2:])) - {"HELLO", "PING"}
+    assert sparse_ops == {"PULL_SPARSE", "PUSH_SPARSE_GRAD", "PUSH_SPARSE_DELTA", "PULL_SPARSE_CHANGED"}
+    assert not set().union(*(p["ops"] for p in stats[:2])) & sparse_ops
