@@ -99,14 +99,22 @@ async def test_client_with_more_ports_than_the_server_fails_loudly() -> None:
 
 
 async def test_fixed_port_taken_is_a_config_error() -> None:
-    with socket.socket() as taken:
+    for _ in range(50):  # a taken port with nothing listening on the one below it
+        taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
-        taken.listen()
         port = taken.getsockname()[1]
+        with socket.socket() as below:
+            if below.connect_ex(("127.0.0.1", port - 1)) != 0:
+                break
+        taken.close()
+    try:
+        taken.listen()
         # the run port-1 .. port+1 needs the taken one in the middle: refused, naming it
         config = ServerConfig(port=port - 1, ports_num=3)
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
             await aps.PServer(config).start()
+    finally:
+        taken.close()
 
 
 def test_plan_and_settings() -> None:
