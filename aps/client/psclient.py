@@ -9,6 +9,12 @@ told the server is shutting down) reconnects with backoff until ``deadline`` sec
 first failure, long enough by default for a pserver to be restarted (docs/operations.md). A
 trainer's client also sends a heartbeat ping every ``heartbeat`` seconds so that the pservers
 can tell a quiet trainer from a dead one (aps-server --trainer-timeout).
+
+With the v2 launch parameters (``ports_num`` / ``ports_num_for_sparse``) each pserver has several
+ports and the client one connection per port, dense and sparse traffic on their own ports
+(lanes.py). Pull replies say which version of the parameters they read; the next gradient push
+to that server names it, so a pserver can drop gradients computed from parameters too old
+(aps-server --async-lagged-grad-discard-ratio).
 """
 
 from __future__ import annotations
