@@ -1,7 +1,17 @@
-"""Compile (or load from numba's cache) every storage kernel before a pserver accepts clients,
-so the first real push does not stall the event loop for seconds while numba compiles."""
+"""Load (or compile) every storage kernel of a pserver in a background thread as it starts.
+
+Without it the first push would stall the event loop while numba loads its kernels from the
+cache: about half a second in a fresh process, most of it numba's one-off set-up on its first
+dispatch (which imports scipy.linalg, when installed, to look for BLAS). It used to run before
+the pserver listened, on the critical path of every launch: ``aps-local`` starts the trainers
+only once the pservers listen. In a thread it overlaps with the trainers' own start-up (importing
+aps, spawning workers), which takes longer; a request that needs a kernel before the thread has
+loaded it waits on numba's compiler lock for that one kernel, as it would have without warm-up.
+"""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -10,17 +20,23 @@ from ..specs import SGD, Adagrad, Adam, Constant, DenseTable, Normal, SparseTabl
 from .tables import DenseShard, SparseShard
 
 
-def warm_up_kernels() -> None:
+def load_kernels() -> None:
+    """Run every storage kernel once on tiny throw-away shards (each optimizer and initialiser)."""
     ids = np.array([0, 1, 1], dtype=np.int64)
     for opt in (SGD(lr=0.1), Adagrad(lr=0.1), Adam(lr=0.1)):
         for init in (Uniform(-1, 1), Normal(0, 1), Constant(0)):
             sparse = SparseShard(SparseTable("warmup", rows=4, dim=2, init=init, optimizer=opt), 0, 1)
-            sparse.track(2)  # change tracking's kernels too
             sparse.push_grad(ids, np.ones((3, 2), np.float32), client=1)
             sparse.push_delta(ids, np.ones((3, 2), np.float32), client=1)
             sparse.pull(ids)
-            sparse.changed(2)
         spec = DenseTable("warmup", shape=(4,), init=Normal(0, 1), optimizer=opt)
         dense = DenseShard(spec, dense_blocks(spec.name, spec.size, 1))
         dense.push_grad(0, 0, np.ones(4, np.float32))
         dense.push_delta(0, 0, np.ones(4, np.float32))
+
+
+def warm_up_kernels() -> threading.Thread:
+    """Start :func:`load_kernels` in a daemon thread and return it (join it to wait)."""
+    thread = threading.Thread(target=load_kernels, name="aps-kernel-warmup", daemon=True)
+    thread.start()
+    return thread
