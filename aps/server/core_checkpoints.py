@@ -23,6 +23,7 @@ from .config import ServerConfig
 from .gate import WriteGate
 from .stats import ServerStats
 from .tables import Shard
+from .tracking import TrackingBudget
 
 log = structlog.get_logger("aps.server")
 
@@ -40,6 +41,7 @@ class CheckpointHandlers:
     stats: ServerStats
     gate: WriteGate
     checkpoint_root: str
+    tracking: TrackingBudget
     #: the shard directory this server resumed from (None: it did not): its shard may be
     #: older than the others', which sync mode cannot accept
     resumed: str | None
@@ -120,6 +122,7 @@ class CheckpointHandlers:
         )
 
     def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
+        self.tracking.drop_all()  # geo clients' next reads return every row: all may have changed
         self.tables = dict(shards)
         self.specs = {name: shard.spec for name, shard in shards.items()}
         self.extra = dict(extra)

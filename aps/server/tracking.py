@@ -168,6 +168,16 @@ class TrackingBudget:
         self.dropped_pairs.add(client_id, table)
         self.dropped_over_budget += int(over_budget)
 
+    def drop_all(self) -> None:
+        """The tables were replaced (a LOAD): any row may differ from what any client has, and
+        the new shards track nobody, so every tracked pair counts as dropped."""
+        for client_id, table in self._entries:
+            self.dropped_pairs.add(client_id, table)
+        self._entries.clear()
+        self._tables_of.clear()
+        self._gone.clear()
+        self.bytes = 0
+
     def was_dropped(self, client_id: int, table: str) -> bool:
         return (client_id, table) in self.dropped_pairs
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,6 +150,24 @@ async def test_over_the_budget_a_gone_client_is_dropped_first_and_gets_every_row
         assert srv.core.tracking.bytes <= 3 * ENTRY and len(srv.core.tracking) == 3
         for link in (links[2], links[3], link4, back):
             link.close()
+
+
+async def test_a_load_makes_every_tracking_client_read_every_row(tmp_path: Path) -> None:
+    """LOAD replaces the tables under the geo clients: any row may differ from their replicas."""
+    async with geo_server(checkpoint_root=str(tmp_path)) as (srv, ps):
+        geo = await Link.open(srv.address, 7, -1, None, wire.DEFAULT_MAX_FRAME, 1)
+        assert len((await read_changes(geo, 10))[0]) == 0
+        await ps.push_sparse_delta("g", [5], np.full((1, 2), 2.0, np.float32))
+        await ps.save("ckpt")
+        assert (await read_changes(geo, 20))[0].tolist() == [5]
+        await ps.push_sparse_delta("g", [6], np.ones((1, 2), np.float32))
+        await ps.load("ckpt")  # row 6 goes back to 0: a change no push announced
+        ids, values = await read_changes(geo, 30)
+        np.testing.assert_array_equal(ids, np.arange(ROWS))
+        np.testing.assert_array_equal(values, await ps.pull_sparse("g", np.arange(ROWS)))
+        assert values[6].tolist() == [0.0, 0.0] and values[5].tolist() == [2.0, 2.0]
+        assert len((await read_changes(geo, 40))[0]) == 0 and srv.core.tracking.bytes == ENTRY
+        geo.close()
 
 
 async def test_clients_never_miss_a_change_under_a_tight_budget() -> None:
