@@ -18,7 +18,7 @@ APS_HOST                  POD_IP                        PADDLE_CURRENT_IP       
 APS_PORT                  PADDLE_PORT                   PADDLE_PSERVER_PORT          PADDLE_INIT_PORT                  this pserver's (first) port
 APS_SERVER_INDEX          (position of POD_IP:PORT)     (position of the IP)         (position of the IP)              this pserver's index
 APS_TRAINERS              PADDLE_TRAINERS_NUM           PADDLE_TRAINERS              PADDLE_INIT_NUM_GRADIENT_SERVERS  number of trainers
-APS_TRAINER_ID            PADDLE_TRAINER_ID             PADDLE_TRAINER_ID            PADDLE_INIT_TRAINER_ID            this trainer's index
+APS_TRAINER_ID            PADDLE_TRAINER_ID             PADDLE_TRAINER_ID            PADDLE_INIT_TRAINER_ID            this trainer's index (last: JOB_COMPLETION_INDEX)
 APS_PORTS_NUM             -                             -                            PADDLE_INIT_PORTS_NUM             dense ports per pserver
 APS_PORTS_NUM_FOR_SPARSE  -                             -                            PADDLE_INIT_PORTS_NUM_FOR_SPARSE  sparse ports per pserver
 APS_TOKEN                 -                             -                            -                                 shared secret for the handshake
@@ -29,6 +29,26 @@ the pserver as on the trainers; its ``PADDLE_INIT_TRAINER_COUNT`` is the number 
 threads of one trainer, read as aps's workers (aps/trainer/strategy.py).
 
 Role values are case-insensitive: ``PSERVER`` / ``TRAINER`` as Paddle writes them.
+
+Kubernetes: an Indexed Job sets ``JOB_COMPLETION_INDEX`` in each pod; it is read as the trainer
+id when no other name gives one, so the Job's pods need no script to turn it into
+``PADDLE_TRAINER_ID``.
+
+Slurm and MPI give every process a rank instead of a role. With ``APS_NUM_PSERVERS=N`` set,
+:func:`rank_env` maps the rank (``SLURM_PROCID`` of ``SLURM_NTASKS``, else
+``OMPI_COMM_WORLD_RANK`` of ``OMPI_COMM_WORLD_SIZE``) onto the names above:
+
+- ranks ``0 .. N-1`` are pservers: index = rank, listening on all interfaces at
+  ``APS_BASE_PORT + rank`` (base 7164 by default, so pservers sharing a node do not collide);
+- ranks ``N .. size-1`` are trainers: id = rank - N, and there are size - N of them;
+- under Slurm the pserver list is derived: the host of rank k is found by expanding
+  ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``, e.g. ``node[01-03,07]``) and laying the
+  ranks out block-wise over ``SLURM_STEP_TASKS_PER_NODE`` (else ``SLURM_TASKS_PER_NODE``, e.g.
+  ``2(x3),1``), Slurm's default distribution (another ``SLURM_DISTRIBUTION`` is refused);
+- under plain MPI nothing says where the other ranks run, so the pserver list must be given
+  (``APS_PSERVERS`` or a Paddle name, ``host:APS_BASE_PORT+k`` for pserver k).
+
+Names that are set explicitly win over what the rank implies.
 """
 
 from __future__ import annotations
@@ -46,7 +66,7 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
     "port": ("APS_PORT", "PADDLE_PORT", "PADDLE_PSERVER_PORT", "PADDLE_INIT_PORT"),
     "server_index": ("APS_SERVER_INDEX",),
     "trainers": ("APS_TRAINERS", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINERS", "PADDLE_INIT_NUM_GRADIENT_SERVERS"),
-    "trainer_id": ("APS_TRAINER_ID", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID"),
+    "trainer_id": ("APS_TRAINER_ID", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID", "JOB_COMPLETION_INDEX"),
     "ports_num": ("APS_PORTS_NUM", "PADDLE_INIT_PORTS_NUM"),
     "ports_num_for_sparse": ("APS_PORTS_NUM_FOR_SPARSE", "PADDLE_INIT_PORTS_NUM_FOR_SPARSE"),
     "token": ("APS_TOKEN",),
@@ -146,7 +166,12 @@ def _ips_with_port(env: Mapping[str, str], ips: list[str], ips_name: str, port_n
 
 
 def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[ClusterSpec, dict[str, object]]:
-    """Cluster spec plus this process's own settings (role, host, port, indexes, token) from env."""
+    """Cluster spec plus this process's own settings (role, host, port, indexes, token) from env.
+
+    Under Slurm or MPI with ``APS_NUM_PSERVERS`` set, the rank's role and index (and, from
+    Slurm's node list, the pserver list) fill in whatever the names above leave unset."""
+    env = os.environ if env is None else env
+    env = {**rank_env(env), **{k: v for k, v in env.items() if v}}
     pservers = pservers_from_env(env)
     trainers = _int(env_value("trainers", env), "number of trainers", 1)
     ports_num = _int(env_value("ports_num", env), "ports per pserver (PADDLE_INIT_PORTS_NUM)", 1)
@@ -164,3 +189,132 @@ def cluster_from_env(env: Mapping[str, str] | None = None) -> tuple[ClusterSpec,
         "token": env_value("token", env),
     }
     return ClusterSpec(pservers, trainers, ports_num, sparse), own
+
+
+#: how many of the ranks (the first ones) are pservers; the first pserver's port
+NUM_PSERVERS_ENV, BASE_PORT_ENV = "APS_NUM_PSERVERS", "APS_BASE_PORT"
+DEFAULT_BASE_PORT = 7164
+#: (rank, size) variables of each launcher, in the order they are looked for
+RANK_NAMES = (("SLURM_PROCID", "SLURM_NTASKS"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def _split_top(text: str) -> list[str]:
+    """Split a Slurm host list at the commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"Slurm node list {text!r}: ']' without '['")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ConfigError(f"Slurm node list {text!r}: '[' without ']'")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range(text: str, spec: str) -> list[str]:
+    """``01-03,07`` -> ``01 02 03 07`` (zero padding kept, as Slurm writes it)."""
+    out: list[str] = []
+    for item in spec.split(","):
+        lo, sep, hi = item.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ConfigError(f"Slurm node list {text!r}: bad range {item!r}")
+        if not sep:
+            out.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise ConfigError(f"Slurm node list {text!r}: range {item!r} runs backwards")
+        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
+    return out
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed host list in order: ``node[01-03,07],gpu1`` -> node01, node02, node03,
+    node07, gpu1; several bracket groups in one name give every combination, first group
+    outermost (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2), as ``scontrol show hostnames`` does."""
+    hosts: list[str] = []
+    for part in _split_top(text):
+        names = [""]
+        rest = part
+        while rest:
+            head, bracket, tail = rest.partition("[")
+            if not bracket:
+                names = [n + head for n in names]
+                break
+            spec, _, rest = tail.partition("]")
+            names = [n + head + v for n in names for v in _expand_range(text, spec)]
+        hosts.extend(names)
+    return hosts
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Slurm's tasks per node, ``2(x3),1`` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in text.split(","):
+        count, _, times = item.strip().partition("(x")
+        if not count.isdigit() or (times and not (times.endswith(")") and times[:-1].isdigit())):
+            raise ConfigError(f"Slurm tasks per node {text!r}: bad item {item!r}")
+        counts.extend([int(count)] * (int(times[:-1]) if times else 1))
+    return counts
+
+
+def _rank_and_size(env: Mapping[str, str]) -> tuple[int, int, str] | None:
+    for rank_name, size_name in RANK_NAMES:
+        if env.get(rank_name) and env.get(size_name):
+            rank = _int(env[rank_name], rank_name)
+            size = _int(env[size_name], size_name)
+            assert rank is not None and size is not None
+            if not 0 <= rank < size:
+                raise ConfigError(f"{rank_name}={rank} is not below {size_name}={size}")
+            return rank, size, rank_name
+    return None
+
+
+def slurm_rank_hosts(env: Mapping[str, str], size: int) -> list[str]:
+    """The host of every rank of this Slurm step, ranks laid out block-wise over the nodes."""
+    distribution = env.get("SLURM_DISTRIBUTION", "block")
+    if not distribution.startswith("block"):
+        raise ConfigError(f"SLURM_DISTRIBUTION={distribution}: aps maps ranks to nodes block-wise "
+                          f"(Slurm's default); run srun with --distribution=block")
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    per_node = expand_tasks_per_node(per_node_text) if per_node_text else [1] * len(nodes)
+    if len(per_node) != len(nodes) or sum(per_node) != size:
+        raise ConfigError(f"Slurm's {len(nodes)} nodes with tasks per node {per_node_text or 'unset (1 each)'} "
+                          f"do not hold the {size} tasks of this step")
+    return [node for node, count in zip(nodes, per_node) for _ in range(count)]
+
+
+def rank_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The aps names a Slurm / MPI rank implies (see the module's docstring for the mapping);
+    empty when ``APS_NUM_PSERVERS`` is not set. Raises ConfigError when it is set but no rank is
+    known, or when it leaves no trainer."""
+    env = os.environ if env is None else env
+    if not env.get(NUM_PSERVERS_ENV):
+        return {}
+    servers = _int(env[NUM_PSERVERS_ENV], NUM_PSERVERS_ENV)
+    base = _int(env.get(BASE_PORT_ENV) or None, BASE_PORT_ENV, DEFAULT_BASE_PORT)
+    assert servers is not None and base is not None
+    found = _rank_and_size(env)
+    if found is None:
+        names = " or ".join(f"{r} / {s}" for r, s in RANK_NAMES)
+        raise ConfigError(f"{NUM_PSERVERS_ENV} is set but no rank is: expected {names} (run under srun or mpirun)")
+    rank, size, rank_name = found
+    if not 1 <= servers < size:
+        raise ConfigError(f"{NUM_PSERVERS_ENV}={servers} must be at least 1 and leave a trainer among the {size} ranks")
+    if not (0 < base and base + servers - 1 < 65536):
+        raise ConfigError(f"{BASE_PORT_ENV}={base}: the pservers' ports {base}..{base + servers - 1} are not valid")
+    out = {"APS_TRAINERS": str(size - servers)}
+    if rank < servers:
+        out.update(APS_ROLE="pserver", APS_SERVER_INDEX=str(rank), APS_HOST="0.0.0.0", APS_PORT=str(base + rank))
+    else:
+        out.update(APS_ROLE="trainer", APS_TRAINER_ID=str(rank - servers))
+    if rank_name == "SLURM_PROCID" and (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")):
+        hosts = slurm_rank_hosts(env, size)
+        out["APS_PSERVERS"] = ",".join(f"{hosts[k]}:{base + k}" for k in range(servers))
+    return out
