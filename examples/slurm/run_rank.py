@@ -6,11 +6,11 @@ Slurm and MPI start the same command on every rank. This reads the rank the way 
 and replaces itself with the right program, so each role's own flags and environment names
 apply unchanged::
 
-    srun python examples/slurm/run_rank.py --server-args "--checkpoint-dir ckpt" -- \\
+    srun python examples/slurm/run_rank.py --server-args="--checkpoint-dir ckpt" -- \\
         --model word2vec --data data/word2vec/train --mode geo --epochs 1
 
 Arguments after ``--`` go to aps-trainer; ``--server-args`` (one shell-quoted string) to
-aps-server.
+aps-server (write it with =, as its value starts with a dash).
 """
 
 from __future__ import annotations

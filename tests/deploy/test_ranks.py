@@ -109,9 +109,9 @@ def _run_rank(rank: int, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_run_rank_becomes_the_rank_s_program() -> None:
-    server = _run_rank(1, "--server-args", "--help", "--", "--model", "x")
+    server = _run_rank(1, "--server-args=--help", "--", "--model", "x")
     assert server.returncode == 0 and server.stdout.startswith("usage: aps-server"), server.stderr
-    trainer = _run_rank(2, "--server-args", "--bogus", "--", "--help")
+    trainer = _run_rank(2, "--server-args=--bogus", "--", "--help")
     assert trainer.returncode == 0 and trainer.stdout.startswith("usage: aps-trainer"), trainer.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "APS_"))}
     lost = subprocess.run([sys.executable, str(ROOT / "examples/slurm/run_rank.py"), "--", "--help"],
