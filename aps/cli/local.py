@@ -13,20 +13,20 @@ import argparse
 import re
 import shlex
 import signal
+import shutil
 import sys
 import tempfile
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..launcher import MODES, LaunchResult, LocalCluster, RoleResult, metrics_ports_problem, result_of, script_command
 from ..launcher_roles import Role, last_lines, program
-from ..launcher_run import EXIT_FAILED, EXIT_TIMEOUT, Supervisor
+from ..launcher_run import Supervisor
 from .common import TOKEN_ON_ARGV, on_signals, read_token_file, run_main
 from .local_display import Board, summary_rows
 
-__all__ = ["EXIT_FAILED", "EXIT_TIMEOUT", "EXIT_USAGE", "Board", "Launcher", "build_parser", "main", "parse_args"]
+__all__ = ["Board", "Launcher", "build_parser", "main", "parse_args"]
 
 EXIT_USAGE = 2
 TAIL_LINES = 10
