@@ -17,20 +17,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from .. import wire
 from ..errors import RETRIABLE_CODES, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
-
-if TYPE_CHECKING:
-    from .pserver import PServer
+from ..wire.handshake import Action, ServerHandshake, Step
+from .context import ConnectionContext
 
 log = structlog.get_logger("aps.server")
 
-_HANDSHAKE_MAX_FRAME = 4096
 #: after refusing a frame, how long the rest of what the peer sends is read and dropped (so that
 #: closing does not reset the connection before the peer has read our error reply)
 _REFUSED_LINGER = 1.0
@@ -63,19 +61,18 @@ def check_limits(config: Any) -> None:
 class ServerConnection(asyncio.Protocol):
     """asyncio protocol for one accepted connection."""
 
-    def __init__(self, server: PServer) -> None:
+    def __init__(self, server: ConnectionContext) -> None:
         self.server = server
         self.core = server.core
         self.config = server.config
+        #: HELLO, AUTH, then requests (sans-IO, aps/wire/handshake.py)
+        self.handshake = ServerHandshake(self.config.token is not None, self.config.max_frame)
         # until the handshake is done only small frames are accepted, so an unauthenticated
         # peer cannot make us allocate a max-size body
-        self.decoder = wire.FrameDecoder(min(self.config.max_frame, _HANDSHAKE_MAX_FRAME))
+        self.decoder = wire.FrameDecoder(self.handshake.frame_limit)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.client_id: int | None = None
-        self.trainer_id = -1  # what HELLO said; only that trainer's worker_done is taken
         self._held = False  # an AUTH waits for its (throttled) verdict: read and run nothing else
-        self.authenticated = self.config.token is None
         self.nonce = os.urandom(16)
         self.tasks: set[asyncio.Task[Any]] = set()
         self._write_paused = False
@@ -92,6 +89,16 @@ class ServerConnection(asyncio.Protocol):
         self._partial_since: float | None = None  # loop time the frame in progress began
         self._linger_timer: asyncio.TimerHandle | None = None
 
+    @property
+    def client_id(self) -> int | None:
+        """The client id HELLO gave (None before HELLO)."""
+        return self.handshake.client_id
+
+    @property
+    def trainer_id(self) -> int:
+        """What HELLO said (-1: not a trainer); only that trainer's worker_done is taken."""
+        return self.handshake.trainer_id
+
     # ----------------------------------------------------------------- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -107,6 +114,7 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.handshake.close(f"connection lost: {exc}" if exc is not None else "connection closed")
         self.server.connections.discard(self)
         self.core.stats.connections -= 1
         for timer in (self._handshake_timer, self._frame_timer, self._linger_timer):
@@ -146,7 +154,7 @@ class ServerConnection(asyncio.Protocol):
                 return
             except RemoteProtocolError as exc:
                 log.warning("closing connection: bad frame", peer=self.peer, error=str(exc))
-                self.abort()
+                self.abort(f"bad frame: {exc}")
                 return
             if frame is None:
                 break
@@ -189,7 +197,7 @@ class ServerConnection(asyncio.Protocol):
         """Answer a refused frame and close without reading its body into memory."""
         log.warning("closing connection: frame refused", peer=self.peer, reason=exc.message)
         self._send_error(request_id, exc)
-        self.closed = True  # nothing more is parsed or run; data_received drops what arrives
+        self._closing(f"frame refused: {exc.message}")  # nothing more is parsed or run; data_received drops what arrives
         transport = self.transport
         if transport is None:
             return
@@ -203,10 +211,10 @@ class ServerConnection(asyncio.Protocol):
 
     def _handshake_deadline(self) -> None:
         self._handshake_timer = None
-        if self.closed or (self.client_id is not None and self.authenticated):
+        if self.closed or self.handshake.ready:
             return
         log.warning("closing connection: no handshake in time", peer=self.peer, timeout=self.config.handshake_timeout)
-        self.abort()
+        self.abort(f"no handshake within {self.config.handshake_timeout} s")
 
     def _watch_frame(self, completed: bool) -> None:
         """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
@@ -237,7 +245,10 @@ class ServerConnection(asyncio.Protocol):
             received=self.decoder.buffered,
             declared=self.decoder.pending_length,
         )
-        self.abort()
+        self.abort(
+            f"frame not completed within {self.config.frame_timeout} s "
+            f"({self.decoder.buffered} bytes received of {self.decoder.pending_length} declared)"
+        )
 
     def _register(self) -> None:
         """The handshake is done and a request came: count this connection for its client."""
@@ -263,8 +274,6 @@ class ServerConnection(asyncio.Protocol):
             return
         op_name = type(msg).__name__
         if not self._admitted(msg, frame.request_id):
-            return
-        if isinstance(msg, (wire.Hello, wire.Auth)):
             return
         assert self.client_id is not None
         if not self._registered:
@@ -331,15 +340,17 @@ class ServerConnection(asyncio.Protocol):
         self._update_reading()
 
     def _admitted(self, msg: wire.Message, request_id: int) -> bool:
-        """The handshake: HELLO first, then AUTH when a token is set; nothing else before."""
-        if isinstance(msg, wire.Hello):
-            if self.client_id is not None:
-                self._send_error(request_id, ServerError(ErrorCode.BAD_REQUEST, "duplicate hello"))
+        """The handshake (aps/wire/handshake.py) says what this message is: HELLO and AUTH are
+        answered here; a request passes only once the handshake is done."""
+        step = self.handshake.receive(msg)
+        action = step.action
+        if action is Action.REQUEST:
+            if self.server.closing:
+                self._send_error(request_id, ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
                 return False
-            self.client_id = msg.client_id
-            self.trainer_id = msg.trainer_id
-            if self.config.token is None:
-                self.decoder.max_frame = self.config.max_frame
+            return True
+        if action is Action.HELLO:
+            self.decoder.max_frame = self.handshake.frame_limit
             self._send(
                 wire.HelloReply(
                     server_index=self.config.server_index,
@@ -351,14 +362,10 @@ class ServerConnection(asyncio.Protocol):
                 ),
                 request_id,
             )
-            return True
-        if self.client_id is None:
-            self._refuse(request_id, ServerError(ErrorCode.AUTH_REQUIRED, "the first message must be hello"))
-            return False
-        if isinstance(msg, wire.Auth):
-            if self.config.token is None:
-                self._send(wire.Ok(op=wire.Op.AUTH), request_id)
-                return True
+        elif action is Action.AUTH_OK:
+            self._send(wire.Ok(op=wire.Op.AUTH), request_id)
+        elif action is Action.CHECK_AUTH:
+            assert isinstance(msg, wire.Auth)
             self._held = True
             self._update_reading()
             mac = msg.mac
@@ -368,14 +375,16 @@ class ServerConnection(asyncio.Protocol):
                 lambda ok, why: self._auth_verdict(ok, why, request_id),
                 self._auth_shed,
             )
-            return True
-        if not self.authenticated:
-            self._refuse(request_id, ServerError(ErrorCode.AUTH_REQUIRED, "this server needs a token"))
-            return False
-        if self.server.closing:
-            self._send_error(request_id, ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
-            return False
-        return True
+        else:
+            self._handshake_error(step, request_id)
+        return False
+
+    def _handshake_error(self, step: Step, request_id: int) -> None:
+        assert step.code is not None
+        if step.action is Action.REFUSE:
+            self._refuse(request_id, ServerError(step.code, step.message))
+        else:
+            self._send_error(request_id, ServerError(step.code, step.message))
 
     def _check_auth(self, mac: bytes) -> bool | None:
         assert self.config.token is not None and self.client_id is not None
@@ -384,14 +393,14 @@ class ServerConnection(asyncio.Protocol):
     def _auth_verdict(self, ok: bool, why: str, request_id: int) -> None:
         """The answer to AUTH: a success at once, a refusal when its address's slot time ends
         (see throttle.py), possibly after the connection has gone."""
-        if not ok:
-            if self.closed:
-                return
-            log.warning("authentication failed", peer=self.peer, reason=why)
-            self._refuse(request_id, ServerError(ErrorCode.AUTH_FAILED, why))
+        if self.closed:
             return
-        self.authenticated = True
-        self.decoder.max_frame = self.config.max_frame
+        step = self.handshake.auth_checked(ok, why)
+        if step.action is not Action.AUTH_OK:
+            log.warning("authentication failed", peer=self.peer, reason=why)
+            self._handshake_error(step, request_id)
+            return
+        self.decoder.max_frame = self.handshake.frame_limit
         self._send(wire.Ok(op=wire.Op.AUTH), request_id)
         self._held = False
         self._update_reading()
@@ -429,9 +438,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _refuse(self, request_id: int, exc: ServerError) -> None:
         self._send_error(request_id, exc)
-        if self.transport is not None:
-            self.transport.close()
-        self.closed = True
+        self.close(f"refused: {exc.message}")
 
     def _update_reading(self) -> None:
         """Stop reading while the peer does not read our replies or has too much in flight."""
@@ -447,12 +454,26 @@ class ServerConnection(asyncio.Protocol):
             self._read_paused = False
             asyncio.get_running_loop().call_soon(self.data_received, b"")  # frames left unparsed
 
-    def abort(self) -> None:
-        self.closed = True
+    def abort(self, reason: str) -> None:
+        """Drop the connection now (a protocol breach, a missed deadline): what is unsent is lost."""
+        self._closing(reason)
         if self.transport is not None:
             self.transport.abort()
 
-    def close(self) -> None:
+    def close(self, reason: str) -> None:
+        """Close once the replies already written have gone out; ``reason`` is logged and kept
+        (``close_reason``) for whoever looks at the connection afterwards."""
         if self.transport is not None and not self.closed:
             self.transport.close()
+        self._closing(reason)
+
+    def _closing(self, reason: str) -> None:
+        if not self.closed:
+            log.debug("closing connection", peer=self.peer, client=self.client_id, reason=reason)
         self.closed = True
+        self.handshake.close(reason)
+
+    @property
+    def close_reason(self) -> str:
+        """Why this connection closed (empty while it is open)."""
+        return self.handshake.close_reason

@@ -21,6 +21,7 @@ from ..telemetry import MetricsEndpoint, server_registry
 from ..tls import server_context
 from .config import ServerConfig
 from .connection import ServerConnection, check_limits
+from .context import ConnectionContext
 from .autosave import AutoCheckpoints
 from .core import ServerCore
 from .stats import PortStats
@@ -37,7 +38,7 @@ class _PortConnection(ServerConnection):
     """A connection accepted on one of the server's ports: it counts its connections and frames
     in that port's stats, so an operator sees how the clients spread their traffic."""
 
-    def __init__(self, server: PServer, port: PortStats) -> None:
+    def __init__(self, server: ConnectionContext, port: PortStats) -> None:
         super().__init__(server)
         self.port_stats = port
 
@@ -235,7 +236,7 @@ class PServer:
                     log.error("checkpoint at shutdown failed", error=str(exc))
         # let the replies already written reach the socket before closing it
         for conn in list(self.connections):
-            conn.close()
+            conn.close("server shutting down")
         if self._servers:
             try:
                 await asyncio.wait_for(asyncio.gather(*(s.wait_closed() for s in self._servers)), timeout=1.0)
@@ -263,14 +264,21 @@ async def serve(
     num_servers: int = 1,
     token: str | None = None,
     init_model: str | None = None,
+    exit_when_done: bool = False,
     **options: Any,
 ) -> PServer:
     """Start a pserver inside the running event loop and return it once it is listening.
 
-    ``server.port`` is the bound port (useful with ``port=0``); ``await server.aclose()`` stops it;
-    ``await server.wait_closed()`` waits until it stops by itself (every trainer done).
+    ``server.port`` is the bound port (useful with ``port=0``); ``await server.aclose()`` stops it.
+    ``exit_when_done``: stop by itself once every trainer has sent worker_done (or is gone), as
+    aps-server does; off by default here, because a server embedded in an application outlives
+    the trainers that fill it (``await server.wait_closed()`` then returns only after ``aclose``).
     ``metrics_port=`` (any :class:`ServerConfig` field may be passed) also serves Prometheus
     metrics over HTTP; ``server.metrics_port`` is then its bound port.
+
+    The numba kernels the server runs load in a background thread once it listens (they are
+    cached on disk; the first load in a fresh process takes ~0.5 s): the caller's event loop is
+    not blocked by the load, but a request that needs a kernel still loading waits for it.
     """
     config = ServerConfig(
         host=host,
@@ -280,6 +288,7 @@ async def serve(
         num_trainers=num_trainers,
         token=token,
         init_model=init_model,
+        exit_when_done=exit_when_done,
         **options,
     )
     return await PServer(config).start()

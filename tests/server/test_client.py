@@ -504,8 +504,21 @@ async def test_pull_sparse_changed_drains_more_rows_than_a_frame() -> None:
 # ---------------------------------------------------------------- lifecycle, stats, checkpoints
 
 
+async def test_embedded_server_outlives_its_trainers_by_default() -> None:
+    """aps.serve() is for an application's own loop: the trainers finishing does not stop it."""
+    async with cluster(1, num_trainers=1) as servers:
+        async with aps.connect(addrs(servers), trainer_id=0) as a:
+            await a.create_table(SPARSE)
+            await a.worker_done()
+        await asyncio.sleep(0.2)
+        assert not servers[0].closing and servers[0].core.done_trainers == {0}
+        async with aps.connect(addrs(servers)) as reader:  # still serving
+            rows = await reader.pull_sparse(SPARSE.name, [1, 2])
+            assert rows.shape == (2, SPARSE.dim) and np.all(np.abs(rows) <= 0.1) and np.any(rows != 0)
+
+
 async def test_worker_done_from_all_trainers_stops_servers() -> None:
-    async with cluster(2, num_trainers=2) as servers:
+    async with cluster(2, num_trainers=2, exit_when_done=True) as servers:
         a = await aps.connect(addrs(servers), trainer_id=0)
         b = await aps.connect(addrs(servers), trainer_id=1)
         try:

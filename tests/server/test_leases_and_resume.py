@@ -37,7 +37,7 @@ async def test_heartbeats_keep_an_idle_trainer_alive() -> None:
 
 
 async def test_sync_round_fails_naming_the_gone_trainer() -> None:
-    srv = await aps.serve(num_trainers=2, trainer_timeout=0.3)
+    srv = await aps.serve(num_trainers=2, trainer_timeout=0.3, exit_when_done=True)
     try:
         a = await aps.connect([srv.address], trainer_id=0)
         b = await aps.connect([srv.address], trainer_id=1, heartbeat=0)

@@ -352,7 +352,7 @@ async def test_barrier_retried_after_a_lost_connection_still_counts_once() -> No
                 aps.connect([srv.address], timeout=10) as b:
             first = asyncio.ensure_future(a.barrier("epoch", count=2, value=5))
             await eventually(lambda: srv.core.barriers.pending() == {"epoch": 1})
-            _connection_of(srv, a.client_id).abort()  # the network drops a's connection
+            _connection_of(srv, a.client_id).abort("test: the network drops it")  # the network drops a's connection
             await asyncio.sleep(0.3)  # a reconnects and retries; its arrival counts again, once
             assert srv.core.barriers.pending() == {"epoch": 1}
             assert await asyncio.wait_for(b.barrier("epoch", count=2, value=7), 5) == 12
@@ -389,7 +389,7 @@ async def test_sync_push_retried_after_a_lost_connection_is_applied_once() -> No
             ones = np.ones((1, 4), np.float32)
             first = asyncio.ensure_future(a.push_sparse_grad("s", [2], 2 * ones, sync=True))
             await eventually(lambda: srv.core.sync_rounds.pending_bytes() > 0)
-            _connection_of(srv, a.client_id).abort()
+            _connection_of(srv, a.client_id).abort("test: the network drops it")
             await asyncio.sleep(0.3)  # a reconnects and pushes again (same request id)
             await asyncio.wait_for(b.push_sparse_grad("s", [2], 4 * ones, sync=True), 5)
             await asyncio.wait_for(first, 5)

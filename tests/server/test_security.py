@@ -444,7 +444,7 @@ def test_init_model_is_trusted_and_a_missing_root_is_refused(processes: Processe
 
 
 async def test_worker_done_only_from_the_trainer_itself() -> None:
-    srv = await aps.serve(port=0, num_trainers=2)
+    srv = await aps.serve(port=0, num_trainers=2, exit_when_done=True)
     try:
         async with aps.connect([srv.address], timeout=10) as anyone:  # a library client: trainer_id -1
             with pytest.raises(aps.ServerError) as info:

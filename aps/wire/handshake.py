@@ -1,0 +1,119 @@
+"""The server side of the connection handshake as a sans-IO state machine.
+
+A connection goes ``AWAIT_HELLO -> (AWAIT_AUTH ->) READY -> CLOSED``: HELLO first, then, when
+the server has a token, AUTH (whose MAC the server checks, possibly later: the guess throttle
+answers a wrong one late), then any request. Anything out of order moves it to CLOSED, and
+CLOSED is sticky: the machine refuses to be driven further, so a connection that forgot it had
+refused a peer cannot serve it by accident.
+
+The machine never touches a socket nor a clock: it takes decoded messages and says what the
+connection must do (:class:`Step`), so every path is tested with bytes fed through a
+:class:`~aps.wire.frame.FrameDecoder` (tests/wire/test_handshake.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ..errors import ErrorCode, LocalProtocolError
+from .messages import Auth, Hello, Message
+
+#: the largest frame accepted before the handshake is done, so an unauthenticated peer cannot
+#: make the server allocate a max-size body
+HANDSHAKE_MAX_FRAME = 4096
+
+
+class HandshakeState(Enum):
+    AWAIT_HELLO = "await_hello"
+    AWAIT_AUTH = "await_auth"  # HELLO done, the server has a token: AUTH next
+    CHECKING = "checking"  # an AUTH's MAC is being checked: nothing else is read meanwhile
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class Action(Enum):
+    """What the connection does with a message the machine has seen."""
+
+    HELLO = "hello"  # answer with HELLO_REPLY
+    CHECK_AUTH = "check_auth"  # check the MAC, then call :meth:`ServerHandshake.auth_checked`
+    AUTH_OK = "auth_ok"  # answer AUTH with OK (no token on this server)
+    REQUEST = "request"  # a request of a handshaken client: dispatch it
+    ERROR = "error"  # answer with an error and go on reading
+    REFUSE = "refuse"  # answer with an error and close the connection
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    action: Action
+    code: ErrorCode | None = None  # of the error reply (ERROR, REFUSE)
+    message: str = ""
+
+
+class ServerHandshake:
+    """Handshake state of one server connection (``token_required``: AUTH must follow HELLO)."""
+
+    __slots__ = ("token_required", "max_frame", "state", "client_id", "trainer_id", "close_reason")
+
+    def __init__(self, token_required: bool, max_frame: int) -> None:
+        self.token_required = token_required
+        #: the server's max frame; until READY only :data:`HANDSHAKE_MAX_FRAME` is accepted
+        self.max_frame = max_frame
+        self.state = HandshakeState.AWAIT_HELLO
+        self.client_id: int | None = None
+        self.trainer_id = -1  # what HELLO said (-1: not a trainer)
+        self.close_reason = ""
+
+    @property
+    def frame_limit(self) -> int:
+        """The largest payload to accept now (the decoder's max frame)."""
+        if self.state is HandshakeState.READY:
+            return self.max_frame
+        return min(self.max_frame, HANDSHAKE_MAX_FRAME)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is HandshakeState.READY
+
+    def receive(self, msg: Message) -> Step:
+        """The connection decoded ``msg`` from the peer: what to do with it."""
+        state = self.state
+        if state is HandshakeState.CLOSED:
+            raise LocalProtocolError(f"connection handshake is closed ({self.close_reason}); nothing more is read")
+        if state is HandshakeState.CHECKING:
+            raise LocalProtocolError("an AUTH is being checked; nothing is read until auth_checked()")
+        if isinstance(msg, Hello):
+            if state is not HandshakeState.AWAIT_HELLO:
+                return Step(Action.ERROR, ErrorCode.BAD_REQUEST, "duplicate hello")
+            self.client_id, self.trainer_id = msg.client_id, msg.trainer_id
+            self.state = HandshakeState.AWAIT_AUTH if self.token_required else HandshakeState.READY
+            return Step(Action.HELLO)
+        if state is HandshakeState.AWAIT_HELLO:
+            return self._close(ErrorCode.AUTH_REQUIRED, "the first message must be hello")
+        if isinstance(msg, Auth):
+            if not self.token_required:
+                return Step(Action.AUTH_OK)
+            self.state = HandshakeState.CHECKING
+            return Step(Action.CHECK_AUTH)
+        if state is HandshakeState.AWAIT_AUTH:
+            return self._close(ErrorCode.AUTH_REQUIRED, "this server needs a token")
+        return Step(Action.REQUEST)
+
+    def auth_checked(self, ok: bool, why: str = "") -> Step:
+        """The verdict on the AUTH being checked: OK it (READY) or refuse and close."""
+        if self.state is not HandshakeState.CHECKING:
+            raise LocalProtocolError(f"auth_checked() in state {self.state.name}: no AUTH is being checked")
+        if ok:
+            self.state = HandshakeState.READY
+            return Step(Action.AUTH_OK)
+        return self._close(ErrorCode.AUTH_FAILED, why or "authentication failed")
+
+    def close(self, reason: str) -> None:
+        """The connection is closing for ``reason`` (kept for the first close only)."""
+        if self.state is not HandshakeState.CLOSED:
+            self.state = HandshakeState.CLOSED
+            self.close_reason = reason
+
+    def _close(self, code: ErrorCode, message: str) -> Step:
+        self.close(message)
+        return Step(Action.REFUSE, code, message)
