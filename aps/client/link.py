@@ -9,11 +9,13 @@ and the connection stays in sync. When the connection dies every waiter fails wi
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import ssl as _ssl
 from typing import Any
 
 from .. import wire
-from ..errors import ConnectionLost, RemoteProtocolError, ServerError, TokenMissing
+from ..errors import ConnectionLost, RemoteProtocolError, RequestTimeout, ServerError, TokenMissing
 from ..wire.auth import auth_mac
 
 
@@ -54,6 +56,12 @@ class Link:
         self.num_servers = 0
         #: seconds of silence after which the server takes this trainer for gone (0: never)
         self.lease = 0.0
+        # deadlines of requests that have one: a heap of (when, seq, future, limit) and one timer
+        # at its earliest, instead of a timer (and a timeout context) per request
+        self._deadlines: list[tuple[float, int, asyncio.Future[wire.Message], float]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     @classmethod
     async def open(
@@ -93,8 +101,14 @@ class Link:
             raise
         return link
 
-    async def request(self, msg: wire.Message, request_id: int, flags: int = 0) -> wire.Message:
-        """Send one request and wait for its reply (no timeout here: the caller owns the budget)."""
+    async def request(
+        self, msg: wire.Message, request_id: int, flags: int = 0, deadline: float | None = None, limit: float = 0.0
+    ) -> wire.Message:
+        """Send one request and wait for its reply.
+
+        ``deadline`` (loop time), when given, fails the wait with :class:`RequestTimeout` (naming
+        ``limit`` seconds) once passed; a reply arriving later is dropped, as for a cancelled
+        request. Without it the caller owns the time budget."""
         if self.closed or self.transport is None:
             raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
         if not self._writable.is_set():
@@ -104,6 +118,8 @@ class Link:
         parts = wire.encode(msg, request_id, flags, self.max_frame)  # may raise LocalProtocolError: register after
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self.waiters[request_id] = future
+        if deadline is not None:
+            self._watch(future, deadline, limit)
         try:
             if len(parts) == 1:
                 self.transport.write(parts[0])
@@ -136,6 +152,37 @@ class Link:
             else:
                 future.set_result(msg)
 
+    def _watch(self, future: asyncio.Future[wire.Message], deadline: float, limit: float) -> None:
+        heap = self._deadlines
+        while heap and heap[0][2].done():  # the earliest are usually answered already
+            heapq.heappop(heap)
+        if len(heap) > 64 + 4 * len(self.waiters):  # answered ones behind a long deadline
+            heap[:] = [entry for entry in heap if not entry[2].done()]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, next(self._seq), future, limit))
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+        self._timer_at = when
+
+    def _expire(self) -> None:
+        """Fail every request whose deadline has passed; re-arm for the next one."""
+        self._timer = None
+        heap = self._deadlines
+        now = asyncio.get_running_loop().time()
+        while heap:
+            when, _, future, limit = heap[0]
+            if not future.done():
+                if when > now:
+                    self._arm(when)
+                    return
+                future.set_exception(RequestTimeout(f"call did not finish within {limit} s"))
+            heapq.heappop(heap)
+
     def _lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionResetError("closed by the pserver"))
 
@@ -143,6 +190,10 @@ class Link:
         self.closed = True
         self.close_reason = reason
         self._writable.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._deadlines.clear()
         for future in self.waiters.values():
             if not future.done():
                 err = ConnectionLost(f"connection to pserver {self.address} lost: {reason}")

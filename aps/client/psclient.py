@@ -209,7 +209,9 @@ class PSClient:
             )
         return link
 
-    async def _call(self, k: int, msg: wire.Message, flags: int = 0, lane: int = 0) -> wire.Message:
+    async def _call(
+        self, k: int, msg: wire.Message, flags: int = 0, lane: int = 0, deadline: float | None = None, limit: float = 0.0
+    ) -> wire.Message:
         """One request to server k (on its port ``lane``), retried on lost connections and
         retriable server errors.
 
@@ -217,6 +219,10 @@ class PSClient:
         with backoff) until ``deadline`` seconds after the first failure; other retriable
         refusals at most ``retries`` times. The request id stays the same across attempts, so
         the server drops a replayed push it has already applied and answers with the first reply.
+
+        ``deadline`` (loop time; ``limit`` the seconds it stands for): the whole call, retries
+        included, fails with :class:`RequestTimeout` once it passes. The link watches it, so a
+        one-request call needs no timeout context of its own (see :meth:`_deadline`).
         """
         if self._closed:
             raise ConfigError("this client is closed")
@@ -228,8 +234,8 @@ class PSClient:
             try:
                 link = self._links[k * self.ports.lanes + lane]
                 if link is None or link.closed:
-                    link = await self._link(k, lane)
-                return await link.request(msg, request_id, flags)
+                    link = await self._connect_by(k, lane, deadline, limit)
+                return await link.request(msg, request_id, flags, deadline, limit)
             except ConnectionLost as exc:
                 if isinstance(exc.__cause__, _ssl.SSLCertVerificationError):
                     raise  # an untrusted certificate stays untrusted: no retry
@@ -243,6 +249,8 @@ class PSClient:
                         raise
                 error = exc
             now = loop.time()
+            if deadline is not None and now >= deadline:
+                raise RequestTimeout(f"call did not finish within {limit} s (last failure: {error})") from error
             first_failure = now if first_failure is None else first_failure
             waited = now - first_failure
             if waited >= self.deadline:
@@ -252,8 +260,26 @@ class PSClient:
                     f"pserver {lane_address(self.addresses[k], lane)} still unreachable {waited:.1f} s after the connection was lost "
                     f"(rpc deadline {self.deadline:g} s): {error}"
                 ) from (error.__cause__ or error)
-            await asyncio.sleep(min(self.backoff * 2**attempt, _MAX_BACKOFF, self.deadline - waited))
+            pause = min(self.backoff * 2**attempt, _MAX_BACKOFF, self.deadline - waited)
+            await asyncio.sleep(pause if deadline is None else min(pause, deadline - now))
             attempt += 1
+
+    async def _connect_by(self, k: int, lane: int, deadline: float | None, limit: float) -> Link:
+        """The link to server k's port ``lane``, (re)connecting if needed before ``deadline``."""
+        if deadline is None:
+            return await self._link(k, lane)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._link(k, lane)
+        except TimeoutError:
+            raise RequestTimeout(f"call did not finish within {limit} s (connecting to server {k})") from None
+
+    def _deadline(self, timeout: float | None | bool) -> tuple[float | None, float]:
+        """The loop time a call given ``timeout`` must end by (None: no limit), and the limit."""
+        limit = self.timeout if timeout is True else timeout
+        if limit is None or limit is False:
+            return None, 0.0
+        return asyncio.get_running_loop().time() + float(limit), float(limit)
 
     async def _budget(self, work: Awaitable[T], timeout: float | None | bool = True) -> T:
         """Run ``work`` under one timeout budget (the client's default unless given)."""
@@ -349,8 +375,20 @@ class PSClient:
 
     async def pull_sparse(self, table: str, ids: Any, timeout: float | None | bool = True) -> np.ndarray:
         """Rows for ``ids`` as float32 [len(ids), dim], in the caller's order (repeats allowed)."""
-        spec = await self._sparse_spec(table)
+        spec = self._specs.get(table)
+        if not isinstance(spec, SparseTable):
+            spec = await self._sparse_spec(table)
         ids = self._ids(spec, ids)
+        if self.num_servers == 1 and 0 < len(ids) * (spec.dim * 4 + 8) <= self._frame_budget():
+            # one request to one server (the small, online-serving case): no grouping, no
+            # gather, and the deadline is watched by the link instead of a timeout context
+            deadline, limit = self._deadline(timeout)
+            reply = await self._call(
+                0, wire.PullSparse(table=spec.name, ids=ids), lane=self.ports.sparse_lane(0), deadline=deadline, limit=limit
+            )
+            assert isinstance(reply, wire.ArrayReply)
+            self._versions[(0, spec.name, -1)] = reply.version
+            return reply.values
         return await self._budget(self._pull_sparse(spec, ids), timeout)
 
     async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import LocalProtocolError, RemoteProtocolError
-from .codec import PayloadReader, PayloadWriter
+from .codec import FieldPlan, PayloadReader, PayloadWriter
 from .frame import DEFAULT_MAX_FRAME, HEADER_SIZE, Flag, Frame, encode_header
 
 _EMPTY_F32 = np.zeros((0, 0), dtype=np.float32)
@@ -307,21 +307,41 @@ _REPLY_CLASSES = (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierRe
 _REPLY_BIT = int(Flag.REPLY)  # a plain int: IntFlag arithmetic costs a microsecond a time
 
 
+#: reply classes whose opcode is a field of the message (they answer several requests)
+_OP_IN_MESSAGE = frozenset((Ok, TextReply, ArrayReply))
+_REPLY_SET = frozenset(_REPLY_CLASSES)
+_ERROR_OP = int(Op.ERROR)
+#: each message class's compiled fields, built on first use
+_PLANS: dict[type[Message], FieldPlan] = {}
+
+
 def message_op(msg: Message) -> int:
     op = getattr(msg, "op", None)
     return int(op) if op else int(msg.OP)
 
 
+def _plan(cls: type[Message]) -> FieldPlan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = FieldPlan(cls.FIELDS)
+    return plan
+
+
 def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAULT_MAX_FRAME) -> list[Any]:
     """Encode a message into a list of buffers (header first) ready for ``writelines``."""
+    cls = type(msg)
     writer = PayloadWriter()
-    for name, kind in msg.FIELDS:
-        writer.write(kind, getattr(msg, name))
+    _plan(cls).write(writer, msg)
     parts = writer.finish()
-    if isinstance(msg, _REPLY_CLASSES):
+    if cls in _OP_IN_MESSAGE:
+        op = message_op(msg)
         flags = int(flags) | _REPLY_BIT
-    header = encode_header(message_op(msg), flags, request_id, writer.size, max_frame)
-    if parts and isinstance(parts[0], bytes):
+    else:
+        op = int(cls.OP)
+        if cls in _REPLY_SET:
+            flags = int(flags) | _REPLY_BIT
+    header = encode_header(op, flags, request_id, writer.size, max_frame)
+    if parts and type(parts[0]) is bytes:
         parts[0] = header + parts[0]
     else:
         parts.insert(0, header)
@@ -336,27 +356,23 @@ def encode_bytes(msg: Message, request_id: int, flags: int = 0, max_frame: int =
 def payload_size(msg: Message) -> int:
     """Encoded payload size without building it (used to plan chunking)."""
     writer = PayloadWriter()
-    for name, kind in msg.FIELDS:
-        writer.write(kind, getattr(msg, name))
+    _plan(type(msg)).write(writer, msg)
     return writer.size
 
 
 def decode(frame: Frame) -> Message:
     """Turn a frame into a message; raises RemoteProtocolError on an unknown op or bad payload."""
-    is_reply = bool(frame.flags & Flag.REPLY)
-    if frame.opcode == Op.ERROR:
+    opcode = frame.opcode
+    if opcode == _ERROR_OP:
         cls: type[Message] = Error
     else:
-        table = REPLIES if is_reply else REQUESTS
-        found = table.get(frame.opcode)
+        found = (REPLIES if frame.flags & _REPLY_BIT else REQUESTS).get(opcode)
         if found is None:
-            raise RemoteProtocolError(f"unknown opcode {frame.opcode}")
+            raise RemoteProtocolError(f"unknown opcode {opcode}")
         cls = found
-    reader = PayloadReader(frame.payload)
-    values = {name: reader.read(kind) for name, kind in cls.FIELDS}
-    reader.done()
-    if cls in (Ok, TextReply, ArrayReply):
-        values["op"] = frame.opcode
+    values = _plan(cls).read(PayloadReader(frame.payload))
+    if cls in _OP_IN_MESSAGE:
+        values["op"] = opcode
     return cls(**values)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -401,6 +402,63 @@ async def test_silent_server_times_out_instead_of_hanging() -> None:
         for w in held:
             w.close()
         silent.close()
+
+
+async def test_small_pull_deadlines_fail_in_their_order_and_the_link_stays_usable() -> None:
+    """A one-request pull's deadline is watched by its link (one timer for all): a shorter one
+    registered after a longer one still fails first, a late reply is dropped, and the same
+    connection keeps serving."""
+    from aps.specs import spec_to_dict
+
+    held: list[asyncio.StreamWriter] = []
+    late: list[tuple[int, wire.Message]] = []
+
+    async def answer_some(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            decoder.receive_data(data)
+            while (frame := decoder.next_frame()) is not None:
+                msg = wire.decode(frame)
+                reply: wire.Message | None = None
+                if isinstance(msg, wire.Hello):
+                    reply = wire.HelloReply(server_index=0, num_servers=1, max_frame=1 << 20, nonce=bytes(16))
+                elif isinstance(msg, wire.TableInfo):
+                    reply = wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(spec_to_dict(SPARSE)).encode())
+                elif isinstance(msg, wire.PullSparse):
+                    rows = np.full((len(msg.ids), SPARSE.dim), float(msg.ids[0]), dtype=np.float32)
+                    reply = wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=rows, version=int(msg.ids[0]))
+                    if msg.ids[0] != 1:  # answered only after the test has seen the timeouts
+                        late.append((frame.request_id, reply))
+                        reply = None
+                if reply is not None:
+                    writer.write(wire.encode_bytes(reply, frame.request_id))
+
+    server = await asyncio.start_server(answer_some, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with aps.connect([address], timeout=5, **FAST) as ps:
+            assert (await ps.pull_sparse("emb", [1]))[0, 0] == 1.0
+            link = ps._links[0]
+            started = time.monotonic()
+            slow = asyncio.ensure_future(ps.pull_sparse("emb", [7], timeout=1.0))
+            await asyncio.sleep(0)
+            with pytest.raises(aps.RequestTimeout, match="0.3 s"):
+                await ps.pull_sparse("emb", [0], timeout=0.3)
+            first = time.monotonic() - started
+            assert 0.25 < first < 0.9 and not slow.done()
+            with pytest.raises(aps.RequestTimeout, match="1.0 s"):
+                await slow
+            assert 0.9 < time.monotonic() - started < 2.5
+            for request_id, reply in late:  # the replies nobody waits for any more
+                held[0].write(wire.encode_bytes(reply, request_id))
+            rows = await ps.pull_sparse("emb", [1, 1])
+            assert rows.shape == (2, SPARSE.dim) and np.all(rows == 1.0)
+            assert ps._links[0] is link and not link.closed and not link.waiters
+    finally:
+        for w in held:
+            w.close()
+        server.close()
 
 
 async def test_barrier_releases_both_clients() -> None:
