@@ -5,7 +5,10 @@ Labels follow y = b* + sum(w*[f]) exactly, so a trained model can be checked aga
 optimum. Then train it on a local cluster:
 
     python examples/linreg/make_data.py data/linreg
-    aps-local 1x2 --mode async -- --model examples/linreg/model.py:LinReg --data data/linreg --epochs 3
+    PYTHONPATH=. aps-local 1x2 --mode async -- --model examples.linreg.model:LinReg --data data/linreg --epochs 3
+
+(from the repository root; the tests load the model by that module name too, and numba's cache of
+its compiled kernels must see one name per file).
 """
 
 from __future__ import annotations

@@ -96,11 +96,13 @@ def test_a_process_that_asked_to_die_with_its_parent_does_when_the_parent_is_sig
 
 
 def test_launch_trains_a_user_model_and_returns_each_roles_result(tmp_path: Path) -> None:
+    # the model by its module name, as every test loads it: numba's on-disk cache of its kernels
+    # remembers the module name it was compiled under, so one file must not be loaded under two
     make_data(tmp_path / "data", files=2, lines_per_file=300)
     result = aps.launch(
-        1, 2, ["--model", f"{ROOT}/examples/linreg/model.py:LinReg", "--data", str(tmp_path / "data"), "--workers", "1",
+        1, 2, ["--model", "examples.linreg.model:LinReg", "--data", str(tmp_path / "data"), "--workers", "1",
                "--epochs", "2", "--save-dir", str(tmp_path / "model")],
-        mode="async", log_dir=tmp_path / "logs", cwd=tmp_path,
+        mode="async", log_dir=tmp_path / "logs", cwd=tmp_path, env=ENV,
     )
     assert result.code == 0 and result.ok and result.failed == [] and result.reason == ""
     assert [(r.name, r.returncode, r.state, r.failure) for r in result.roles] == [
