@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import ConfigError, ConnectionLost, ErrorCode, RequestTimeout, ServerError
-from ..sharding import DenseBlock, dense_blocks, first_bad_id, split_ids
+from ..sharding import DenseBlock, dense_blocks, first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
 from .lanes import PortPlan, lane_address
@@ -392,7 +392,7 @@ class PSClient:
         return await self._budget(self._pull_sparse(spec, ids), timeout)
 
     async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
-        order, grouped, slices = split_ids(ids, self.num_servers)
+        order, slices = _group_by_server(ids, self.num_servers)
         calls, targets, servers = [], [], []
         for k, part in enumerate(slices):
             shard_ids = ids[order[part]] if self.num_servers > 1 else ids
@@ -422,7 +422,7 @@ class PSClient:
             # it will be chunked: a repeated id must still get one optimizer update with the summed
             # gradient, not one per chunk (which differs for Adagrad / Adam)
             ids, values = _sum_duplicates(ids, values)
-        order, _, slices = split_ids(ids, self.num_servers)
+        order, slices = _group_by_server(ids, self.num_servers)
         calls = []
         for k, part in enumerate(slices):
             rows = order[part] if self.num_servers > 1 else slice(None)
@@ -589,6 +589,19 @@ class PSClient:
         if tid < 0:
             raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
         await self._budget(self._gather([self._call(k, wire.WorkerDone(trainer_id=tid)) for k in range(self.num_servers)]), timeout)
+
+
+def _group_by_server(ids: np.ndarray, num_servers: int) -> tuple[np.ndarray, list[slice]]:
+    """``ids[order]`` grouped by owning server, ``slices[k]`` selecting server k's part.
+
+    The client sends global ids (each server validates and maps them to its rows once, at its
+    edge), so no local ids are computed here. With one server the order is the identity."""
+    if num_servers == 1:
+        return np.arange(len(ids), dtype=np.int64), [slice(0, len(ids))]
+    owner = ids % num_servers
+    order = np.argsort(owner, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=num_servers))))
+    return order, [slice(int(bounds[k]), int(bounds[k + 1])) for k in range(num_servers)]
 
 
 def _sum_duplicates(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

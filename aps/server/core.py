@@ -308,7 +308,10 @@ class ServerCore(CheckpointHandlers):
         return shard
 
     def _local_ids(self, shard: SparseShard, ids: np.ndarray) -> np.ndarray:
-        """Global ids -> this server's local rows, refusing ids that are not ours or out of range."""
+        """Global ids -> this server's local rows, refusing ids that are not ours or out of range.
+
+        The one validation of a request's ids (the server edge): the shard is told they are
+        checked and does not look at them again."""
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         n, k = self.config.num_servers, self.config.server_index
@@ -337,7 +340,7 @@ class ServerCore(CheckpointHandlers):
         if msg.ids.ndim == 1:  # else _local_ids refuses it
             n, dim = len(msg.ids), shard.spec.dim
             self._reply_fits(_array_bytes(0, (n, dim), 4), msg.table, f"{n} rows of {dim} float32")
-        values = shard.pull(self._local_ids(shard, msg.ids))
+        values = shard.pull(self._local_ids(shard, msg.ids), checked=True)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
     def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
@@ -350,7 +353,7 @@ class ServerCore(CheckpointHandlers):
 
             def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
                 assert ids is not None
-                shard.push_grad(ids, values, scale=scale, advance_step=True, client=None)
+                shard.push_grad(ids, values, scale=scale, advance_step=True, client=None, checked=True)
                 self.versions.applied(shard.spec.name)
 
             # the future itself is the reply (and what the replay cache keeps), so a withdrawn
@@ -360,7 +363,7 @@ class ServerCore(CheckpointHandlers):
             )
         if self.versions.lagged(msg.table, SPARSE, msg.based_on):
             return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old
-        shard.push_grad(local, msg.values, advance_step=final, client=client_id)
+        shard.push_grad(local, msg.values, advance_step=final, client=client_id, checked=True)
         if final:
             self.versions.applied(msg.table)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
@@ -369,7 +372,7 @@ class ServerCore(CheckpointHandlers):
         shard = self._sparse(msg.table)
         local = self._local_ids(shard, msg.ids)
         self._check_rows(shard, msg.ids, msg.values)
-        shard.push_delta(local, msg.values, client=client_id)
+        shard.push_delta(local, msg.values, client=client_id, checked=True)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
 
     def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:

@@ -123,9 +123,12 @@ class SparseShard:
 
     # ------------------------------------------------------------ data path
 
-    def pull(self, local_ids: np.ndarray) -> np.ndarray:
-        """A copy of the rows ``local_ids``, float32[n, dim]."""
-        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+    def pull(self, local_ids: np.ndarray, *, checked: bool = False) -> np.ndarray:
+        """A copy of the rows ``local_ids``, float32[n, dim].
+
+        ``checked``: the ids were validated at the server edge (ServerCore, one compiled pass
+        over the global ids) and are a contiguous int64[n] in range; they are not checked again."""
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
         return np.take(self.values, ids, axis=0)
 
     def push_grad(
@@ -136,13 +139,14 @@ class SparseShard:
         scale: float = 1.0,
         advance_step: bool = True,
         client: int | None = None,
+        checked: bool = False,
     ) -> None:
         """Apply the table's optimizer to ``grads * scale`` (duplicate ids summed first).
 
         ``advance_step=False`` lets a client split one logical push into chunks that all use the
-        same learning rate; the last chunk advances the step.
+        same learning rate; the last chunk advances the step. ``checked``: as for :meth:`pull`.
         """
-        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
         g = _check_values(self.name, grads, (ids.shape[0], self.spec.dim), "grads")
         scale = _check_scale(self.name, scale)
         optim.apply_sparse(self.spec.optimizer, self.values, self.state, ids, g, scale, self.step)
@@ -150,9 +154,12 @@ class SparseShard:
             self.step += 1
         self._mark(ids, client)
 
-    def push_delta(self, local_ids: np.ndarray, deltas: np.ndarray, *, client: int | None = None) -> None:
-        """``param += delta`` per row, duplicates summed; no optimizer, no step (GEO mode)."""
-        ids = _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+    def push_delta(
+        self, local_ids: np.ndarray, deltas: np.ndarray, *, client: int | None = None, checked: bool = False
+    ) -> None:
+        """``param += delta`` per row, duplicates summed; no optimizer, no step (GEO mode);
+        ``checked``: as for :meth:`pull`."""
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
         d = _check_values(self.name, deltas, (ids.shape[0], self.spec.dim), "deltas")
         optim.add_rows(self.values, ids, d)
         self._mark(ids, client)
