@@ -1,0 +1,278 @@
+"""aps-ray: run N pservers and M trainers on a Ray cluster, each role a Ray actor placed by Ray.
+
+Ray decides where every role runs (pservers spread over the nodes); each pserver listens on its
+node's address and a free port and hands ``host:port`` back through Ray, and the trainers are
+started with that list, so no port list is written anywhere. The driver supervises like
+aps-local: one failed role (a non-zero exit, a pserver gone before the trainers are done, an
+actor or node lost) stops every other role and fails the job with that role's log tail; the
+summary names each role's node, exit and time. Ray is an optional dependency (``aps[ray]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..cluster import ENV_NAMES
+from ..launcher import given_metrics
+from ..launcher_roles import describe_exit
+from .local import parse_layout, trainer_args_problem
+from .ray_roles import RoleProcess
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 124, 130
+#: pservers exit by themselves once every trainer sent worker_done; this long after, they failed
+PSERVER_EXIT_GRACE = 60.0
+#: flags aps-ray sets for each trainer itself, from what Ray tells it
+OWN_TRAINER_FLAGS = ("--pservers", "--trainers", "--trainer-id")
+
+DESCRIPTION = """\
+Run N aps pservers and M aps trainers as Ray actors, placed by Ray on the cluster's nodes.
+Each pserver binds its node's address on a free port and reports host:port through Ray; the
+trainers get that list (--pservers, --trainers, --trainer-id are set by aps-ray). Trainer
+options follow `--`. Logs: LOG_DIR/pserver.K.log and LOG_DIR/trainer.K.log on the node that ran
+the role (the failed role's tail is printed here). APS_TOKEN, when set, is handed to every role
+through Ray (not on a command line).
+
+exit status: 0 every role exited 0; 1 a role failed or was lost; 2 usage error; 124 --timeout
+expired; 130 interrupted.
+"""
+
+EPILOG = """\
+examples:
+  aps-ray 2x2 -- --model word2vec --data /shared/data/word2vec/train --mode geo --epochs 1
+  aps-ray 1x4 --address ray://head:10001 --trainer-cpus 8 -- --model ctr_dnn --data /shared/ctr --workers 8
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aps-ray", description=DESCRIPTION, epilog=EPILOG,
+                                usage="aps-ray NxM [options] -- trainer options",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("layout", type=parse_layout, metavar="NxM", help="N pservers and M trainers, e.g. 2x2")
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local Ray)")
+    p.add_argument("--log-dir", default="log", help="role logs, on each role's node (default log)")
+    p.add_argument("--workdir", default=str(Path.cwd()), help="working directory of every role; must exist on "
+                   "every node (default: this directory)")
+    p.add_argument("--server-args", default="", help="extra aps-server flags, one quoted string")
+    p.add_argument("--pserver-cpus", type=float, default=1.0, help="CPUs Ray reserves per pserver (default 1)")
+    p.add_argument("--trainer-cpus", type=float, default=1.0, help="CPUs Ray reserves per trainer (default 1)")
+    p.add_argument("--timeout", type=float, help="stop every role and exit 124 after SECONDS")
+    p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """aps-ray's options and the trainer options after ``--``; usage errors exit 2."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = build_parser()
+    opts = parser.parse_args(argv[:cut])
+    trainer_args = argv[cut + 1:]
+    if not trainer_args:
+        parser.error("trainer options go after -- (at least --model and --data)")
+    given = [f for f in OWN_TRAINER_FLAGS if any(a == f or a.startswith(f + "=") for a in trainer_args)]
+    if given:
+        parser.error(f"{given[0]} is set by aps-ray from what Ray reports; leave it out")
+    if problem := trainer_args_problem(trainer_args):
+        parser.error(f"trainer options: {problem} (see aps-trainer --help)")
+    if min(opts.pserver_cpus, opts.trainer_cpus) <= 0 or (opts.timeout is not None and opts.timeout <= 0):
+        parser.error("--pserver-cpus, --trainer-cpus and --timeout must be > 0")
+    opts.server_argv = shlex.split(opts.server_args)
+    return opts, trainer_args
+
+
+@dataclass
+class Member:
+    """One role as the driver sees it: its actor and what became of it."""
+
+    name: str
+    kind: str
+    index: int
+    actor: Any
+    node: str = "?"
+    code: int | None = None
+    failure: str | None = None
+    seconds: float = 0.0
+    record: dict[str, Any] | None = None
+    stopped: bool = False  # stopped by aps-ray because another role failed (or a timeout)
+
+
+@dataclass
+class RayJob:
+    """N pservers and M trainers as Ray actors, supervised from the driver."""
+
+    ray: Any  # the ray module, imported by main() (an optional dependency)
+    opts: argparse.Namespace
+    trainer_args: list[str]
+    out: Any = field(default_factory=lambda: sys.stdout)  # looked up when made, not at import
+    servers: list[Member] = field(default_factory=list)
+    trainers: list[Member] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    def say(self, text: str) -> None:
+        print(f"aps-ray: {text}", file=self.out, flush=True)
+
+    def _actor(self, name: str, cpus: float, spread: bool) -> Any:
+        env = {name: os.environ[name] for name in ENV_NAMES["token"] if os.environ.get(name)}
+        options: dict[str, Any] = {"num_cpus": cpus, "max_restarts": 0}
+        if spread:
+            options["scheduling_strategy"] = "SPREAD"
+        log_dir = str(Path(self.opts.workdir, self.opts.log_dir))
+        return self.ray.remote(RoleProcess).options(**options).remote(name, log_dir, self.opts.workdir, env)
+
+    def start(self) -> list[str]:
+        """Start the pservers, collect their endpoints through Ray, start the trainers with them."""
+        n, m = self.opts.layout
+        for k in range(n):
+            self.servers.append(Member(f"pserver.{k}", "pserver", k, self._actor(f"pserver.{k}", self.opts.pserver_cpus, True)))
+        server_args = [*self.opts.server_argv, "--servers", str(n), "--trainers", str(m)]
+        refs = [s.actor.start_server.remote([*server_args, "--index", str(s.index)]) for s in self.servers]
+        addresses = [str(a) for a in self.ray.get(refs)]
+        for s, address in zip(self.servers, addresses):
+            s.node = address.rpartition(":")[0]
+        pservers = ",".join(addresses)
+        self.say(f"pservers listening: {pservers}")
+        for k in range(m):
+            self.trainers.append(Member(f"trainer.{k}", "trainer", k, self._actor(f"trainer.{k}", self.opts.trainer_cpus, False)))
+        own_metrics = given_metrics(self.trainer_args) is None
+        refs = []
+        for t in self.trainers:
+            extra = ["--metrics", self._metrics_path(t)] if own_metrics else []
+            refs.append(t.actor.start_trainer.remote([*self.trainer_args, *extra, "--pservers", pservers, "--trainers",
+                                                     str(m), "--trainer-id", str(t.index)]))
+        self.ray.get(refs)
+        for t, host in zip(self.trainers, self.ray.get([t.actor.host.remote() for t in self.trainers])):
+            t.node = str(host)
+        self.say(f"trainers started on {', '.join(t.node for t in self.trainers)}")
+        return addresses
+
+    def _metrics_path(self, trainer: Member) -> str:
+        """Where a trainer writes its metrics unless the trainer options name a file."""
+        return str(Path(self.opts.log_dir, f"{trainer.name}.metrics.jsonl"))
+
+    def _poll(self, member: Member) -> None:
+        if member.code is not None or member.failure is not None:
+            return
+        try:
+            member.code = self.ray.get(member.actor.poll.remote(), timeout=60)
+        except self.ray.exceptions.RayActorError as exc:
+            member.failure = f"its Ray actor was lost ({type(exc).__name__}: the node or the actor process died)"
+            return
+        if member.code is not None and member.code != 0:
+            member.failure = describe_exit(member.code)
+
+    def supervise(self) -> int:
+        """Wait for every trainer, then every pserver; stop all at the first failure."""
+        deadline = None if self.opts.timeout is None else time.monotonic() + self.opts.timeout
+        done_at: float | None = None
+        while True:
+            for member in self.servers + self.trainers:
+                self._poll(member)
+            trainers_done = all(t.code == 0 for t in self.trainers)
+            if trainers_done and done_at is None:
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at > PSERVER_EXIT_GRACE:
+                for s in self.servers:
+                    if s.code is None:
+                        s.failure = f"still running {PSERVER_EXIT_GRACE:g} s after every trainer was done"
+            for s in self.servers:
+                if s.code == 0 and not trainers_done and s.failure is None:
+                    s.failure = "exited before the trainers were done"
+            failed = [m for m in self.trainers + self.servers if m.failure is not None]
+            if failed:
+                self.stop(f"{failed[0].name} failed: {failed[0].failure}", failed[0])
+                return EXIT_FAILED
+            if trainers_done and all(s.code == 0 for s in self.servers):
+                return EXIT_OK
+            if deadline is not None and time.monotonic() > deadline:
+                self.stop(f"--timeout {self.opts.timeout:g} s expired", None)
+                return EXIT_TIMEOUT
+            time.sleep(self.opts.poll)
+
+    def stop(self, reason: str, culprit: Member | None) -> None:
+        """Say why, show the culprit's log tail, and stop every role still running."""
+        self.say(f"{reason}; stopping every role")
+        if culprit is not None:
+            try:
+                tail = self.ray.get(culprit.actor.tail_text.remote(), timeout=30)
+            except self.ray.exceptions.RayError:
+                tail = f"(its log {self.opts.log_dir}/{culprit.name}.log is on {culprit.node}, which Ray cannot reach)"
+            print(f"--- last lines of {culprit.name} ({culprit.node}) ---\n{tail}", file=self.out, flush=True)
+        self.stop_all()
+
+    def stop_all(self) -> None:
+        """Stop every role still running (SIGTERM, then SIGKILL) and record how each ended."""
+        running = [m for m in self.servers + self.trainers if m.code is None and m.failure is None]
+        for member in running:
+            member.stopped = True
+        refs = [m.actor.stop.remote() for m in running]
+        for member, ref in zip(running, refs):
+            try:
+                member.code = self.ray.get(ref, timeout=60)
+            except self.ray.exceptions.RayError:
+                member.failure = "lost while being stopped"  # its child died with its actor
+
+    def finish(self) -> None:
+        """Collect times and last epochs for the summary, then end every actor."""
+        for member in self.servers + self.trainers:
+            try:
+                member.seconds = self.ray.get(member.actor.seconds.remote(), timeout=30)
+                if member.kind == "trainer":
+                    path = given_metrics(self.trainer_args) or self._metrics_path(member)
+                    member.record = self.ray.get(member.actor.last_epoch.remote(path, member.index, self.started), timeout=30)
+            except self.ray.exceptions.RayError:
+                pass  # lost: its failure already says so
+            self.ray.kill(member.actor)
+
+    def summary(self) -> None:
+        print(f"{'role':<11} {'node':<16} {'result':<22} {'seconds':>8}  last epoch", file=self.out)
+        for m in self.servers + self.trainers:
+            result = m.failure or ("not started" if m.code is None else describe_exit(m.code))
+            if m.stopped and not m.failure:
+                result = f"stopped ({result})"
+            epoch = "" if not m.record else f"epoch {m.record.get('epoch')} loss {m.record.get('loss', float('nan')):.4f}"
+            print(f"{m.name:<11} {m.node:<16} {result:<22} {m.seconds:8.1f}  {epoch}", file=self.out)
+        self.out.flush()
+
+    def run(self) -> int:
+        code = EXIT_FAILED
+        try:
+            self.start()
+            code = self.supervise()
+        except KeyboardInterrupt:
+            self.say("interrupted; stopping every role")
+            self.stop_all()
+            code = EXIT_INTERRUPTED
+        except self.ray.exceptions.RayTaskError as exc:  # a role failed to start: its ApsError, with its log
+            self.say(f"a role failed to start: {exc.cause if getattr(exc, 'cause', None) else exc}")
+            self.stop_all()
+        finally:
+            self.finish()
+        self.summary()
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import ray
+    except ImportError:
+        print("aps-ray: error: Ray is not installed: pip install 'aps[ray]'", file=sys.stderr)
+        return EXIT_USAGE
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address=opts.address, log_to_driver=False)
+    try:
+        return RayJob(ray, opts, trainer_args).run()
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

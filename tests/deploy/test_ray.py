@@ -1,0 +1,106 @@
+"""aps-ray on a local Ray started by the test (ray.init(num_cpus=2)): pservers and trainers as
+Ray actors, endpoints exchanged through Ray, linreg trained to a stated loss; and a pserver
+SIGKILLed mid-run failing the job loudly, with every other role stopped."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aps.cli.ray_launch import RayJob, main, parse_args
+from examples.linreg.model import make_data
+from tests.conftest import ROOT
+
+ray = pytest.importorskip("ray", reason="Ray is the optional extra aps[ray]: pip install -e '.[ray]'")
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _args(tmp_path: Path, *trainer: str) -> list[str]:
+    make_data(tmp_path / "data", files=4, lines_per_file=1000)
+    return ["2x2", "--workdir", str(ROOT), "--log-dir", str(tmp_path / "log"), "--pserver-cpus", "0.5",
+            "--trainer-cpus", "0.5", "--timeout", "180", "--",
+            "--model", "examples.linreg.model:LinReg", "--model-arg", "lr=0.2", "--mode", "async", "--workers", "1",
+            "--data", str(tmp_path / "data"), "--no-save", *trainer]
+
+
+def test_two_by_two_trains_through_ray(local_ray: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_args(tmp_path, "--epochs", "6")) == 0
+    out = capsys.readouterr().out
+    listed = re.search(r"pservers listening: (\S+)", out)
+    assert listed, out
+    addresses = listed[1].split(",")
+    node = ray.util.get_node_ip_address()
+    assert [a.rpartition(":")[0] for a in addresses] == [node, node]  # the node's address, from Ray
+    assert len({a.rpartition(":")[2] for a in addresses}) == 2
+    for name in ("pserver.0", "pserver.1", "trainer.0", "trainer.1"):
+        assert re.search(rf"^{name}\s+\S+\s+exit 0\s", out, re.M), out
+    for k in range(2):
+        records = [json.loads(line) for line in (tmp_path / "log" / f"trainer.{k}.metrics.jsonl").read_text().splitlines()]
+        epochs = [r for r in records if r["event"] == "epoch"]
+        assert [r["epoch"] for r in epochs] == list(range(6))
+        first, last = epochs[0]["loss"], epochs[-1]["loss"]
+        print(f"trainer {k}: loss {first:.4f} -> {last:.4f}")
+        assert last < 0.05 and last < 0.25 * first, (first, last)
+        assert f"epoch 5 loss {last:.4f}" in out
+    assert "pserver listening" in (tmp_path / "log" / "pserver.1.log").read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_path: Path) -> None:
+    opts, trainer_args = parse_args(_args(tmp_path, "--epochs", "200"))
+    out = io.StringIO()
+    job = RayJob(ray, opts, trainer_args, out=out)
+    try:
+        job.start()
+        trainer_pids = ray.get([t.actor.pid.remote() for t in job.trainers])
+        os.kill(ray.get(job.servers[1].actor.pid.remote()), signal.SIGKILL)
+        started = time.monotonic()
+        assert job.supervise() == 1
+        assert time.monotonic() - started < 30
+    finally:
+        job.finish()
+    text = out.getvalue()
+    assert "pserver.1 failed: killed by SIGKILL; stopping every role" in text, text
+    assert "--- last lines of pserver.1" in text and "pserver listening" in text
+    deadline = time.monotonic() + 20
+    while any(map(_alive, trainer_pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, trainer_pids)), "a trainer outlived the failed job"
+    assert all(m.stopped and m.code is not None for m in [job.servers[0], *job.trainers])
+    assert job.servers[1].failure == "killed by SIGKILL" and not job.servers[1].stopped
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in ((["2x2"], "trainer options go after --"),
+                          (["2x2", "--", "--model", "x", "--data", "d", "--trainer-id", "1"], "--trainer-id is set by aps-ray"),
+                          (["0x2", "--", "--model", "x", "--data", "d"], "layout must be NxM"),
+                          (["1x1", "--", "--data", "d"], "--model")):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(argv)
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err
