@@ -19,6 +19,7 @@ import pytest
 from aps.cli.ray_launch import RayJob, main, parse_args
 from examples.linreg.model import make_data
 from tests.conftest import ROOT
+from tests.e2e.test_local_launcher import alive
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra aps[ray]: pip install -e '.[ray]'")
 pytestmark = pytest.mark.timeout(240)
@@ -63,14 +64,6 @@ def test_two_by_two_trains_through_ray(local_ray: Any, tmp_path: Path, capsys: p
     assert "pserver listening" in (tmp_path / "log" / "pserver.1.log").read_text()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_path: Path) -> None:
     opts, trainer_args = parse_args(_args(tmp_path, "--epochs", "200"))
     out = io.StringIO()
@@ -88,9 +81,9 @@ def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_p
     assert "pserver.1 failed: killed by SIGKILL; stopping every role" in text, text
     assert "--- last lines of pserver.1" in text and "pserver listening" in text
     deadline = time.monotonic() + 20
-    while any(map(_alive, trainer_pids)) and time.monotonic() < deadline:
+    while any(map(alive, trainer_pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(map(_alive, trainer_pids)), "a trainer outlived the failed job"
+    assert not any(map(alive, trainer_pids)), "a trainer outlived the failed job"
     assert all(m.stopped and m.code is not None for m in [job.servers[0], *job.trainers])
     assert job.servers[1].failure == "killed by SIGKILL" and not job.servers[1].stopped
 
