@@ -34,6 +34,7 @@ from ..errors import ConfigError, ConnectionLost, ErrorCode, RequestTimeout, Ser
 from ..sharding import DenseBlock, dense_blocks, first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
+from .coalesce import PullCoalescer
 from .lanes import PortPlan, lane_address
 from .link import Link
 
@@ -100,6 +101,8 @@ class PSClient:
         self._versions: dict[tuple[int, str, int], int] = {}
         self._next_request = 1
         self._specs: dict[str, TableSpec] = {}
+        #: per sparse table, the small pulls in flight and those queued behind them
+        self._coalescers: dict[str, PullCoalescer] = {}
         self._closed = False
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -379,17 +382,28 @@ class PSClient:
         if not isinstance(spec, SparseTable):
             spec = await self._sparse_spec(table)
         ids = self._ids(spec, ids)
-        if self.num_servers == 1 and 0 < len(ids) * (spec.dim * 4 + 8) <= self._frame_budget():
-            # one request to one server (the small, online-serving case): no grouping, no
-            # gather, and the deadline is watched by the link instead of a timeout context
-            deadline, limit = self._deadline(timeout)
-            reply = await self._call(
-                0, wire.PullSparse(table=spec.name, ids=ids), lane=self.ports.sparse_lane(0), deadline=deadline, limit=limit
-            )
-            assert isinstance(reply, wire.ArrayReply)
-            self._versions[(0, spec.name, -1)] = reply.version
-            return reply.values
+        if self.num_servers == 1 and len(ids):
+            max_rows = self._frame_budget() // (spec.dim * 4 + 8)
+            if len(ids) <= max_rows:
+                # one request to one server (the small, online-serving case): no grouping, no
+                # gather, the deadline watched by the link instead of a timeout context, and
+                # pulls made while one is in flight sent together behind it (coalesce.py)
+                coalescer = self._coalescers.get(spec.name)
+                if coalescer is None or coalescer.max_rows != max_rows:
+                    coalescer = self._coalescers[spec.name] = PullCoalescer(
+                        lambda i, d, lim, s=spec: self._pull_one(s, i, d, lim), max_rows
+                    )
+                deadline, limit = self._deadline(timeout)
+                return await coalescer.pull(ids, deadline, limit)
         return await self._budget(self._pull_sparse(spec, ids), timeout)
+
+    async def _pull_one(self, spec: SparseTable, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
+        """One PULL_SPARSE to the only server (``ids`` validated, fitting one frame)."""
+        msg = wire.PullSparse(table=spec.name, ids=ids)
+        reply = await self._call(0, msg, lane=self.ports.sparse_lane(0), deadline=deadline, limit=limit)
+        assert isinstance(reply, wire.ArrayReply)
+        self._versions[(0, spec.name, -1)] = reply.version
+        return reply.values
 
     async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
         order, slices = _group_by_server(ids, self.num_servers)

@@ -404,6 +404,37 @@ async def test_silent_server_times_out_instead_of_hanging() -> None:
         silent.close()
 
 
+async def test_concurrent_small_pulls_are_coalesced_and_each_gets_its_rows() -> None:
+    async with cluster(1) as servers, aps.connect(addrs(servers), timeout=10) as ps:
+        await ps.create_table(SPARSE)
+        await ps.push_sparse_grad("emb", np.arange(50), np.ones((50, SPARSE.dim), np.float32))
+        whole = await ps.pull_sparse("emb", np.arange(1000))
+        before = servers[0].core.stats.as_dict()["ops"]["PullSparse"]["count"]
+        rng = np.random.default_rng(5)
+        asks = [rng.integers(0, 1000, int(rng.integers(1, 4))) for _ in range(64)]
+        got = await asyncio.gather(*(ps.pull_sparse("emb", ids) for ids in asks))
+        for ids, rows in zip(asks, got):
+            np.testing.assert_array_equal(rows, whole[ids])
+        sent = servers[0].core.stats.as_dict()["ops"]["PullSparse"]["count"] - before
+        assert 2 <= sent <= 4  # the first alone, the 63 queued behind it in one or a few more
+        coalescer = ps._coalescers["emb"]
+        assert coalescer.pulls - coalescer.requests >= 60 and not coalescer._busy
+
+
+async def test_a_failed_coalesced_pull_fails_each_pull_it_served() -> None:
+    async with cluster(1) as servers, aps.connect(addrs(servers), timeout=10, **FAST) as ps:
+        await ps.create_table(SPARSE)
+        first = asyncio.ensure_future(ps.pull_sparse("emb", [1]))
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(ps.pull_sparse("emb", [i])) for i in (2, 3)]
+        await asyncio.sleep(0)
+        await servers[0].aclose()  # what was queued behind the first goes to a server gone
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        assert all(isinstance(r, (np.ndarray, aps.ConnectionLost)) for r in results), results
+        assert any(isinstance(r, aps.ConnectionLost) for r in results[1:]), results
+        assert not ps._coalescers["emb"]._busy  # idle again: a later pull is sent, not queued forever
+
+
 async def test_small_pull_deadlines_fail_in_their_order_and_the_link_stays_usable() -> None:
     """A one-request pull's deadline is watched by its link (one timer for all): a shorter one
     registered after a longer one still fails first, a late reply is dropped, and the same
