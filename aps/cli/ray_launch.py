@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import ENV_NAMES
+from ..errors import ApsError
 from ..launcher import given_metrics
 from ..launcher_roles import describe_exit
 from .local import parse_layout, trainer_args_problem
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pserver-cpus", type=float, default=1.0, help="CPUs Ray reserves per pserver (default 1)")
     p.add_argument("--trainer-cpus", type=float, default=1.0, help="CPUs Ray reserves per trainer (default 1)")
     p.add_argument("--timeout", type=float, help="stop every role and exit 124 after SECONDS")
+    p.add_argument("--start-timeout", type=float, default=300.0, help="fail when Ray has not placed and started "
+                   "every role within SECONDS, e.g. for want of free CPUs (default 300)")
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
     return p
 
@@ -80,8 +83,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"{given[0]} is set by aps-ray from what Ray reports; leave it out")
     if problem := trainer_args_problem(trainer_args):
         parser.error(f"trainer options: {problem} (see aps-trainer --help)")
-    if min(opts.pserver_cpus, opts.trainer_cpus) <= 0 or (opts.timeout is not None and opts.timeout <= 0):
-        parser.error("--pserver-cpus, --trainer-cpus and --timeout must be > 0")
+    if min(opts.pserver_cpus, opts.trainer_cpus, opts.start_timeout) <= 0 or (opts.timeout is not None and opts.timeout <= 0):
+        parser.error("--pserver-cpus, --trainer-cpus, --timeout and --start-timeout must be > 0")
     opts.server_argv = shlex.split(opts.server_args)
     return opts, trainer_args
 
@@ -100,6 +103,7 @@ class Member:
     seconds: float = 0.0
     record: dict[str, Any] | None = None
     stopped: bool = False  # stopped by aps-ray because another role failed (or a timeout)
+    started: bool = False  # its process started: an actor Ray has not placed answers no call
 
 
 @dataclass
@@ -132,9 +136,9 @@ class RayJob:
             self.servers.append(Member(f"pserver.{k}", "pserver", k, self._actor(f"pserver.{k}", self.opts.pserver_cpus, True)))
         server_args = [*self.opts.server_argv, "--servers", str(n), "--trainers", str(m)]
         refs = [s.actor.start_server.remote([*server_args, "--index", str(s.index)]) for s in self.servers]
-        addresses = [str(a) for a in self.ray.get(refs)]
+        addresses = [str(a) for a in self._placed(refs, "pservers")]
         for s, address in zip(self.servers, addresses):
-            s.node = address.rpartition(":")[0]
+            s.node, s.started = address.rpartition(":")[0], True
         pservers = ",".join(addresses)
         self.say(f"pservers listening: {pservers}")
         for k in range(m):
@@ -145,11 +149,26 @@ class RayJob:
             extra = ["--metrics", self._metrics_path(t)] if own_metrics else []
             refs.append(t.actor.start_trainer.remote([*self.trainer_args, *extra, "--pservers", pservers, "--trainers",
                                                      str(m), "--trainer-id", str(t.index)]))
-        self.ray.get(refs)
+        self._placed(refs, "trainers")
+        for t in self.trainers:
+            t.started = True
         for t, host in zip(self.trainers, self.ray.get([t.actor.host.remote() for t in self.trainers])):
             t.node = str(host)
         self.say(f"trainers started on {', '.join(t.node for t in self.trainers)}")
         return addresses
+
+    def _placed(self, refs: list[Any], what: str) -> list[Any]:
+        """Results of the start calls; an ApsError when Ray has not placed and started the roles
+        within --start-timeout (an actor waits for free CPUs forever otherwise)."""
+        try:
+            return list(self.ray.get(refs, timeout=self.opts.start_timeout))
+        except self.ray.exceptions.GetTimeoutError:
+            n, m = self.opts.layout
+            wanted = n * self.opts.pserver_cpus + m * self.opts.trainer_cpus
+            have = self.ray.cluster_resources().get("CPU", 0)
+            raise ApsError(f"the {what} did not start within --start-timeout {self.opts.start_timeout:g} s: the job "
+                           f"asks Ray for {wanted:g} CPUs ({n} x --pserver-cpus {self.opts.pserver_cpus:g} + {m} x "
+                           f"--trainer-cpus {self.opts.trainer_cpus:g}) and the cluster has {have:g}") from None
 
     def _metrics_path(self, trainer: Member) -> str:
         """Where a trainer writes its metrics unless the trainer options name a file."""
@@ -207,7 +226,7 @@ class RayJob:
 
     def stop_all(self) -> None:
         """Stop every role still running (SIGTERM, then SIGKILL) and record how each ended."""
-        running = [m for m in self.servers + self.trainers if m.code is None and m.failure is None]
+        running = [m for m in self.servers + self.trainers if m.started and m.code is None and m.failure is None]
         for member in running:
             member.stopped = True
         refs = [m.actor.stop.remote() for m in running]
@@ -220,6 +239,9 @@ class RayJob:
     def finish(self) -> None:
         """Collect times and last epochs for the summary, then end every actor."""
         for member in self.servers + self.trainers:
+            if not member.started:
+                self.ray.kill(member.actor)
+                continue
             try:
                 member.seconds = self.ray.get(member.actor.seconds.remote(), timeout=30)
                 if member.kind == "trainer":
@@ -250,6 +272,9 @@ class RayJob:
             code = EXIT_INTERRUPTED
         except self.ray.exceptions.RayTaskError as exc:  # a role failed to start: its ApsError, with its log
             self.say(f"a role failed to start: {exc.cause if getattr(exc, 'cause', None) else exc}")
+            self.stop_all()
+        except ApsError as exc:
+            self.say(str(exc))
             self.stop_all()
         finally:
             self.finish()
