@@ -8,7 +8,6 @@ role, index and pserver list, and each command line parses."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
