@@ -102,10 +102,10 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_roles_ray_cannot_place_fail_with_the_cpus_asked(local_ray: Any, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     argv = _args(tmp_path, "--epochs", "1")
-    argv[argv.index("--trainer-cpus") + 1] = "2"  # 2 x 0.5 + 2 x 2 = 5 CPUs on a 2-CPU Ray
+    argv[argv.index("--pserver-cpus") + 1] = "3"  # no pserver fits a 2-CPU Ray: none is ever placed
     argv[1:1] = ["--start-timeout", "2"]
     assert main(argv) == 1
     out = capsys.readouterr().out
-    assert ("the trainers did not start within --start-timeout 2 s: the job asks Ray for 5 CPUs (2 x --pserver-cpus "
-            "0.5 + 2 x --trainer-cpus 2) and the cluster has 2") in out, out
-    assert re.search(r"^pserver.0\s+\S+\s+stopped \(exit 0\)", out, re.M), out
+    assert ("the pservers did not start within --start-timeout 2 s: the job asks Ray for 7 CPUs (2 x --pserver-cpus "
+            "3 + 2 x --trainer-cpus 0.5) and the cluster has 2") in out, out
+    assert re.search(r"^pserver.1\s+\S+\s+not started", out, re.M) and "trainer.0" not in out, out
