@@ -34,6 +34,7 @@ from typing import Any
 
 from .cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV
 from .errors import ConfigError, RequestTimeout
+from .launcher_restart import Restarts
 from .launcher_roles import Role, child_options, describe_exit, free_ports, last_lines, program
 from .launcher_run import Quiet, Reporter, Supervisor
 
@@ -164,6 +165,9 @@ class LocalCluster:
     env: Mapping[str, str] | None = None
     cwd: str | os.PathLike[str] | None = None
     label: str = "aps.launch"  # how its lines and the roles' states name it
+    restart_failed: int = 0  # restart a pserver that dies, up to this many times each (aps.launcher_restart)
+    checkpoint_every: float = 60.0  # with restart_failed: seconds between each pserver's own checkpoints
+    checkpoint_dir: str | os.PathLike[str] | None = None  # with restart_failed: where (default log_dir/checkpoints)
 
     def __post_init__(self) -> None:
         if self.servers < 1 or self.trainers < 1:
@@ -179,6 +183,10 @@ class LocalCluster:
                                   "picks the mode; give the script its own options)")
         if self.trainer_cmd is not None and not self.trainer_cmd:
             raise ConfigError("trainer_cmd is empty")
+        if self.restart_failed and self.script is not None:
+            raise ConfigError("restart_failed needs aps-server pservers: a script's pserver role takes no "
+                              "checkpoint flags")
+        self.restarts()  # its settings are checked when it is made
         for name in ("timeout", "start_timeout", "server_grace"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -196,6 +204,11 @@ class LocalCluster:
     def keep_serving(self) -> bool:
         """The pservers were told to outlive the trainers (they are stopped, not waited for)."""
         return "--no-exit-when-done" in self.server_args
+
+    def restarts(self) -> Restarts:
+        """Fresh restart rules for one run (they count the restarts they grant)."""
+        directory = self.checkpoint_dir if self.checkpoint_dir is not None else Path(self.log_dir) / "checkpoints"
+        return Restarts(self.restart_failed, self.checkpoint_every, directory, self.mode, self.servers)
 
     def _metrics_port(self, position: int) -> int | None:
         """Role ``position`` (pservers first, then trainers) serves metrics on BASE+position."""
@@ -234,7 +247,7 @@ class LocalCluster:
             else:
                 argv = [*server, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
                         "--trainers", str(self.trainers), "--port-file", str(port_file),
-                        *_metrics_port_flag(metrics_port), *self.server_args]
+                        *_metrics_port_flag(metrics_port), *self.restarts().server_args(), *self.server_args]
             servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
                                 metrics_port=metrics_port, launcher=self.label, cwd=cwd))
         mode = ["--mode", self.mode] if self.mode else []
@@ -266,7 +279,7 @@ class LocalCluster:
         """The supervisor that runs planned roles under this job's rules (timeouts, grace)."""
         return Supervisor(servers, trainers, reporter or Quiet(), label=self.label, start_timeout=self.start_timeout,
                           server_grace=self.server_grace, keep_serving=self.keep_serving,
-                          script=self.script is not None)
+                          script=self.script is not None, restarts=self.restarts())
 
     async def arun(self, reporter: Reporter | None = None) -> LaunchResult:
         """Run the job to its end (in this event loop) and say how it ended."""

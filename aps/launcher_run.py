@@ -25,9 +25,12 @@ import shlex
 import signal
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .launcher_roles import Role, child_options, describe_exit, group_alive, signal_group
+
+if TYPE_CHECKING:
+    from .launcher_restart import Restarts
 
 EXIT_FAILED, EXIT_TIMEOUT = 1, 124
 STOP_GRACE = 10.0  # SIGTERM -> SIGKILL when a role failed or the timeout expired
@@ -64,13 +67,15 @@ class Supervisor:
     """Runs planned roles to the end; :meth:`run` returns the exit code (0, 1, 124, 128+signal)."""
 
     def __init__(self, servers: list[Role], trainers: list[Role], reporter: Reporter, *, label: str,
-                 start_timeout: float, server_grace: float, keep_serving: bool, script: bool) -> None:
+                 start_timeout: float, server_grace: float, keep_serving: bool, script: bool,
+                 restarts: Restarts | None = None) -> None:
         self.servers, self.trainers = servers, trainers
         self.reporter = reporter
         self.label = label
         self.start_timeout, self.server_grace = start_timeout, server_grace
         self.keep_serving = keep_serving  # pservers told not to exit when the trainers are done
         self.script = script  # a user's script in every role (for the hint when a pserver never listens)
+        self.restarts = restarts  # which dead pservers to start again (none: any failure stops the run)
         self.stop_code: int | None = None  # set by an interrupt or a timeout
         self.stop_reason = ""
         self.changed = asyncio.Event()  # set whenever a child exits or a stop is requested
@@ -203,6 +208,10 @@ class Supervisor:
         assert role.proc is not None
         role.returncode = await role.proc.wait()
         role.ended = time.monotonic()
+        if self.restarts is not None and not self.stopping and (line := self.restarts.take(role)) is not None:
+            self.say(line, error=True)
+            await self._spawn(role)
+            return
         if role.returncode != 0 and role.sent is None:
             early = role.port_file is not None and not role.listening and not role.port_file.exists()
             role.fail(describe_exit(role.returncode) + (" before listening" if early else ""))

@@ -145,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long pservers may take to start listening (default 120)")
     add("--metrics-port", type=int, metavar="BASE",
         help="serve live metrics: pserver K on port BASE+K, trainer K on BASE+N+K (default: none)")
+    restart = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")
+    restart.add_argument(
+        "--restart-failed", type=int, default=0, metavar="N",
+        help="start a pserver that dies again, up to N times each, from its own newest checkpoint (default 0: "
+             "any failure stops the run)")
+    restart.add_argument(
+        "--checkpoint-every", type=_seconds, default=60.0, metavar="SECONDS",
+        help="with --restart-failed: each pserver writes its shard this often (default 60)")
+    restart.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="with --restart-failed: where they go (default: LOG_DIR/checkpoints)")
     return parser
 
 
@@ -172,6 +182,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--trainer-cmd is empty")
     if opts.timeout == 0:
         parser.error("--timeout must be > 0")
+    if opts.restart_failed < 0:
+        parser.error(f"--restart-failed must be >= 0, got {opts.restart_failed}")
+    if opts.restart_failed and opts.checkpoint_every <= 0:
+        parser.error("--checkpoint-every must be > 0 with --restart-failed")
+    if opts.restart_failed and opts.script_argv is not None:
+        parser.error("--restart-failed needs aps-server pservers; a script's pserver role takes no checkpoint flags")
     if opts.metrics_port is not None and (problem := metrics_ports_problem(opts.metrics_port, sum(opts.layout))):
         parser.error(f"--metrics-port {opts.metrics_port}: {problem}")
     return opts, unknown + after
@@ -184,7 +200,8 @@ def cluster_of(opts: argparse.Namespace, trainer_args: list[str]) -> LocalCluste
         servers, trainers, trainer_args=trainer_args, mode=opts.mode, script=opts.script_argv,
         trainer_cmd=opts.trainer_argv, server_args=opts.server_argv, log_dir=opts.log_dir, token=opts.token,
         timeout=opts.timeout, server_grace=opts.server_grace, start_timeout=opts.start_timeout,
-        metrics_port=opts.metrics_port, label="aps-local",
+        metrics_port=opts.metrics_port, label="aps-local", restart_failed=opts.restart_failed,
+        checkpoint_every=opts.checkpoint_every, checkpoint_dir=opts.checkpoint_dir,
     )
 
 

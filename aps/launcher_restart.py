@@ -1,64 +1,45 @@
-"""aps-local --restart-failed N: a pserver that dies is started again from its own checkpoints.
+"""Restarting a pserver that dies (``aps-local --restart-failed N``, ``LocalCluster(restart_failed=N)``).
 
-Without it, aps-local stops the whole cluster when any role fails. With it, every pserver also
-writes its own shard every ``--checkpoint-every`` seconds (aps-server --checkpoint-dir), and a
-pserver that exits with an error or is killed, while aps-local did not ask it to stop, is started
-again at the same address with ``--resume DIR``, at most N times per pserver. The trainers ride
-through on their reconnect deadline (120 s); the restarted shard rolls back to its last
+Without it, the launcher stops the whole cluster when any role fails. With it, every pserver also
+writes its own shard every ``checkpoint_every`` seconds (aps-server --checkpoint-dir), and a
+pserver that exits with an error or is killed, while the launcher did not ask it to stop, is
+started again at the same address with ``--resume DIR``, at most N times per pserver. The trainers
+ride through on their reconnect deadline (120 s); the restarted shard rolls back to its last
 checkpoint (docs/operations.md, "Restarting a pserver"). A pserver is not restarted, and fails
 the run as before, when it died before listening, before its first checkpoint, after N restarts,
 or in sync mode (whose pservers refuse to go on from one shard's rollback).
 
-aps-local (cli/local.py) calls :func:`add_restart_flags` when it builds its parser and puts
-:meth:`Restarts.server_args` before the pservers' own ``--server-args``; the supervisor
-(launcher_run.py) asks :meth:`Restarts.take` when a role exits, and when that gives a line to
-show, spawns the role again.
+:class:`~aps.launcher.LocalCluster` puts :meth:`Restarts.server_args` before the pservers' own
+``server_args``; the supervisor (launcher_run.py) asks :meth:`Restarts.take` when a role exits,
+and when that gives a line to show, spawns the role again.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..server.autosave import latest_checkpoint
-from ..launcher_roles import Role, describe_exit
+from .errors import ConfigError
+from .launcher_roles import Role, describe_exit
+from .server.autosave import latest_checkpoint
 
 #: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
 RESTARTED_TRAINER_TIMEOUT = 10.0
 
 
-def add_restart_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")
-    group.add_argument(
-        "--restart-failed", type=int, default=0, metavar="N",
-        help="start a pserver that dies again, up to N times each, from its own newest checkpoint (default 0: "
-             "any failure stops the run)",
-    )
-    group.add_argument(
-        "--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
-        help="with --restart-failed: each pserver writes its shard this often (default 60)",
-    )
-    group.add_argument(
-        "--checkpoint-dir", metavar="DIR", help="with --restart-failed: where they go (default: LOG_DIR/checkpoints)"
-    )
-
-
 class Restarts:
     """Which dead pservers to start again, and with which arguments."""
 
-    def __init__(self, opts: argparse.Namespace) -> None:
-        self.limit = int(getattr(opts, "restart_failed", 0) or 0)
-        if self.limit < 0:
-            raise ConfigError(f"--restart-failed must be >= 0, got {self.limit}")
-        every = float(getattr(opts, "checkpoint_every", 60.0))
-        if self.limit and not every > 0:
+    def __init__(self, limit: int, every: float, directory: str | os.PathLike[str], mode: str | None,
+                 num_servers: int) -> None:
+        if limit < 0:
+            raise ConfigError(f"--restart-failed must be >= 0, got {limit}")
+        if limit and not every > 0:
             raise ConfigError(f"--checkpoint-every must be > 0 with --restart-failed, got {every}")
-        self.every = every
-        given = getattr(opts, "checkpoint_dir", None)
-        self.directory = Path(given) if given else Path(opts.log_dir) / "checkpoints"
-        self.mode = getattr(opts, "mode", None)
-        self.num_servers = int(opts.layout[0])
+        self.limit, self.every = limit, every
+        self.directory = Path(directory)
+        self.mode = mode
+        self.num_servers = num_servers
         self.counts: dict[int, int] = {}
 
     def server_args(self) -> list[str]:
