@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--merge", choices=MERGES, help="how gradients are merged (default auto: see docs/modes.md)")
     s.add_argument("--no-prefetch", action="store_true", help="async: do not pull the next batch's rows during compute (to measure it)")
     s.add_argument("--rpc-retry-times", type=int, help="retries of a request the pservers refused as retriable (default 3); "
-                   "a lost pserver is retried, reconnecting, for 120 s instead (a restart with aps-server --resume)")
+                   "a lost pserver is retried, reconnecting, until --rpc-deadline instead")
+    s.add_argument("--rpc-deadline", type=float, help="seconds a lost pserver is retried, reconnecting, before a call "
+                   "fails (default 120: long enough for a restart with aps-server --resume)")
     s.add_argument("--rpc-timeout", type=float, help="seconds per call, retries included (default 120)")
     o = p.add_argument_group("output")
     o.add_argument("--save-dir", default="model", help="trainer 0 saves DIR/epoch_N after each epoch (default model)")
@@ -106,6 +108,7 @@ def _strategy(args: argparse.Namespace) -> Strategy:
         merge=args.merge,
         rpc_retry_times=args.rpc_retry_times,
         rpc_timeout=args.rpc_timeout,
+        rpc_deadline=args.rpc_deadline,
         prefetch=False if args.no_prefetch else None,
     )
 
@@ -161,3 +164,7 @@ async def _amain(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return cli_main("aps-trainer", "trainer", build_parser(), _amain, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

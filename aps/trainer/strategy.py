@@ -27,6 +27,7 @@ ENV: dict[str, tuple[str, ...]] = {
     "merge": ("APS_MERGE",),
     "rpc_retry_times": ("APS_RPC_RETRY_TIMES", "FLAGS_rpc_retry_times"),
     "rpc_timeout": ("APS_RPC_TIMEOUT",),
+    "rpc_deadline": ("APS_RPC_DEADLINE",),
     "workers": ("APS_WORKERS", "CPU_NUM", "PADDLE_INIT_TRAINER_COUNT"),  # v2: a trainer's compute threads
 }
 
@@ -44,6 +45,9 @@ class Strategy:
     merge: str = "auto"
     rpc_retry_times: int = 3
     rpc_timeout: float = 120.0
+    #: seconds a lost pserver is retried (reconnecting) before a call fails: long enough for a
+    #: pserver restarted with --resume (docs/operations.md)
+    rpc_deadline: float = 120.0
     workers: int | None = None
     #: async: ask for the next batch's rows while the current one computes (off only to measure)
     prefetch: bool = True
@@ -57,8 +61,8 @@ class Strategy:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
-        if self.rpc_retry_times < 0 or self.rpc_timeout <= 0:
-            raise ConfigError("rpc_retry_times must be >= 0 and rpc_timeout > 0")
+        if self.rpc_retry_times < 0 or self.rpc_timeout <= 0 or self.rpc_deadline <= 0:
+            raise ConfigError("rpc_retry_times must be >= 0, rpc_timeout and rpc_deadline > 0")
 
     def resolved(self, cpu_count: int | None = None) -> Strategy:
         """A copy with every ``None`` knob replaced by its default (which depends on workers)."""

@@ -85,6 +85,7 @@ def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, optio
         token=options.token,
         timeout=strategy.rpc_timeout,
         retries=strategy.rpc_retry_times,
+        deadline=strategy.rpc_deadline,
         trainer_id=trainer_id,
         ssl=options.ssl,
         ports_num=cluster.ports_num,
