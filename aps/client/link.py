@@ -19,15 +19,22 @@ from ..errors import ConnectionLost, RemoteProtocolError, RequestTimeout, Server
 from ..wire.auth import auth_mac
 
 
-class _LinkProtocol(asyncio.Protocol):
+class _LinkProtocol(asyncio.BufferedProtocol):
+    """Receives straight into the link's decoder buffers (a large reply's body into its own
+    final buffer), instead of a bytes object per read appended to a buffer."""
+
     def __init__(self, link: Link) -> None:
         self.link = link
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.link.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
-        self.link._data_received(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.link.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.link.decoder.buffer_updated(nbytes)
+        self.link._frames_in()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.link._lost(exc)
@@ -129,8 +136,8 @@ class Link:
         finally:
             self.waiters.pop(request_id, None)
 
-    def _data_received(self, data: bytes) -> None:
-        self.decoder.receive_data(data)
+    def _frames_in(self) -> None:
+        """Decode every complete frame received and hand each reply to its waiter."""
         while True:
             try:
                 frame = self.decoder.next_frame()

@@ -58,8 +58,10 @@ def check_limits(config: Any) -> None:
         raise ConfigError(f"max_inflight_bytes ({total}) must be at least max_connection_bytes ({own or frame})")
 
 
-class ServerConnection(asyncio.Protocol):
-    """asyncio protocol for one accepted connection."""
+class ServerConnection(asyncio.BufferedProtocol):
+    """asyncio protocol for one accepted connection. Bytes are received straight into the
+    decoder's buffers (``get_buffer``): a large frame's body into its own final buffer, small
+    frames into a reused receive buffer, with no concatenation per read."""
 
     def __init__(self, server: ConnectionContext) -> None:
         self.server = server
@@ -88,6 +90,7 @@ class ServerConnection(asyncio.Protocol):
         self._frame_timer: asyncio.TimerHandle | None = None
         self._partial_since: float | None = None  # loop time the frame in progress began
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._drain: bytearray | None = None  # where bytes go once closed (read and dropped)
 
     @property
     def client_id(self) -> int | None:
@@ -141,10 +144,27 @@ class ServerConnection(asyncio.Protocol):
         self._write_paused = False
         self._update_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self.closed:  # refused or closing: what still arrives is dropped, not buffered
+            if self._drain is None:
+                self._drain = bytearray(64 * 1024)
+            return memoryview(self._drain)
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.closed:
+            return
+        self.decoder.buffer_updated(nbytes)
+        self._process()
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes handed over whole (also called with b"" to parse frames left unparsed)."""
+        if self.closed:
             return
         self.decoder.receive_data(data)
+        self._process()
+
+    def _process(self) -> None:
         completed = False
         # while reading is paused (slow reader, too many waiting requests) frames stay unparsed
         while not self.closed and not self._held and not self._read_paused:

@@ -32,6 +32,10 @@ HEADER_SIZE = HEADER.size  # 24
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 #: payloads longer than this are received straight into their own buffer instead of the shared one
 _DIRECT_BODY = 256 * 1024
+#: initial size of a decoder's receive buffer (it grows to hold a whole small frame)
+_RECV_CHUNK = 128 * 1024
+#: get_buffer() lends at least this much room (or what the transport hints), compacting first
+_MIN_ROOM = 16 * 1024
 
 
 class Flag(IntFlag):
@@ -78,24 +82,51 @@ class FrameDecoder:
         self.max_frame = max_frame
         self.on_header: Callable[[int, int, int], None] | None = None
         self._announced = False  # on_header was called for the frame at the front
-        self._buf = bytearray()
+        # received bytes live in _buf[_pos:_end]; _buf has room after _end that
+        # get_buffer() lends to the transport (asyncio.BufferedProtocol), so nothing is
+        # concatenated per read
+        self._buf = bytearray(_RECV_CHUNK)
         self._pos = 0
+        self._end = 0
         self._pending: tuple[int, int, int] | None = None  # header of the body being filled
         self._body: bytearray | None = None
         self._filled = 0
+        self._lent_body = False  # the last get_buffer() view was into _body
         self._broken = False
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the peer."""
-        if self._body is not None:
-            need = len(self._body) - self._filled
-            take = min(need, len(data))
-            self._body[self._filled : self._filled + take] = data[:take]
-            self._filled += take
-            if take < len(data):
-                self._buf += data[take:]
-        else:
-            self._buf += data
+        view = memoryview(data)
+        while len(view):
+            room = self.get_buffer(len(view))
+            n = min(len(room), len(view))
+            room[:n] = view[:n]
+            room.release()
+            self.buffer_updated(n)
+            view = view[n:]
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Writable room for the next bytes from the peer (``asyncio.BufferedProtocol``): the rest
+        of a large frame's own body buffer while one is being received, else free space at the
+        end of the receive buffer (compacted or grown so there is at least ``sizehint`` or
+        16 KiB). Call :meth:`buffer_updated` with how many bytes were written into it."""
+        self._lent_body = self._body is not None and self._filled < len(self._body)
+        if self._lent_body:
+            assert self._body is not None
+            return memoryview(self._body)[self._filled :]
+        want = max(sizehint, _MIN_ROOM)
+        if len(self._buf) - self._end < want:
+            self._compact()
+            if len(self._buf) - self._end < want:  # grow by doubling: amortised, never per read
+                self._buf.extend(bytes(max(want, len(self._buf))))
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written at the start of the last :meth:`get_buffer` view."""
+        if self._lent_body:
+            self._filled += nbytes
+        else:  # the receive buffer (a complete large body's trailing bytes go there too)
+            self._end += nbytes
 
     @property
     def pending_length(self) -> int | None:
@@ -111,7 +142,7 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
         header = HEADER_SIZE if self._body is not None else 0  # the header of a large body in progress
-        return len(self._buf) - self._pos + self._filled + header
+        return self._end - self._pos + self._filled + header
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""
@@ -126,9 +157,10 @@ class FrameDecoder:
             self._body, self._pending, self._filled = None, None, 0
             self._announced = False
             return frame
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos < HEADER_SIZE:
-            self._compact()
+        buf, pos, end = self._buf, self._pos, self._end
+        if end - pos < HEADER_SIZE:
+            if pos == end:
+                self._pos = self._end = 0
             return None
         magic, version, opcode, flags, reserved, request_id, length, reserved2 = HEADER.unpack_from(buf, pos)
         if not self._announced:
@@ -141,23 +173,21 @@ class FrameDecoder:
                     raise
             self._announced = True
         start = pos + HEADER_SIZE
-        available = len(buf) - start
+        available = end - start
         if available >= length:
-            payload = bytearray(memoryview(buf)[start : start + length])
+            payload = buf[start : start + length]  # its own copy: the receive buffer is reused
             self._pos = start + length
-            if self._pos == len(buf):
-                self._buf.clear()
-                self._pos = 0
+            if self._pos == end:
+                self._pos = self._end = 0
             self._announced = False
             return Frame(opcode, flags, request_id, payload)
         if length < _DIRECT_BODY:
-            self._compact()
             return None
-        # a large body: give it its own buffer now and copy later chunks straight into it
+        # a large body: give it its own buffer now; get_buffer() lends the rest of it to the
+        # transport, so the body is received in place
         body = bytearray(length)
-        body[:available] = memoryview(buf)[start:]
-        self._buf = bytearray()
-        self._pos = 0
+        body[:available] = memoryview(buf)[start:end]
+        self._pos = self._end = 0
         self._body, self._pending, self._filled = body, (opcode, flags, request_id), available
         return None
 
@@ -176,6 +206,8 @@ class FrameDecoder:
             raise RemoteProtocolError(problem)
 
     def _compact(self) -> None:
+        """Move the unread bytes to the front of the receive buffer."""
         if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
+            n = self._end - self._pos
+            self._buf[:n] = self._buf[self._pos : self._end]
+            self._pos, self._end = 0, n
