@@ -118,7 +118,10 @@ class FrameDecoder:
         if len(self._buf) - self._end < want:
             self._compact()
             if len(self._buf) - self._end < want:  # grow by doubling: amortised, never per read
-                self._buf.extend(bytes(max(want, len(self._buf))))
+                # a new buffer, not a resize: a view lent earlier may still be alive
+                grown = bytearray(len(self._buf) + max(want, len(self._buf)))
+                grown[: self._end] = memoryview(self._buf)[: self._end]
+                self._buf = grown
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:

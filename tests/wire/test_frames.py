@@ -278,3 +278,41 @@ def test_property_trailing_partial_stays_buffered(frames, keep, data) -> None:
     assert dec.buffered == keep
     dec.receive_data(extra[keep:])
     assert [as_tuple(f) for f in drain(dec)] == [(op, flags, rid, body)]
+
+
+def test_buffered_receive_writes_a_large_body_in_place_and_keeps_trailing_bytes() -> None:
+    """The BufferedProtocol path: get_buffer() lends the large body's own buffer, so the frame's
+    payload is the very buffer the bytes were written into; bytes after it go to the receive
+    buffer and come out as the next frame."""
+    big = bytes(range(256)) * 2048  # 512 KiB: past the direct-body threshold
+    data = raw_frame(6, 1, big) + raw_frame(17, 2, b"tail-8by")
+    dec = FrameDecoder()
+    lent: list[memoryview] = []
+    frames: list[Frame] = []
+    pos = 0
+    while pos < len(data):  # as a protocol does: lend, fill, then parse what is complete
+        room = dec.get_buffer(-1)
+        n = min(len(room), len(data) - pos, 70_000)
+        room[:n] = data[pos : pos + n]
+        lent.append(room)
+        dec.buffer_updated(n)
+        frames += drain(dec)
+        pos += n
+    assert [(f.opcode, f.request_id) for f in frames] == [(6, 1), (17, 2)]
+    assert bytes(frames[0].payload) == big and bytes(frames[1].payload) == b"tail-8by"
+    assert any(view.obj is frames[0].payload for view in lent)  # written in place, not copied after
+    assert dec.buffered == 0
+
+
+def test_buffered_receive_grows_for_a_small_frame_bigger_than_the_room() -> None:
+    payload = b"x" * 200_000  # under the direct-body threshold, over the initial buffer
+    data = raw_frame(9, 5, payload) * 2
+    dec = FrameDecoder()
+    for i in range(0, len(data), 1000):
+        room = dec.get_buffer(1000)
+        assert len(room) >= 1000
+        piece = data[i : i + 1000]
+        room[: len(piece)] = piece
+        dec.buffer_updated(len(piece))
+    frames = drain(dec)
+    assert [bytes(f.payload) for f in frames] == [payload, payload] and dec.buffered == 0
