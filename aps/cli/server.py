@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import resource
 import signal
 import sys
 
@@ -115,8 +117,32 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--trainer-timeout", type=float, default=ServerConfig.trainer_timeout, metavar="SECONDS", help="a trainer silent this long (no connection, no heartbeat) is gone: sync rounds and barriers stop waiting for it, naming it, and it counts as done (default 60)")
     lim.add_argument("--client-linger", type=float, default=ServerConfig.client_linger, metavar="SECONDS", help="keep a gone client's change tracking and replay entries this long (default 60)")
     lim.add_argument("--max-tracking-bytes", type=int, default=ServerConfig.max_tracking_bytes, metavar="BYTES", help="GEO change tracking over all clients and tables; over it, gone clients' tracking is dropped first and a dropped client gets every row at its next read (default 256 MiB)")
+    lim.add_argument("--max-connections", type=int, default=ServerConfig.max_connections, metavar="N", help="open connections this pserver accepts; one over it is closed at once and logged (default 4096, and always below the file-descriptor limit; 0: only that limit)")
+    lim.add_argument("--max-connections-per-address", type=int, default=ServerConfig.max_connections_per_address, metavar="N", help="the same, from one client address (default 512; 0: no limit)")
     add_logging_flags(parser)
     return parser
+
+
+#: file descriptors kept free for what is not a client connection (checkpoint files, logs,
+#: the metrics endpoint, the kernel cache)
+_SPARE_FDS = 64
+
+
+def fit_connections_to_fd_limit(wanted: int) -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit (Linux's soft default of
+    1024 would run out long before ``--max-connections``), and return (the connection cap that
+    fits under it, the soft limit). Only the CLI does this: a library must not change its host
+    process's limits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # keep the soft limit; the cap below follows it
+    room = max(soft - _SPARE_FDS, 1)
+    return (room if wanted == 0 else min(wanted, room)), soft
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -178,12 +204,20 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ports_num=ports_num,
         ports_num_for_sparse=sparse_ports,
         async_lagged_grad_discard_ratio=args.async_lagged_grad_discard_ratio,
+        max_connections=args.max_connections,
+        max_connections_per_address=args.max_connections_per_address,
     )
 
 
 async def _amain(args: argparse.Namespace) -> int:
     log = structlog.get_logger("aps.server")
     config = config_from_args(args)
+    if config.max_connections >= 0 and config.max_connections_per_address >= 0:  # else PServer says why
+        cap, fds = fit_connections_to_fd_limit(config.max_connections)
+        if config.max_connections and cap != config.max_connections:
+            log.warning("connection cap lowered to fit the open-file limit", max_connections=cap, nofile=fds,
+                        asked=config.max_connections)
+            config = dataclasses.replace(config, max_connections=cap)
     server = PServer(config)
     await server.start()
     if args.port_file:

@@ -74,6 +74,11 @@ class ServerConfig:
     #: it, gone clients' tracking is dropped first (the one gone longest first), then the least
     #: recently read; a client whose tracking was dropped gets every row at its next read. 0: none
     max_tracking_bytes: int = 256 << 20
+    #: open connections this server accepts (admission.py); one over it is closed at once. 0: no
+    #: limit (the CLI also keeps it below the process's file-descriptor limit)
+    max_connections: int = 4096
+    #: the same, from one client address
+    max_connections_per_address: int = 512
     #: this server's own checkpoints (autosave.py): written here every ``checkpoint_every``
     #: seconds (0: not periodically) and once on SIGTERM; the newest ``keep_checkpoints`` kept.
     #: None: none (the default is ``resume`` when that is set). The operator's own directory,

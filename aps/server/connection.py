@@ -44,6 +44,10 @@ def check_limits(config: Any) -> None:
         value = getattr(config, name)
         if not (value >= 0 and value < float("inf")):
             raise ConfigError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value}")
+    for name in ("max_connections", "max_connections_per_address"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be a number of connections >= 0 (0: no limit), got {value!r}")
     for name in ("max_connection_bytes", "max_inflight_bytes", "max_table_bytes", "max_tracking_bytes"):
         if isinstance(getattr(config, name), bool) or not isinstance(getattr(config, name), int) or getattr(config, name) < 0:
             raise ConfigError(f"{name} must be a number of bytes >= 0 (0: no limit), got {getattr(config, name)!r}")
@@ -86,6 +90,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._frame_bytes = 0  # charged for the frame being received / handled right now
         self._task_bytes: dict[asyncio.Future[Any], int] = {}
         self._registered = False  # counted as one of its client's connections (core)
+        self._counted_as: str | None = None  # the address admission counted it under (None: refused)
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
         self._partial_since: float | None = None  # loop time the frame in progress began
@@ -108,6 +113,14 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        if not self.server.admission.admit(address):
+            self.core.stats.connections_refused += 1
+            self.closed = True
+            self.handshake.close("refused: too many connections")
+            transport.abort()  # before it holds any buffer or timer
+            return
+        self._counted_as = address
         self.server.connections.add(self)
         self.core.stats.connections += 1
         self.core.stats.connections_total += 1
@@ -117,6 +130,10 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._counted_as is None:
+            return  # refused in connection_made: nothing was counted or held
+        self.server.admission.release(self._counted_as)
+        self._counted_as = None
         self.handshake.close(f"connection lost: {exc}" if exc is not None else "connection closed")
         self.server.connections.discard(self)
         self.core.stats.connections -= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from .admission import Admission
 from .config import ServerConfig
 from .core import ServerCore
 from .throttle import AuthThrottle
@@ -27,3 +28,5 @@ class ConnectionContext(Protocol):
     closing: bool
     #: the throttle that answers wrong AUTHs late
     auth_throttle: AuthThrottle
+    #: the caps on open connections (all, and per client address)
+    admission: Admission

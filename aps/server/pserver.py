@@ -19,6 +19,7 @@ from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..telemetry import MetricsEndpoint, server_registry
 from ..tls import server_context
+from .admission import Admission
 from .config import ServerConfig
 from .connection import ServerConnection, check_limits
 from .context import ConnectionContext
@@ -87,6 +88,7 @@ class PServer:
             AutoCheckpoints(self.core, directory, config.checkpoint_every, config.keep_checkpoints) if directory else None
         )
         self._final_checkpoint = False
+        self.admission = Admission(config.max_connections, config.max_connections_per_address)
         try:
             self.auth_throttle = AuthThrottle(
                 config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent

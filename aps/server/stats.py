@@ -109,6 +109,8 @@ class ServerStats:
         self.ports: list[PortStats] = []
         self.connections = 0
         self.connections_total = 0
+        #: connections closed at once because of max_connections / max_connections_per_address
+        self.connections_refused = 0
         #: seconds the last checkpoint took to write (0: none yet), and how many were written
         self.last_save_seconds = 0.0
         self.saves = 0
@@ -123,6 +125,7 @@ class ServerStats:
         return {
             "connections": self.connections,
             "connections_total": self.connections_total,
+            "connections_refused": self.connections_refused,
             "last_save_seconds": self.last_save_seconds,
             "saves": self.saves,
             "requests": sum(s.count for s in self.ops.values()),
