@@ -96,6 +96,11 @@ class Model(ABC):
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""
 
+    def check_mode(self, mode: str) -> None:
+        """Raise ConfigError if this model's settings cannot train in ``mode`` (called once at
+        trainer start, so a setting that only one mode supports fails before any work, with a
+        line that says what to change). Most models train in every mode: the default accepts it."""
+
     def local_sgd(
         self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]
     ) -> float | None:

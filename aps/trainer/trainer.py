@@ -76,6 +76,7 @@ def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, traine
     if not 0 <= trainer_id < cluster.num_trainers:
         raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
     mode_class(strategy.mode).check(model)
+    model.check_mode(strategy.mode)
 
 
 def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, options: TrainOptions) -> PSClient:

@@ -15,7 +15,10 @@ from aps.models.word2vec.evaluate import analogy_accuracy, normalize_rows, read_
 from aps.models.word2vec.export import export_word2vec
 from aps.models.word2vec.model import EMB, EMB_B, EMB_W, Word2Vec, negative_cdf
 from aps.specs import SGD, Constant, ExponentialDecay, Uniform
+from aps.cluster import ClusterSpec
 from aps.trainer.kernels import sgd_rows
+from aps.trainer.strategy import Strategy
+from aps.trainer.trainer import check_trainer
 from aps.trainer.model import Batch, Grads, Params, WorkerContext
 from aps.trainer.reader import Chunk
 
@@ -612,6 +615,12 @@ def test_linear_schedule_needs_geo_and_reads_the_prepared_token_count(dict_path:
     batch = first_batch(model, LINES)
     with pytest.raises(ConfigError, match="geo"):
         model.compute(batch, random_params(model), zero_grads(batch, model))
+    # the trainer asks before anything starts, so a non-geo run fails at once with what to pass
+    model.check_mode("geo")
+    for mode in ("sync", "async", "half_async"):
+        with pytest.raises(ConfigError, match=f"--mode {mode} pass --model-arg lr_schedule=exponential"):
+            check_trainer(model, Strategy(mode=mode), ClusterSpec(["127.0.0.1:1"]), 0)
+    Word2Vec(dict_path=str(dict_path), dim=4, lr_schedule="exponential").check_mode("async")
     (dict_path.parent / "meta.json").write_text('{"tokens_after_downsampling": 12345}')
     prepared = Word2Vec(dict_path=str(dict_path), dim=4)
     assert (prepared.epoch_tokens, prepared.describe()["epoch_tokens_from"]) == (12345, str(dict_path.parent / "meta.json"))

@@ -378,6 +378,15 @@ class Word2Vec(Model):
 
     # ------------------------------------------------------------ compute
 
+    def check_mode(self, mode: str) -> None:
+        """The linear schedule lives in the workers' local SGD, which only geo runs: in the
+        other modes the pservers apply ``lr`` with the reference's schedule."""
+        if self.lr_schedule == "linear" and mode != "geo":
+            raise ConfigError(
+                f"word2vec lr_schedule=linear (the default) trains in geo mode only; for --mode {mode} pass "
+                "--model-arg lr_schedule=exponential (the reference's schedule)"
+            )
+
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients into ``grads`` (of the batch-mean loss in the reference modes, of the summed
         loss in window mode); returns the loss summed over pairs.
