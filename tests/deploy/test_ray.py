@@ -4,6 +4,7 @@ SIGKILLed mid-run failing the job loudly, with every other role stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import aps
 from aps.cli.ray_launch import RayJob, main, parse_args
 from examples.linreg.model import make_data
 from tests.conftest import ROOT
@@ -64,13 +66,23 @@ def test_two_by_two_trains_through_ray(local_ray: Any, tmp_path: Path, capsys: p
     assert "pserver listening" in (tmp_path / "log" / "pserver.1.log").read_text()
 
 
+async def wait_for_connections(addresses: list[str], k: int, count: int, timeout: float = 60.0) -> None:
+    """Until pserver ``k`` has ``count`` connections besides this probe's."""
+    async with asyncio.timeout(timeout), aps.connect(addresses, timeout=5) as probe:
+        while (await probe.stats())[addresses[k]]["connections"] - 1 < count:
+            await asyncio.sleep(0.05)
+
+
 def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_path: Path) -> None:
     opts, trainer_args = parse_args(_args(tmp_path, "--epochs", "200"))
     out = io.StringIO()
     job = RayJob(ray, opts, trainer_args, out=out)
     try:
-        job.start()
+        addresses = job.start()
         trainer_pids = ray.get([t.actor.pid.remote() for t in job.trainers])
+        # kill it once both trainers are connected to it: a kill before a trainer's first connect
+        # fails that trainer first (it names the pserver it cannot reach), a different story
+        asyncio.run(wait_for_connections(addresses, 1, 2))
         os.kill(ray.get(job.servers[1].actor.pid.remote()), signal.SIGKILL)
         started = time.monotonic()
         assert job.supervise() == 1
