@@ -98,14 +98,24 @@ async def test_client_with_more_ports_than_the_server_fails_loudly() -> None:
             await aps.connect([server.address], ports_num=1, ports_num_for_sparse=1, timeout=5, deadline=0)
 
 
+def _bindable(port: int) -> bool:
+    """Whether a listening socket could take ``port`` now (as the pserver binds: SO_REUSEADDR)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 async def test_fixed_port_taken_is_a_config_error() -> None:
-    for _ in range(50):  # a taken port with nothing listening on the one below it
+    for _ in range(200):  # a taken port whose neighbours are free to bind (not only not listening)
         taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        with socket.socket() as below:
-            if below.connect_ex(("127.0.0.1", port - 1)) != 0:
-                break
+        if _bindable(port - 1) and _bindable(port + 1):
+            break
         taken.close()
     try:
         taken.listen()
