@@ -29,6 +29,9 @@ from .ray_roles import RoleProcess
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 124, 130
 #: pservers exit by themselves once every trainer sent worker_done; this long after, they failed
 PSERVER_EXIT_GRACE = 60.0
+#: a pserver exits 0 once every trainer has sent worker_done, a moment before the trainers' own
+#: processes exit: only trainers still running this long after that make its exit a failure
+TRAINER_EXIT_GRACE = 30.0
 #: flags aps-ray sets for each trainer itself, from what Ray tells it
 OWN_TRAINER_FLAGS = ("--pservers", "--trainers", "--trainer-id")
 
@@ -104,6 +107,7 @@ class Member:
     record: dict[str, Any] | None = None
     stopped: bool = False  # stopped by aps-ray because another role failed (or a timeout)
     started: bool = False  # its process started: an actor Ray has not placed answers no call
+    seen_exited: float | None = None  # monotonic time the driver first saw it exited 0
 
 
 @dataclass
@@ -199,9 +203,12 @@ class RayJob:
                 for s in self.servers:
                     if s.code is None:
                         s.failure = f"still running {PSERVER_EXIT_GRACE:g} s after every trainer was done"
+            now = time.monotonic()
             for s in self.servers:
                 if s.code == 0 and not trainers_done and s.failure is None:
-                    s.failure = "exited before the trainers were done"
+                    s.seen_exited = s.seen_exited or now
+                    if now - s.seen_exited > TRAINER_EXIT_GRACE:
+                        s.failure = f"exited, and the trainers were still running {TRAINER_EXIT_GRACE:g} s later"
             failed = [m for m in self.trainers + self.servers if m.failure is not None]
             if failed:
                 self.stop(f"{failed[0].name} failed: {failed[0].failure}", failed[0])
