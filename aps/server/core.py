@@ -26,6 +26,7 @@ from .core_checkpoints import CheckpointHandlers, checkpoint_root
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
 from .lag import SPARSE, UpdateVersions
+from .optim import scan_push_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
@@ -37,6 +38,8 @@ log = structlog.get_logger("aps.server")
 Reply = wire.Message | Awaitable[wire.Message]
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
+_SORTED = int(wire.Flag.SORTED)
+_STRICTLY_ASCENDING = 2  # scan_push_ids' order for unique, ascending ids
 Shard = SparseShard | DenseShard
 
 
@@ -317,13 +320,36 @@ class ServerCore(CheckpointHandlers):
         n, k = self.config.num_servers, self.config.server_index
         bad = first_bad_id(ids, shard.spec.rows, n, k)
         if bad >= 0:
-            r = int(ids[bad])
-            if not 0 <= r < shard.spec.rows:
-                raise ServerError(
-                    ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {r} not in [0, {shard.spec.rows})"
-                )
-            raise ServerError(ErrorCode.BAD_REQUEST, f"id {r} sent to server {k} of {n}, which does not own it")
+            raise self._bad_id(shard, int(ids[bad]))
         return ids // n if n > 1 else ids
+
+    def _bad_id(self, shard: SparseShard, r: int) -> ServerError:
+        """The refusal of id ``r``, which is out of the table or not owned by this server."""
+        n, k = self.config.num_servers, self.config.server_index
+        if not 0 <= r < shard.spec.rows:
+            return ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {r} not in [0, {shard.spec.rows})")
+        return ServerError(ErrorCode.BAD_REQUEST, f"id {r} sent to server {k} of {n}, which does not own it")
+
+    def _push_ids(self, shard: SparseShard, ids: np.ndarray, flags: int) -> tuple[np.ndarray, bool]:
+        """A push's global ids -> (local rows, whether they are ascending), in one compiled pass.
+
+        The same refusals as :meth:`_local_ids`; besides, a push flagged ``SORTED`` whose ids
+        are not unique and ascending is refused (BAD_REQUEST) before anything is applied, so a
+        client that lies cannot make the optimizer kernel skip a sort it needed. Ascending ids
+        (flagged or not) go to the kernel as ``ordered``: no second check, no sort."""
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
+        n, k = self.config.num_servers, self.config.server_index
+        local = np.empty(len(ids), np.int64) if n > 1 else ids
+        bad, order = scan_push_ids(ids, shard.spec.rows, n, k, local)
+        if bad >= 0:
+            raise self._bad_id(shard, int(ids[bad]))
+        if flags & _SORTED and order != _STRICTLY_ASCENDING:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"table {shard.spec.name!r}: push flagged SORTED but its ids are not unique and ascending",
+            )
+        return local, order > 0
 
     def _check_rows(self, shard: SparseShard, ids: np.ndarray, values: np.ndarray) -> None:
         if values.dtype != np.float32 or values.shape != (len(ids), shard.spec.dim):
@@ -345,7 +371,7 @@ class ServerCore(CheckpointHandlers):
 
     def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
         shard = self._sparse(msg.table)
-        local = self._local_ids(shard, msg.ids)
+        local, ordered = self._push_ids(shard, msg.ids, flags)
         self._check_rows(shard, msg.ids, msg.values)
         final = bool(flags & _FINAL)
         if flags & _SYNC:
@@ -363,16 +389,16 @@ class ServerCore(CheckpointHandlers):
             )
         if self.versions.lagged(msg.table, SPARSE, msg.based_on):
             return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old
-        shard.push_grad(local, msg.values, advance_step=final, client=client_id, checked=True)
+        shard.push_grad(local, msg.values, advance_step=final, client=client_id, checked=True, ordered=ordered)
         if final:
             self.versions.applied(msg.table)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
 
     def _push_sparse_delta(self, client_id: int, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
         shard = self._sparse(msg.table)
-        local = self._local_ids(shard, msg.ids)
+        local, ordered = self._push_ids(shard, msg.ids, flags)
         self._check_rows(shard, msg.ids, msg.values)
-        shard.push_delta(local, msg.values, client=client_id, checked=True)
+        shard.push_delta(local, msg.values, client=client_id, checked=True, ordered=ordered)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
 
     def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:

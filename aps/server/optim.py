@@ -6,7 +6,8 @@ schedule and the shard's own step counter, so a schedule can never apply on the 
 on the server.
 
 Kernels are numba-compiled (``cache=True``) loops over raw arrays: no Python per row. Sparse
-kernels first group a push by row id (stable sort, then contiguous segments), sum each row's
+kernels first group a push by row id (contiguous segments of ascending ids: as pushed when the
+ids arrive sorted, which the server edge detects in its one pass, else after a stable sort), sum each row's
 gradients in float64 and apply the optimizer once per distinct row, touching the optimizer state
 of those rows only. Arithmetic is float64; storage is float32 (int64 for Adam's per-row step).
 
@@ -73,28 +74,63 @@ def new_dense_state(opt: Optimizer, size: int) -> dict[str, np.ndarray]:
 
 
 @njit(cache=True, nogil=True)
+def scan_push_ids(ids: np.ndarray, rows: int, num_shards: int, shard: int, local: np.ndarray) -> tuple[int, int]:
+    """The one pass a push's ids get at the server edge: validate them, find their order and
+    map them to local rows.
+
+    Returns ``(bad, order)``: ``bad`` is the index of the first id outside ``[0, rows)`` or not
+    owned by ``shard`` (-1: none); ``order`` is 2 when the ids are strictly ascending (unique and
+    sorted, what a trainer's accumulator sends), 1 when ascending with repeats, 0 otherwise.
+    With ``num_shards > 1`` the local rows ``id // num_shards`` are written to ``local`` (the
+    caller keeps ``ids`` themselves when there is one shard). Folding the order check into this
+    pass is what lets the optimizer kernels skip theirs (``ordered=True``)."""
+    n = ids.shape[0]
+    order = 2
+    prev = -1
+    for j in range(n):
+        r = ids[j]
+        if r < 0 or r >= rows or r % num_shards != shard:
+            return j, 0
+        if r < prev:
+            order = 0
+        elif r == prev and order == 2:
+            order = 1
+        prev = r
+        if num_shards > 1:
+            local[j] = r // num_shards
+    return -1, order
+
+
+@njit(cache=True, nogil=True)
 def _push_order(ids: np.ndarray) -> np.ndarray:
-    """Positions of ``ids`` in ascending id order, equal ids in push order. Trainers push merged
-    gradients (unique, ascending ids): then this is one pass and no sort."""
+    """Positions of ``ids`` in ascending id order, equal ids in push order; empty when the ids
+    are ascending already (one pass, no sort and no index array)."""
     for j in range(1, ids.shape[0]):
-        if ids[j] <= ids[j - 1]:
+        if ids[j] < ids[j - 1]:
             return np.argsort(ids, kind="mergesort")
-    return np.arange(ids.shape[0])
+    return np.empty(0, np.int64)  # ascending already: row j of id order is row j
+
+
+@njit(cache=True, nogil=True)
+def _at(order: np.ndarray, j: int) -> int:
+    """Where the ``j``-th row in id order is: ``order[j]``, or ``j`` for an empty order."""
+    return j if order.shape[0] == 0 else order[j]
 
 
 @njit(cache=True, nogil=True)
 def _segment_sum(ids: np.ndarray, order: np.ndarray, start: int, grads: np.ndarray, acc: np.ndarray) -> int:
-    """Sum into ``acc`` the grads of the run of equal ids beginning at ``order[start]``.
+    """Sum into ``acc`` the grads of the run of equal ids beginning at position ``start`` in id
+    order (see :func:`_at`).
 
-    Returns the index one past the run. Summation follows push order (the sort is stable), so
+    Returns the position one past the run. Summation follows push order (the sort is stable), so
     the result does not depend on how the ids were split across shards.
     """
     n = ids.shape[0]
-    row = ids[order[start]]
+    row = ids[_at(order, start)]
     acc[:] = 0.0
     j = start
-    while j < n and ids[order[j]] == row:
-        src = order[j]
+    while j < n and ids[_at(order, j)] == row:
+        src = _at(order, j)
         for c in range(acc.shape[0]):
             acc[c] += grads[src, c]
         j += 1
@@ -102,24 +138,24 @@ def _segment_sum(ids: np.ndarray, order: np.ndarray, start: int, grads: np.ndarr
 
 
 @njit(cache=True, nogil=True)
-def _sgd_rows(values, ids, grads, scale, lr):
-    order = _push_order(ids)
+def _sgd_rows(values, ids, grads, scale, lr, ordered):
+    order = np.empty(0, np.int64) if ordered else _push_order(ids)
     g = np.empty(values.shape[1], np.float64)
     i = 0
     while i < ids.shape[0]:
-        row = ids[order[i]]
+        row = ids[_at(order, i)]
         i = _segment_sum(ids, order, i, grads, g)
         for c in range(g.shape[0]):
             values[row, c] = values[row, c] - lr * (g[c] * scale)
 
 
 @njit(cache=True, nogil=True)
-def _adagrad_rows(values, accum, ids, grads, scale, lr, eps):
-    order = _push_order(ids)
+def _adagrad_rows(values, accum, ids, grads, scale, lr, eps, ordered):
+    order = np.empty(0, np.int64) if ordered else _push_order(ids)
     g = np.empty(values.shape[1], np.float64)
     i = 0
     while i < ids.shape[0]:
-        row = ids[order[i]]
+        row = ids[_at(order, i)]
         i = _segment_sum(ids, order, i, grads, g)
         for c in range(g.shape[0]):
             gc = g[c] * scale
@@ -129,12 +165,12 @@ def _adagrad_rows(values, accum, ids, grads, scale, lr, eps):
 
 
 @njit(cache=True, nogil=True)
-def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps):
-    order = _push_order(ids)
+def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps, ordered):
+    order = np.empty(0, np.int64) if ordered else _push_order(ids)
     g = np.empty(values.shape[1], np.float64)
     i = 0
     while i < ids.shape[0]:
-        row = ids[order[i]]
+        row = ids[_at(order, i)]
         i = _segment_sum(ids, order, i, grads, g)
         t[row] += 1
         corr2 = np.sqrt(1.0 - beta2 ** t[row])
@@ -149,12 +185,12 @@ def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps):
 
 
 @njit(cache=True, nogil=True)
-def _add_rows(values, ids, deltas):
-    order = _push_order(ids)
+def _add_rows(values, ids, deltas, ordered):
+    order = np.empty(0, np.int64) if ordered else _push_order(ids)
     d = np.empty(values.shape[1], np.float64)
     i = 0
     while i < ids.shape[0]:
-        row = ids[order[i]]
+        row = ids[_at(order, i)]
         i = _segment_sum(ids, order, i, deltas, d)
         for c in range(d.shape[0]):
             values[row, c] = values[row, c] + d[c]
@@ -168,29 +204,33 @@ def apply_sparse(
     grads: np.ndarray,
     scale: float,
     step: int,
+    ordered: bool = False,
 ) -> None:
     """One optimizer application on the rows ``local_ids`` (duplicates summed first).
 
     Arrays must already be validated: values float32[rows, dim], ids int64[n] in range,
     grads float32[n, dim]. ``step`` is the shard's count of completed applications (for decay).
+    ``ordered``: the caller knows the ids are ascending (:func:`scan_push_ids` said so), so the
+    kernel neither checks nor sorts them; otherwise it checks in one pass and sorts if needed.
     """
     lr = learning_rate(opt, step)
     if isinstance(opt, SGD):
-        _sgd_rows(values, local_ids, grads, float(scale), lr)
+        _sgd_rows(values, local_ids, grads, float(scale), lr, ordered)
     elif isinstance(opt, Adagrad):
-        _adagrad_rows(values, state["acc"], local_ids, grads, float(scale), lr, float(opt.epsilon))
+        _adagrad_rows(values, state["acc"], local_ids, grads, float(scale), lr, float(opt.epsilon), ordered)
     elif isinstance(opt, Adam):
         _adam_rows(
             values, state["m"], state["v"], state["t"], local_ids, grads, float(scale), lr,
-            float(opt.beta1), float(opt.beta2), float(opt.epsilon),
+            float(opt.beta1), float(opt.beta2), float(opt.epsilon), ordered,
         )
     else:
         raise TypeError(f"unknown optimizer {opt!r}")
 
 
-def add_rows(values: np.ndarray, local_ids: np.ndarray, deltas: np.ndarray) -> None:
-    """``values[id] += delta`` for every pushed row, duplicates summed (GEO's server side)."""
-    _add_rows(values, local_ids, deltas)
+def add_rows(values: np.ndarray, local_ids: np.ndarray, deltas: np.ndarray, ordered: bool = False) -> None:
+    """``values[id] += delta`` for every pushed row, duplicates summed (GEO's server side);
+    ``ordered`` as for :func:`apply_sparse`."""
+    _add_rows(values, local_ids, deltas, ordered)
 
 
 # ---------------------------------------------------------------- dense kernels

@@ -140,28 +140,37 @@ class SparseShard:
         advance_step: bool = True,
         client: int | None = None,
         checked: bool = False,
+        ordered: bool = False,
     ) -> None:
         """Apply the table's optimizer to ``grads * scale`` (duplicate ids summed first).
 
         ``advance_step=False`` lets a client split one logical push into chunks that all use the
         same learning rate; the last chunk advances the step. ``checked``: as for :meth:`pull`.
+        ``ordered``: the server edge found the ids ascending (only with ``checked``); the
+        optimizer kernel then neither checks their order nor sorts them.
         """
         ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
         g = _check_values(self.name, grads, (ids.shape[0], self.spec.dim), "grads")
         scale = _check_scale(self.name, scale)
-        optim.apply_sparse(self.spec.optimizer, self.values, self.state, ids, g, scale, self.step)
+        optim.apply_sparse(self.spec.optimizer, self.values, self.state, ids, g, scale, self.step, checked and ordered)
         if advance_step:
             self.step += 1
         self._mark(ids, client)
 
     def push_delta(
-        self, local_ids: np.ndarray, deltas: np.ndarray, *, client: int | None = None, checked: bool = False
+        self,
+        local_ids: np.ndarray,
+        deltas: np.ndarray,
+        *,
+        client: int | None = None,
+        checked: bool = False,
+        ordered: bool = False,
     ) -> None:
         """``param += delta`` per row, duplicates summed; no optimizer, no step (GEO mode);
-        ``checked``: as for :meth:`pull`."""
+        ``checked`` and ``ordered``: as for :meth:`push_grad`."""
         ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
         d = _check_values(self.name, deltas, (ids.shape[0], self.spec.dim), "deltas")
-        optim.add_rows(self.values, ids, d)
+        optim.add_rows(self.values, ids, d, checked and ordered)
         self._mark(ids, client)
 
     # ------------------------------------------------------------ change tracking (GEO)

@@ -45,6 +45,9 @@ class Flag(IntFlag):
     REPLY = 1  # set on every server -> client frame
     FINAL = 2  # last chunk of a logical push: the optimizer step counter advances after it
     SYNC = 4  # sync-mode push: held until every trainer has pushed, then applied once
+    #: PUSH_SPARSE_*: the ids are unique and ascending (a trainer's merged push); the server
+    #: verifies it in its one pass over the ids and refuses the push (BAD_REQUEST) if not
+    SORTED = 8
 
 
 @dataclass(slots=True)

@@ -97,6 +97,33 @@ def test_merge_is_exact_against_numpy_reference() -> None:
     np.testing.assert_array_equal(acc.dense()["bias"], np.zeros(3, np.float32))  # no batch: zeros
 
 
+@pytest.mark.parametrize("rows, draws", [(50, 12), (5_000_000, 3_000)], ids=["comparison-sort", "radix-sort"])
+def test_push_hands_out_ids_unique_and_ascending(rows: int, draws: int) -> None:
+    """sparse() sorts the distinct ids with their rows (a comparison sort for a few, a 3-pass
+    radix sort for 3,000 ids of a 5M-row table); adding after it goes on merging into the moved
+    slots, and the values still equal the numpy merge."""
+    table = aps.SparseTable("big", rows=rows, dim=3, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
+    rng = np.random.default_rng(11)
+    acc = GradAccumulator([table], [], {"big": draws}, max_batches=3)
+    want: dict[int, np.ndarray] = {}
+    for batch in range(3):
+        ids = rng.integers(0, rows, draws)
+        ids[: draws // 4] = ids[draws // 4 : 2 * (draws // 4)]  # repeats within the batch
+        if batch:
+            ids[-5:] = got_ids[:5]  # ids that already have a (moved) slot
+        grads = rng.standard_normal((draws, 3)).astype(np.float32)
+        acc.add([ids], [grads], {}, 1)
+        for i, g in zip(ids.tolist(), grads):
+            want[i] = want.get(i, np.zeros(3, np.float32)) + g
+        got_ids, got_rows = acc.sparse()["big"]
+        assert np.all(np.diff(got_ids) > 0), "unique and ascending"
+        assert got_ids.tolist() == sorted(want)
+        np.testing.assert_allclose(got_rows, np.array([want[i] for i in got_ids.tolist()]), rtol=1e-5, atol=1e-6)
+    acc.clear()
+    acc.add([np.array([rows - 1, 0])], [np.ones((2, 3), np.float32)], {}, 1)  # clear() forgot the moved slots
+    assert acc.sparse()["big"][0].tolist() == [0, rows - 1]
+
+
 def test_bounded_by_batches_and_rows() -> None:
     acc = GradAccumulator([EMB, TAGS], [BIAS], MAX_IDS, max_batches=2)
     one = [np.array([1, 2, 3]), np.array([0])]
