@@ -1,0 +1,65 @@
+"""Checking and normalising what a caller hands the client, before anything is sent.
+
+Every mistake here is the caller's, so each is a :class:`ConfigError` that names the table and
+what was expected; what passes comes back in the one form the wire sends (contiguous int64 ids,
+float32 rows), so the rest of the client never converts again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..sharding import first_bad_id
+from ..specs import DenseTable, SparseTable
+
+
+def addresses_of(addresses: Sequence[str] | str) -> list[str]:
+    """The pserver addresses as a list of ``host:port`` (a string may list them with commas)."""
+    if isinstance(addresses, str):
+        addresses = [a for a in addresses.split(",") if a]
+    if not addresses:
+        raise ConfigError("connect() needs at least one pserver address")
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"pserver address must be host:port, got {address!r}")
+    return list(addresses)
+
+
+def sparse_ids(spec: SparseTable, ids: Any) -> np.ndarray:
+    """``ids`` as contiguous int64, each in the table's range."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
+        raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    bad = first_bad_id(arr, spec.rows)
+    if bad >= 0:
+        raise ConfigError(f"table {spec.name!r}: id {int(arr[bad])} not in [0, {spec.rows})")
+    return arr
+
+
+def _floats(table: str, arr: np.ndarray) -> None:
+    if arr.dtype.kind != "f":
+        raise ConfigError(f"table {table!r}: values must be floating point, got {arr.dtype}")
+
+
+def sparse_rows(spec: SparseTable, ids: np.ndarray, values: Any) -> np.ndarray:
+    """``values`` as contiguous float32, one row of the table's width per id."""
+    arr = np.asarray(values)
+    if arr.shape != (len(ids), spec.dim):
+        raise ConfigError(f"table {spec.name!r}: values must have shape ({len(ids)}, {spec.dim}), got {arr.shape}")
+    _floats(spec.name, arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def dense_values(spec: DenseTable, values: Any) -> np.ndarray:
+    """``values`` (the table's shape, or flat with its size) as flat contiguous float32."""
+    arr = np.asarray(values)
+    if arr.size != spec.size or (arr.shape != spec.shape and arr.ndim != 1):
+        raise ConfigError(f"table {spec.name!r}: values must have shape {spec.shape}, got {arr.shape}")
+    _floats(spec.name, arr)
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
