@@ -2,19 +2,36 @@
 
 Each array is a file in a private directory under /dev/shm (RAM) mapped with ``np.memmap``:
 workers started with *spawn* attach by path, nothing is pickled but the layout, and no
-resource tracker can unlink memory behind our back. The trainer owns the directory and removes
-it when it stops.
+resource tracker can unlink memory behind our back.
+
+Nothing may outlive the trainer, even when it is SIGKILLed (then no ``finally`` runs), so the
+files are removed as early as possible and a dead owner's files by the next trainer:
+
+* **after the last attach**: a mapping stays valid after its file is unlinked, so once every
+  process that will use the arrays has mapped them (the layout says how many: the trainer and
+  its workers), the last one to attach removes the directory. From then on the memory lives only
+  as long as some process maps it, and the kernel frees it when the last one dies, however it
+  dies. :meth:`SharedArrays.close` removes whatever is left when the trainer stops normally.
+* **a dead owner's directory**: the owner holds an exclusive ``flock`` on ``.owner`` in its
+  directory for as long as it lives (the kernel drops it when the process dies, SIGKILL
+  included). Creating shared arrays first removes every ``aps-*`` directory whose lock can be
+  taken, i.e. whose owner is gone before all its workers attached. The lock, not the pid in the
+  name, decides: a pid may be reused, or belong to another pid namespace sharing /dev/shm.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ApsError
 from ..metrics import auc_state_shape
 from ..specs import DenseTable, SparseTable
 from .model import Model
@@ -48,18 +65,90 @@ class SharedLayout:
     mailbox_dense: list[dict[str, ArraySpec]]
     stats: ArraySpec
     auc: ArraySpec
+    #: processes that will attach (the trainer and its workers); the last removes the files
+    attachers: int
 
 
-def _shm_dir() -> str:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix=f"aps-{os.getpid()}-", dir=base)
+_OWNER_LOCK = ".owner"
+_ATTACHED = ".attached-"
+_DIR_NAME = re.compile(r"aps-(\d+)-")
+#: a directory without an owner lock (written before locks existed) is removed only when its
+#: pid is gone and it is older than this, so one being created this instant is never touched
+_UNLOCKED_GRACE_S = 60.0
+
+
+def shm_base() -> str:
+    """Where shared arrays live: /dev/shm (RAM) when writable, else the temporary directory."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def remove_orphans(base: str | None = None) -> list[str]:
+    """Remove the shared-array directories under ``base`` whose owner is dead (see the module);
+    returns the paths removed. Safe to run while other trainers live: their locks are held."""
+    base = base or shm_base()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        match = _DIR_NAME.match(name)
+        path = os.path.join(base, name)
+        if match is None or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if _owner_gone(path, int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _owner_gone(path: str, pid: int) -> bool:
+    try:
+        fd = os.open(os.path.join(path, _OWNER_LOCK), os.O_RDWR)
+    except FileNotFoundError:
+        return _unlocked_orphan(path, pid)
+    except OSError:
+        return False  # not ours to judge (permissions): leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # the owner lives
+    finally:
+        os.close(fd)  # also drops the lock we may have taken: we only wanted to know
+    return True
+
+
+def _unlocked_orphan(path: str, pid: int) -> bool:
+    """A directory without a lock: aps's own (it has the stats array) from a pid that is gone,
+    and not just being created."""
+    if not os.path.exists(os.path.join(path, "stats")):
+        return False
+    try:
+        if time.time() - os.stat(path).st_mtime < _UNLOCKED_GRACE_S:
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive under another user, or vanished meanwhile
+    return False
 
 
 class SharedArrays:
-    """Creates the shared arrays of one trainer (the owner side)."""
+    """Creates the shared arrays of one trainer (the owner side).
+
+    ``num_workers`` worker processes and the trainer itself will attach (:class:`Attached`);
+    the last of those ``num_workers + 1`` attaches removes the files (see the module)."""
 
     def __init__(self, model: Model, num_workers: int, with_mailboxes: bool) -> None:
-        self.root = _shm_dir()
+        base = shm_base()
+        remove_orphans(base)
+        self.root = tempfile.mkdtemp(prefix=f"aps-{os.getpid()}-", dir=base)
+        # held until close() or death: the next trainer's remove_orphans() reads it
+        self._lock: int | None = os.open(os.path.join(self.root, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self._arrays: dict[str, np.ndarray] = {}
         params = {}
         dirty = {}
@@ -87,7 +176,7 @@ class SharedArrays:
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))
         auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
-        self.layout = SharedLayout(self.root, params, dirty, ids, sparse, dense, stats, auc)
+        self.layout = SharedLayout(self.root, params, dirty, ids, sparse, dense, stats, auc, num_workers + 1)
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
         path = os.path.join(self.root, name)
@@ -97,20 +186,47 @@ class SharedArrays:
         return spec
 
     def close(self) -> None:
+        """Remove what is left of the files (idempotent; mappings stay valid) and the lock."""
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 class Attached:
-    """A process's views of the shared arrays (owner or worker side)."""
+    """A process's views of the shared arrays (owner or worker side).
+
+    Attaching counts: after mapping everything, this process leaves a mark in the directory,
+    and the one whose mark completes ``layout.attachers`` removes the directory (the module says
+    why). Attaching once more after that is a misuse and fails loudly."""
 
     def __init__(self, layout: SharedLayout, worker: int | None = None) -> None:
-        self.params = {name: spec.attach() for name, spec in layout.params.items()}
-        self.dirty = {name: spec.attach() for name, spec in layout.dirty.items()}
-        self.stats = layout.stats.attach()
-        self.auc = layout.auc.attach()
-        self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
-        self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
-        self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]
+        try:
+            self.params = {name: spec.attach() for name, spec in layout.params.items()}
+            self.dirty = {name: spec.attach() for name, spec in layout.dirty.items()}
+            self.stats = layout.stats.attach()
+            self.auc = layout.auc.attach()
+            self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
+            self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
+            self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]
+        except FileNotFoundError as exc:
+            raise ApsError(
+                f"shared arrays in {layout.root} are gone: all {layout.attachers} processes they were made "
+                "for have attached (then the files are removed), or their trainer stopped"
+            ) from exc
+        _count_attach(layout)
+
+
+def _count_attach(layout: SharedLayout) -> None:
+    """Mark one more attach; remove the directory if that was the last one expected."""
+    try:
+        fd, _ = tempfile.mkstemp(prefix=_ATTACHED, dir=layout.root)
+        os.close(fd)
+        marks = sum(name.startswith(_ATTACHED) for name in os.listdir(layout.root))
+    except FileNotFoundError:
+        return  # removed meanwhile: by the owner's close(), or by a concurrent last attach
+    if marks >= layout.attachers:
+        shutil.rmtree(layout.root, ignore_errors=True)
 
 
 def _safe(name: str) -> str:
