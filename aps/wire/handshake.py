@@ -50,6 +50,10 @@ class Step:
     message: str = ""
 
 
+#: what every request after the handshake gets (one shared, immutable step)
+_REQUEST = Step(Action.REQUEST)
+
+
 class ServerHandshake:
     """Handshake state of one server connection (``token_required``: AUTH must follow HELLO)."""
 
@@ -97,7 +101,7 @@ class ServerHandshake:
             return Step(Action.CHECK_AUTH)
         if state is HandshakeState.AWAIT_AUTH:
             return self._close(ErrorCode.AUTH_REQUIRED, "this server needs a token")
-        return Step(Action.REQUEST)
+        return _REQUEST
 
     def auth_checked(self, ok: bool, why: str = "") -> Step:
         """The verdict on the AUTH being checked: OK it (READY) or refuse and close."""

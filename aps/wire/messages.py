@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import LocalProtocolError, RemoteProtocolError
 from .codec import FieldPlan, PayloadReader, PayloadWriter
 from .frame import DEFAULT_MAX_FRAME, HEADER_SIZE, Flag, Frame, encode_header
+from .hotpath import encode_pull, encode_rows_reply, read_pull, read_rows_reply
 
 _EMPTY_F32 = np.zeros((0, 0), dtype=np.float32)
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
@@ -311,6 +312,7 @@ _REPLY_BIT = int(Flag.REPLY)  # a plain int: IntFlag arithmetic costs a microsec
 _OP_IN_MESSAGE = frozenset((Ok, TextReply, ArrayReply))
 _REPLY_SET = frozenset(_REPLY_CLASSES)
 _ERROR_OP = int(Op.ERROR)
+_PULL_OP = int(Op.PULL_SPARSE)
 #: each message class's compiled fields, built on first use
 _PLANS: dict[type[Message], FieldPlan] = {}
 
@@ -329,6 +331,21 @@ def _plan(cls: type[Message]) -> FieldPlan:
 
 def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAULT_MAX_FRAME) -> list[Any]:
     """Encode a message into a list of buffers (header first) ready for ``writelines``."""
+    cls = type(msg)
+    if cls is PullSparse or cls is ArrayReply:  # the one-id hot pair: one step (hotpath.py)
+        if cls is PullSparse:
+            frame = encode_pull(msg.table, msg.ids, request_id, int(flags), _PULL_OP, max_frame)  # type: ignore[attr-defined]
+        else:
+            frame = encode_rows_reply(
+                msg.values, msg.version, message_op(msg), request_id, int(flags) | _REPLY_BIT, max_frame  # type: ignore[attr-defined]
+            )
+        if frame is not None:
+            return [frame]
+    return encode_generic(msg, request_id, flags, max_frame)
+
+
+def encode_generic(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAULT_MAX_FRAME) -> list[Any]:
+    """:func:`encode` field by field, for every message (the hot pair's reference)."""
     cls = type(msg)
     writer = PayloadWriter()
     _plan(cls).write(writer, msg)
@@ -362,6 +379,21 @@ def payload_size(msg: Message) -> int:
 
 def decode(frame: Frame) -> Message:
     """Turn a frame into a message; raises RemoteProtocolError on an unknown op or bad payload."""
+    opcode = frame.opcode
+    if opcode == _PULL_OP:  # the one-id hot pair: one step when it parses (hotpath.py)
+        if frame.flags & _REPLY_BIT:
+            rows = read_rows_reply(frame.payload)
+            if rows is not None:
+                return ArrayReply(op=opcode, values=rows[0], version=rows[1])
+        else:
+            pull = read_pull(frame.payload)
+            if pull is not None:
+                return PullSparse(table=pull[0], ids=pull[1])
+    return decode_generic(frame)
+
+
+def decode_generic(frame: Frame) -> Message:
+    """:func:`decode` field by field, for every message (the hot pair's reference)."""
     opcode = frame.opcode
     if opcode == _ERROR_OP:
         cls: type[Message] = Error
