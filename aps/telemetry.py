@@ -40,6 +40,7 @@ from .metrics import merged_auc
 
 if TYPE_CHECKING:
     from .server.core import ServerCore
+    from .server.stats import PortStats
     from .trainer.communicator import Communicator
     from .trainer.monitor import Monitor
 
@@ -166,6 +167,13 @@ class ServerCollector(Collector):
         yield CounterMetricFamily(
             "aps_server_connections_accepted", "Client connections accepted since start.", value=stats.connections_total
         )
+        yield CounterMetricFamily(
+            "aps_server_connections_refused",
+            "Connections closed on accept for going over --max-connections or --max-connections-per-address.",
+            value=stats.connections_refused,
+        )
+        yield from _port_metrics(list(stats.ports))  # the server may (re)fill the list meanwhile
+        yield from _lagged_metrics(core)
         yield GaugeMetricFamily("aps_server_trainers", "Trainers this pserver expects.", value=core.config.num_trainers)
         yield GaugeMetricFamily(
             "aps_server_trainers_done", "Trainers that have sent worker_done.", value=len(core.done_trainers)
@@ -193,6 +201,53 @@ class ServerCollector(Collector):
             if size is not None:
                 nbytes.add_metric([name], size)
         yield from (rows, values, nbytes)
+
+
+def _port_metrics(ports: list[PortStats]) -> Iterator[Metric]:
+    """Per listening port (several with the v2 launch parameters --ports-num and
+    --ports-num-for-sparse), labelled ``port`` and ``kind`` (dense or sparse): what the STATS
+    reply's ``ports`` list says, so one can see that a client spreads its traffic as asked."""
+    labels = ["port", "kind"]
+    open_now = GaugeMetricFamily("aps_server_port_connections", "Client connections open now, per port.", labels=labels)
+    accepted = CounterMetricFamily(
+        "aps_server_port_connections_accepted", "Client connections accepted since start, per port.", labels=labels
+    )
+    frames = CounterMetricFamily("aps_server_port_frames", "Frames received, per port.", labels=labels)
+    received = CounterMetricFamily("aps_server_port_received_bytes", "Frame bytes received, per port.", labels=labels)
+    by_op = CounterMetricFamily(
+        "aps_server_port_requests", "Frames received, per port and opcode.", labels=[*labels, "op"]
+    )
+    for p in ports:
+        key = [str(p.port), p.kind]
+        open_now.add_metric(key, p.connections)
+        accepted.add_metric(key, p.connections_total)
+        frames.add_metric(key, p.frames)
+        received.add_metric(key, p.bytes_in)
+        for op, count in sorted(dict(p.ops).items()):
+            by_op.add_metric([*key, op.lower()], count)
+    yield from (open_now, accepted, frames, received, by_op)
+
+
+def _lagged_metrics(core: ServerCore) -> Iterator[Metric]:
+    """Async gradients dropped as too old (--async-lagged-grad-discard-ratio), per table: zero
+    for every table held, so a dashboard sees the series before the first drop."""
+    versions = core.versions
+    dropped = dict(versions.dropped)
+    family = CounterMetricFamily(
+        "aps_server_lagged_grads_dropped",
+        "Async gradient pushes (messages) dropped because their parameters were more than the "
+        "lagged-gradient limit of updates old, per table.",
+        labels=["table"],
+    )
+    for table in sorted(set(core.tables) | set(dropped)):
+        family.add_metric([table], dropped.get(table, 0))
+    yield family
+    if versions.limit != float("inf"):
+        yield GaugeMetricFamily(
+            "aps_server_lagged_grad_limit",
+            "Updates a gradient may be behind before it is dropped (ratio x trainers); absent when the rule is off.",
+            value=versions.limit,
+        )
 
 
 def _op_label(message_class: str) -> str:
