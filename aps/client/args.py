@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..sharding import first_bad_id
 from ..specs import DenseTable, SparseTable
+from ..validate import count, seconds
 
 
 def addresses_of(addresses: Sequence[str] | str) -> list[str]:
@@ -28,6 +29,16 @@ def addresses_of(addresses: Sequence[str] | str) -> list[str]:
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"pserver address must be host:port, got {address!r}")
     return list(addresses)
+
+
+def check_timing(*, timeout: float | None, retries: int, backoff: float, deadline: float, heartbeat: float) -> None:
+    """The client's time and retry settings, each a number that makes sense (ConfigError names
+    the one that does not): a typo'd ``deadline=-1`` must not turn into "never retry"."""
+    seconds("timeout", timeout, None, none="no limit")
+    count("retries", retries, zero="no retry")
+    seconds("backoff", backoff, "retry at once")
+    seconds("deadline", deadline, "no retry")
+    seconds("heartbeat", heartbeat, "no heartbeat")
 
 
 def sparse_ids(spec: SparseTable, ids: Any) -> np.ndarray:

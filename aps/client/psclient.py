@@ -32,7 +32,7 @@ from .. import wire
 from ..errors import ConfigError
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
-from .args import addresses_of, dense_values, sparse_ids, sparse_rows
+from .args import addresses_of, check_timing, dense_values, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
 from .fanout import Versions, caller_rows, chunks, dense_parts, gather, shares, sum_duplicates
 from .lanes import PortPlan
@@ -65,11 +65,7 @@ class PSClient:
         ports_num_for_sparse: int = 0,
     ) -> None:
         addresses = addresses_of(addresses)
-        if retries < 0:
-            raise ConfigError("retries must be >= 0")
-        for name, value in (("deadline", deadline), ("heartbeat", heartbeat)):
-            if not (value >= 0 and value < float("inf")):
-                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value}")
+        check_timing(timeout=timeout, retries=retries, backoff=backoff, deadline=deadline, heartbeat=heartbeat)
         self.addresses = addresses
         self.token = token
         self.timeout = timeout

@@ -6,7 +6,31 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..telemetry import check_metrics_options
+from ..validate import count, seconds
 from ..wire import DEFAULT_MAX_FRAME, HEADER_SIZE
+
+
+#: the duration settings and what 0 means for each (checked by ServerConfig)
+SECONDS = {
+    "handshake_timeout": "no limit",
+    "frame_timeout": "no limit",
+    "client_linger": "no limit",
+    "trainer_timeout": "no limit",
+    "drain_timeout": "do not wait",
+    "auth_fail_delay": "no delay",
+    "auth_fail_max_delay": "no delay",
+}
+#: the count settings: what they count, and what 0 means (None: 0 is refused, the least is 1)
+COUNTS = {
+    "max_connection_bytes": ("bytes", "no limit"),
+    "max_inflight_bytes": ("bytes", "no limit"),
+    "max_table_bytes": ("bytes", "no limit"),
+    "max_tracking_bytes": ("bytes", "no limit"),
+    "max_connections": ("connections", "no limit"),
+    "max_connections_per_address": ("connections", "no limit"),
+    "max_inflight_per_connection": ("requests", None),
+    "auth_fail_concurrent": ("slots", None),
+}
 
 
 @dataclass(frozen=True)
@@ -54,7 +78,8 @@ class ServerConfig:
     auth_fail_delay: float = 0.05
     auth_fail_max_delay: float = 1.0
     auth_fail_concurrent: int = 2
-    #: limits (docs/operations.md "Limits"; checked by connection.check_limits); 0 turns one off.
+    #: limits (docs/operations.md "Limits"; each checked here, against each other and max_frame
+    #: by connection.check_limits); 0 turns one off.
     #: seconds a new connection has to finish HELLO (and AUTH) before it is closed
     handshake_timeout: float = 10.0
     #: seconds a frame may take from its first byte to its last before the connection is closed
@@ -121,6 +146,14 @@ class ServerConfig:
             raise ConfigError(f"server_index {self.server_index} not in [0, {self.num_servers})")
         if self.num_trainers < 1:
             raise ConfigError(f"num_trainers must be >= 1, got {self.num_trainers}")
+        for name, zero in SECONDS.items():
+            seconds(name, getattr(self, name), zero)
+        for name, (unit, zero) in COUNTS.items():
+            count(name, getattr(self, name), unit, zero, least=0 if zero else 1)
+        if self.auth_fail_max_delay < self.auth_fail_delay:
+            raise ConfigError(
+                f"auth_fail_max_delay ({self.auth_fail_max_delay}) must be at least auth_fail_delay ({self.auth_fail_delay})"
+            )
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port {self.port} out of range")
         if self.max_frame < 4096 or self.max_frame > 0xFFFFFFFF - HEADER_SIZE:

@@ -23,6 +23,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..errors import ConfigError
+from ..validate import count, seconds
+
 #: ``check()`` says whether the MAC is right, or None when its connection has gone meanwhile
 Check = Callable[[], "bool | None"]
 #: ``verdict(ok, reason)`` answers the client (a refusal closes the connection)
@@ -60,12 +63,15 @@ class AuthThrottle:
         max_peers: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if base_delay < 0 or max_delay < base_delay:
-            raise ValueError(f"need 0 <= base_delay <= max_delay, got {base_delay}, {max_delay}")
-        if concurrent < 1:
-            raise ValueError(f"concurrent must be >= 1, got {concurrent}")
-        if max_pending < 1 or max_pending_total < max_pending:
-            raise ValueError(f"need 1 <= max_pending <= max_pending_total, got {max_pending}, {max_pending_total}")
+        seconds("base_delay", base_delay, "no delay")
+        seconds("max_delay", max_delay, "no delay")
+        seconds("forget_after", forget_after, "forget at once")
+        for name, value in (("concurrent", concurrent), ("max_pending", max_pending), ("max_peers", max_peers)):
+            count(name, value, least=1)
+        if max_delay < base_delay:
+            raise ConfigError(f"need base_delay <= max_delay, got {base_delay}, {max_delay}")
+        if max_pending_total < max_pending:
+            raise ConfigError(f"need max_pending <= max_pending_total, got {max_pending}, {max_pending_total}")
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.concurrent = concurrent
