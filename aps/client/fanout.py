@@ -37,6 +37,11 @@ async def gather(calls: Sequence[Awaitable[T]]) -> list[T]:
         raise
 
 
+def row_bytes(dim: int) -> int:
+    """Bytes one sparse row of width ``dim`` takes in a frame: float32 values and its int64 id."""
+    return dim * 4 + 8
+
+
 def chunks(n: int, per: int) -> list[slice]:
     """``n`` rows in pieces of at most ``per``; one empty piece when ``n`` is 0 (a push still
     reaches its server: a sync round counts every trainer's FINAL chunk)."""

@@ -14,11 +14,11 @@ import asyncio
 import ssl as _ssl
 
 from .. import wire
-from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
+from ..errors import ConfigError, ConnectionLost, ServerError
 from .fanout import gather
 from .lanes import PortPlan, lane_address
 from .link import Link
-from .retry import Attempts, RetryPolicy, within
+from .retry import Attempts, RetryPolicy, timed_out, within
 
 #: bytes kept free in a frame for the header and small fields when sizing chunks
 FRAME_SLACK = 4096
@@ -168,7 +168,7 @@ class LinkPool:
             async with asyncio.timeout_at(deadline):
                 return await self.link(k, lane)
         except TimeoutError:
-            raise RequestTimeout(f"call did not finish within {limit} s (connecting to server {k})") from None
+            raise timed_out(limit, f"connecting to server {k}") from None
 
     # ----------------------------------------------------------------- requests
 

@@ -34,7 +34,7 @@ from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_
 from ..tls import client_context
 from .args import addresses_of, check_timing, dense_values, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
-from .fanout import Versions, caller_rows, chunks, dense_parts, gather, shares, sum_duplicates
+from .fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
 from .lanes import PortPlan
 from .link import Link
 from .pool import LinkPool
@@ -174,7 +174,7 @@ class PSClient:
             spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
         if self.num_servers == 1 and len(ids):
-            max_rows = self._pool.frame_budget() // (spec.dim * 4 + 8)
+            max_rows = self._pool.frame_budget() // (row_bytes(spec.dim))
             if len(ids) <= max_rows:
                 # one request to one server (the small, online-serving case): no grouping, no
                 # gather, the deadline watched by the link instead of a timeout context, and
@@ -197,7 +197,7 @@ class PSClient:
         return reply.values
 
     async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
-        per = self._rows_per_frame(spec.dim * 4 + 8)
+        per = self._rows_per_frame(row_bytes(spec.dim))
         calls, targets, servers = [], [], []
         for share in shares(ids, self.num_servers):
             lane = self.ports.sparse_lane(share.server)
@@ -219,7 +219,7 @@ class PSClient:
         spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
         values = sparse_rows(spec, ids, values)
-        per = self._rows_per_frame(spec.dim * 4 + 8)
+        per = self._rows_per_frame(row_bytes(spec.dim))
         if not delta and len(ids) > per:
             # it will be chunked: a repeated id must still get one optimizer update with the summed
             # gradient, not one per chunk (which differs for Adagrad / Adam)
@@ -261,7 +261,7 @@ class PSClient:
         The first call registers this client and returns nothing. Returns (ids, rows).
         """
         spec = await self._sparse_spec(table)
-        max_rows = self._rows_per_frame(spec.dim * 4 + 8)
+        max_rows = self._rows_per_frame(row_bytes(spec.dim))
 
         async def drain(k: int) -> list[wire.ChangedReply]:
             replies = []

@@ -30,6 +30,11 @@ DEFAULT_HEARTBEAT = 5.0
 Timeout = float | None | bool
 
 
+def timed_out(limit: float | None, detail: str = "") -> RequestTimeout:
+    """The error of a call that ran past its ``limit`` seconds; ``detail`` says where it was."""
+    return RequestTimeout(f"call did not finish within {limit} s" + (f" ({detail})" if detail else ""))
+
+
 def call_limit(timeout: Timeout, default: float | None) -> float | None:
     """The seconds a call given ``timeout`` may take (None: no limit); True means ``default``."""
     limit = default if timeout is True else timeout
@@ -53,7 +58,7 @@ async def within(work: Awaitable[T], limit: float | None) -> T:
         async with asyncio.timeout(float(limit)):
             return await work
     except TimeoutError:
-        raise RequestTimeout(f"call did not finish within {limit} s") from None
+        raise timed_out(limit) from None
 
 
 class RetryPolicy:
@@ -108,7 +113,7 @@ class Attempts:
                 if self.refusals > policy.retries:
                     raise error
         if self.deadline is not None and now >= self.deadline:
-            raise RequestTimeout(f"call did not finish within {self.limit} s (last failure: {error})") from error
+            raise timed_out(self.limit, f"last failure: {error}") from error
         if self.first_failure is None:
             self.first_failure = now
         waited = now - self.first_failure
