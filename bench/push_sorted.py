@@ -22,8 +22,11 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -140,14 +143,9 @@ def trainer_side(shape: str, repeat: int) -> dict[str, float]:
 
 
 async def server_side(shape: str, repeat: int, num_servers: int) -> dict[str, float]:
-    rows, dim, count, per, skew = SHAPES[shape]
-    data = batches(rows, dim, count, per, skew, seed=1)
-    ids = np.unique(np.concatenate([b[0] for b in data]))  # the distinct ids of one push
-    rng = np.random.default_rng(2)
-    arrival = rng.permutation(ids)
-    ids = ids[ids % num_servers == 0]
-    arrival = arrival[arrival % num_servers == 0]
-    grads = rng.standard_normal((len(ids), dim)).astype(np.float32) * np.float32(1e-6)
+    rows, dim = SHAPES[shape][:2]
+    ids, arrival, grads = push_ids(shape)
+    ids, arrival, grads = ids[ids % num_servers == 0], arrival[arrival % num_servers == 0], grads[: (ids % num_servers == 0).sum()]
     out: dict[str, float] = {"ids": float(len(ids))}
     for opt_name, opt in (("sgd", aps.SGD(lr=0.1)), ("adagrad", aps.Adagrad(lr=0.1))):
         core = ServerCore(ServerConfig(num_servers=num_servers, server_index=0), lambda: None)
@@ -156,6 +154,39 @@ async def server_side(shape: str, repeat: int, num_servers: int) -> dict[str, fl
         for label, order in (("arrival order", arrival), ("ascending", ids)):
             msg = wire.PushSparseGrad(table="t", ids=order, values=grads, based_on=-1)
             out[f"{opt_name}, {label}"] = median_us(lambda m=msg: core.handle(1, m, int(wire.Flag.FINAL)), repeat)
+    return out
+
+
+def push_ids(shape: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct ids of one push, ascending and in a random (arrival-like) order, and grads."""
+    rows, dim, count, per, skew = SHAPES[shape]
+    ids = np.unique(np.concatenate([b[0] for b in batches(rows, dim, count, per, skew, seed=1)]))
+    rng = np.random.default_rng(2)
+    return ids, rng.permutation(ids), rng.standard_normal((len(ids), dim)).astype(np.float32) * np.float32(1e-6)
+
+
+async def tcp_side(shape: str, repeat: int) -> dict[str, float]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.pservers import ServerProcess
+
+    rows, dim = SHAPES[shape][:2]
+    ids, arrival, grads = push_ids(shape)
+    out: dict[str, float] = {"ids": float(len(ids))}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess.start(Path(tmp), "--trainers", "1")
+        try:
+            async with aps.connect([server.address]) as ps:
+                await ps.create_table(aps.SparseTable("t", rows=rows, dim=dim, optimizer=aps.SGD(lr=0.1)))
+                for label, order in (("sgd, arrival order", arrival), ("sgd, ascending", ids)):
+                    await ps.push_sparse_grad("t", order, grads)
+                    times = []
+                    for _ in range(repeat):
+                        t = time.perf_counter()
+                        await ps.push_sparse_grad("t", order, grads)
+                        times.append(time.perf_counter() - t)
+                    out[label] = statistics.median(times) * 1e6
+        finally:
+            server.stop()
     return out
 
 
@@ -169,6 +200,7 @@ def main() -> None:
         results[f"trainer {shape}"] = trainer_side(shape, args.repeat)
         for n in (1, 2):
             results[f"server {shape}, server 0 of {n}"] = asyncio.run(server_side(shape, args.repeat, n))
+        results[f"tcp {shape}, 1 server"] = asyncio.run(tcp_side(shape, args.repeat))
     for name, row in results.items():
         print(f"\n| {name} | median us per push |\n|---|---:|")
         for k, v in row.items():
