@@ -2,10 +2,11 @@
 
 An online-serving application pulls a few ids at a time from many coroutines at once. Sent one
 by one, each pull costs a frame, a server dispatch and a reply; a pserver spends more on that
-fixed cost than on the rows. A :class:`PullCoalescer` sends the first pull of a table at once
-(no added latency when the client is idle) and, while it is in flight, queues the pulls that
-follow; when it returns they go out together as one request, and each caller gets its own rows.
-Under load this turns N requests into about one per round trip; alone, it changes nothing.
+fixed cost than on the rows. A :class:`PullCoalescer` sends a table's pulls at once while fewer
+than two of its requests are in flight (no added latency when the client is not busy) and
+queues the pulls that follow; when a request returns, what queued goes out together as one
+request, and each caller gets its own rows. Under load this turns N requests into about two per
+round trip; alone, it changes nothing.
 
 A queued pull keeps its own deadline while it waits; a coalesced request carries the earliest
 deadline of the pulls it serves, and its failure is each of their failures. One request holds at most the rows one frame holds; what does not fit
@@ -16,6 +17,7 @@ own entry), so it is bounded by the application's own concurrency.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -42,31 +44,40 @@ def _expire(future: asyncio.Future[np.ndarray], limit: float) -> None:
 
 
 class PullCoalescer:
-    """Small pulls of one table: one request in flight, the rest merged behind it."""
+    """Small pulls of one table: up to ``max_inflight`` requests in flight, the rest merged
+    behind them."""
 
-    def __init__(self, send: SendPull, max_rows: int) -> None:
+    def __init__(self, send: SendPull, max_rows: int, max_inflight: int = 2) -> None:
         self._send = send
         self.max_rows = max_rows
-        self._busy = False
-        self._queue: list[_Waiting] = []
-        self._flusher: asyncio.Task[None] | None = None  # sends what queued (held: not collected)
+        #: requests in flight at once: one more than one keeps the server busy while a reply
+        #: travels back and its callers run, instead of idling a round trip per batch
+        self.max_inflight = max_inflight
+        self._inflight = 0
+        self._queue: deque[_Waiting] = deque()
+        self._flushers: set[asyncio.Task[None]] = set()  # send what queued (held: not collected)
         #: requests sent and pulls they served (a pull alone counts as one request, one pull)
         self.requests = 0
         self.pulls = 0
 
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing queued."""
+        return self._inflight == 0 and not self._queue
+
     async def pull(self, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
-        if not self._busy:
-            self._busy = True
+        if self._inflight < self.max_inflight and not self._queue:
+            self._inflight += 1
             try:
                 self.requests += 1
                 self.pulls += 1
                 return await self._send(ids, deadline, limit)
             finally:
-                self._next()
+                self._done()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
         self._queue.append(_Waiting(ids, future, deadline, limit))
-        # while queued its own deadline still holds (the request ahead may take longer)
+        # while queued its own deadline still holds (the requests ahead may take longer)
         timer = None if deadline is None else loop.call_at(deadline, _expire, future, limit)
         try:
             return await future
@@ -74,28 +85,29 @@ class PullCoalescer:
             if timer is not None:
                 timer.cancel()
 
-    def _next(self) -> None:
-        """The request in flight is done: send what queued behind it, or go idle."""
-        if not self._queue:
-            self._busy = False
-            return
-        self._flusher = asyncio.ensure_future(self._flush())
+    def _done(self) -> None:
+        """A request is done: its slot sends what queued behind it, or goes idle."""
+        self._inflight -= 1
+        if self._queue:
+            self._inflight += 1
+            task = asyncio.ensure_future(self._flush())
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)
 
     async def _flush(self) -> None:
         try:
-            while self._queue:
-                batch, rows = [], 0
-                while self._queue and (not batch or rows + len(self._queue[0].ids) <= self.max_rows):
-                    waiting = self._queue.pop(0)
-                    if waiting.future.done():  # its caller was cancelled meanwhile
-                        continue
-                    batch.append(waiting)
-                    rows += len(waiting.ids)
-                if batch:
-                    await self._serve(batch)
+            batch, rows = [], 0
+            queue = self._queue
+            while queue and (not batch or rows + len(queue[0].ids) <= self.max_rows):
+                waiting = queue.popleft()
+                if waiting.future.done():  # its caller was cancelled meanwhile
+                    continue
+                batch.append(waiting)
+                rows += len(waiting.ids)
+            if batch:
+                await self._serve(batch)
         finally:
-            self._busy = False
-            self._flusher = None
+            self._done()
 
     async def _serve(self, batch: list[_Waiting]) -> None:
         timed = [w for w in batch if w.deadline is not None]

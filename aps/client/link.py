@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from .. import wire
-from ..errors import ConnectionLost, RemoteProtocolError, RequestTimeout, ServerError, TokenMissing
-from ..wire.auth import auth_mac
+from ..errors import ConnectionLost, RemoteProtocolError, RequestTimeout, ServerError
+from ..wire.handshake import ClientHandshake
 
 
 #: a client that gets every reply by spinning never yields to its event loop (awaiting a done
@@ -97,7 +97,7 @@ class Link:
         ssl: _ssl.SSLContext | None = None,
     ) -> Link:
         """Connect (over TLS when ``ssl`` is a context) and handshake (hello, then auth when the
-        server asks for a token)."""
+        server asks for a token; the steps are :class:`ClientHandshake`'s)."""
         host, _, port = address.rpartition(":")
         link = cls(address, max_frame)
         loop = asyncio.get_running_loop()
@@ -107,20 +107,18 @@ class Link:
             raise ConnectionLost(f"cannot connect to pserver {address}: TLS failed: {exc}") from exc
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to pserver {address}: {exc.strerror or exc}") from exc
+        handshake = ClientHandshake(client_id, trainer_id, token, max_frame, address)
         try:
-            hello = await link.request(wire.Hello(client_id=client_id, trainer_id=trainer_id), first_request_id)
-            assert isinstance(hello, wire.HelloReply)
-            link.server_index, link.num_servers = hello.server_index, hello.num_servers
-            link.max_frame = min(max_frame, hello.max_frame)
-            link.lease = hello.lease_ms / 1000
-            if hello.auth_required:
-                if token is None:
-                    raise TokenMissing(f"pserver {address} requires a token and none was given "
-                                       "(pass token=, or set APS_TOKEN)")
-                await link.request(wire.Auth(mac=auth_mac(token, hello.nonce, client_id)), first_request_id + 1)
+            step: wire.Message | None = handshake.hello()
+            request_id = first_request_id
+            while step is not None:  # HELLO, then AUTH when the server asks for a token
+                step = handshake.receive(await link.request(step, request_id))
+                request_id += 1
         except BaseException:
             link.close()
             raise
+        link.server_index, link.num_servers = handshake.server_index, handshake.num_servers
+        link.max_frame, link.lease = handshake.max_frame, handshake.lease
         return link
 
     def busy_poll(self, seconds: float) -> bool:

@@ -112,6 +112,16 @@ class Model(ABC):
         """
         return None
 
+    def warm_up(self, ctx: WorkerContext, local_sgd: bool) -> None:
+        """Optional: run this model's kernels once on a tiny made-up input, in a fresh worker
+        process before it reports ready (``local_sgd``: the geo step, else :meth:`compute`).
+
+        Why: a numba kernel's first call in a process loads it from the cache (or compiles it),
+        and the very first one also sets numba up; that is about a second per worker. Workers
+        start while their trainer connects to the pservers, so done here it costs no wall time,
+        whereas on the first batch it delays training. Must leave no trace: not ``ctx``'s random
+        stream, not the parameters, not any progress count. The default does nothing."""
+
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
         """Optional, for classifiers: after :meth:`compute`, the batch's predicted probability of
         the positive class and its 0/1 labels. A model that returns them gets AUC (global and

@@ -1,4 +1,12 @@
-"""The compute worker processes of one trainer: start (spawn), talk over pipes, stop, reap.
+"""The compute worker processes of one trainer: start, talk over pipes, stop, reap.
+
+Workers are forked by multiprocessing's *fork server*, a clean single-threaded process (no event
+loop, no threads of ours) that :func:`start_fork_server` starts as the trainer starts and that
+imports, once, the main module, aps's worker, the model's module and a ready numba (see
+:mod:`.preload`). With *spawn* every worker paid all of that itself, about 0.8 s of CPU each on
+the critical path of every run. A worker asks to die with its parent, the fork server, which
+exits when the trainer does (it watches a pipe that only the trainer holds), so a SIGKILLed
+trainer still leaves no worker behind.
 
 Records from a worker are read with the event loop's reader callbacks (no thread, no polling);
 each is handed to a callback as a task. A worker that dies or reports an error fails the pool:
@@ -10,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import multiprocessing.forkserver
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -23,12 +33,30 @@ from .worker import WorkerSpec, worker_main
 
 log = structlog.get_logger("aps.trainer")
 
+T = TypeVar("T")
+
+
+#: the start method of compute workers (see the module docstring)
+START_METHOD = "forkserver"
+
+
+def start_fork_server(model_module: str) -> None:
+    """Start this process's worker fork server now, in the background, preloading what a worker
+    of a model defined in ``model_module`` imports; returns at once (the server imports while the
+    trainer goes on). Call it first thing: the sooner, the more of its start-up is hidden.
+
+    multiprocessing keeps one fork server per process: when one already runs (an earlier
+    trainer in this process) it is reused as it is."""
+    ctx = mp.get_context(START_METHOD)
+    ctx.set_forkserver_preload(["__main__", "aps.trainer.worker", model_module, "aps.trainer.preload"])
+    multiprocessing.forkserver.ensure_running()
+
 
 class WorkerPool:
     def __init__(self, specs: list[WorkerSpec], on_record: Callable[[int, Record], Awaitable[None]]) -> None:
         self.specs = specs
         self.on_record = on_record
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(START_METHOD)
         self.conns: list[Connection] = []
         self._child_conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -45,21 +73,71 @@ class WorkerPool:
         self._epoch_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._starter: threading.Thread | None = None
+        self._started: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
         return len(self.specs)
 
-    async def start(self, timeout: float = 300.0) -> None:
-        """Start every worker and wait until each attached its arrays and compiled its kernels."""
+    def launch(self) -> None:
+        """Start every worker process in the background and return at once (call it from the
+        running event loop).
+
+        A trainer launches its workers before it connects to the pservers: a worker's start
+        (the fork server's imports, attaching the arrays, loading its kernels) then runs while
+        the trainer waits for table creation and its first pull, instead of after them. The
+        processes are started from a thread because ``Process.start`` blocks until the fork
+        server, possibly still importing, has forked. :meth:`ready` waits for them; a worker
+        that fails meanwhile fails the pool as usual."""
         loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
         self._ready_event = asyncio.Event()
-        for proc, child in zip(self.procs, self._child_conns):
-            proc.start()
-            child.close()
+        started: asyncio.Future[None] = loop.create_future()
+        self._started = started
+
+        def start_all() -> None:
+            error: BaseException | None = None
+            try:
+                for proc, child in zip(self.procs, self._child_conns):
+                    if self._stopping:
+                        break
+                    proc.start()
+                    child.close()
+            except BaseException as exc:  # reported to the trainer through ready()
+                error = exc
+            loop.call_soon_threadsafe(_settle, started, error)
+
         for w, conn in enumerate(self.conns):
             loop.add_reader(conn.fileno(), self._readable, w)
+        self._starter = threading.Thread(target=start_all, name="aps-worker-start", daemon=True)
+        self._starter.start()
+
+    async def ready(self, timeout: float = 300.0) -> None:
+        """Wait until every launched worker attached its arrays and loaded its kernels."""
+        assert self._ready_event is not None and self._started is not None, "launch() the pool first"
+        started = asyncio.shield(self._started)
+        await asyncio.wait({started, self.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if self._started.done():
+            self._started.result()  # a worker that could not be started
         await self._wait(self._ready_event, timeout, "workers did not start")
+
+    async def watch(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (the trainer's own start-up, while launched workers start), but raise a
+        worker's failure as soon as it happens instead of after ``work``, which may be long."""
+        assert self.failed is not None, "launch() the pool first"
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, self.failed}, return_when=asyncio.FIRST_COMPLETED)
+            if self.failed.done():
+                self.failed.result()
+            return task.result()
+        finally:
+            task.cancel()
+
+    async def start(self, timeout: float = 300.0) -> None:
+        """:meth:`launch` and :meth:`ready` in one."""
+        self.launch()
+        await self.ready(timeout)
 
     async def _wait(self, event: asyncio.Event, timeout: float | None, what: str) -> None:
         assert self.failed is not None
@@ -158,10 +236,26 @@ class WorkerPool:
     def kill(self) -> None:
         """Synchronous last resort (finally blocks, signal paths)."""
         self._stopping = True
+        if self._starter is not None:
+            self._starter.join()  # no process may start after this kill (it stops at the next one)
         for proc in self.procs:
             if proc.pid is not None and proc.is_alive():
                 proc.kill()
+        if self._started is not None and self._started.done() and not self._started.cancelled():
+            self._started.exception()
+        if self.failed is not None and self.failed.done():
+            self.failed.exception()  # a failure nobody waited for (the trainer failed first) is not news
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid]
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Complete ``future`` from the event loop (the starter thread's result)."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -25,7 +25,7 @@ from .ipc import Record
 from .model import Model
 from .modes import mode_class
 from .monitor import Monitor, terminal
-from .pool import WorkerPool
+from .pool import WorkerPool, start_fork_server
 from .shared import Attached, SharedArrays
 from .strategy import Strategy
 from .worker import WorkerSpec
@@ -129,7 +129,7 @@ class Trainer:
     def train(self, files: list[str], epochs: int = 1) -> TrainResult:
         """Blocking wrapper around :meth:`atrain` (runs its own event loop).
 
-        Workers are started with multiprocessing's *spawn*, which re-imports the main module:
+        Workers are forked by multiprocessing's fork server, which imports the main module:
         call this under ``if __name__ == "__main__":`` in a script."""
         return asyncio.run(self.atrain(files, epochs))
 
@@ -140,6 +140,7 @@ class Trainer:
         starting up included) until this returns; :attr:`registry` keeps the final numbers."""
         if epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}")
+        start_fork_server(type(self.model).__module__)  # imports in the background from now on
         mine = split_files(expand_inputs(files), self.trainer_id, self.cluster.num_trainers)
         assert self.strategy.workers is not None
         per_worker = assign_to_workers(mine, self.strategy.workers)
@@ -187,9 +188,6 @@ class Trainer:
         pool: WorkerPool | None = None
         ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
         try:
-            await create_tables(ps, self.model)
-            attached = Attached(shared.layout)
-            self.probe.stats, self.probe.auc = attached.stats, attached.auc
             specs = [
                 WorkerSpec(
                     worker_id=w,
@@ -215,14 +213,20 @@ class Trainer:
                 assert comm is not None
                 await comm.handle(w, rec)
 
+            # the workers start (and load their kernels) while this process connects, creates the
+            # tables and fills the replica; they train only once told to, after all of that
             pool = WorkerPool(specs, on_record)
+            started = time.monotonic()
+            pool.launch()
+            await pool.watch(create_tables(ps, self.model))
+            attached = Attached(shared.layout)
+            self.probe.stats, self.probe.auc = attached.stats, attached.auc
             comm = Communicator(
                 ps, self.model, self.strategy, attached, pool.send, self.trainer_id, self.cluster.num_trainers
             )
             self.probe.comm = comm
-            await comm.start()
-            started = time.monotonic()
-            await pool.start()
+            await pool.watch(comm.start())
+            await pool.ready()
             log.info("workers ready", workers=len(pool), seconds=round(time.monotonic() - started, 2))
             monitor = Monitor(
                 attached.stats,

@@ -98,6 +98,7 @@ class Worker:
     # ----------------------------------------------------------------- main loop
 
     def run(self) -> None:
+        self.model.warm_up(self.ctx, self.local_sgd)  # kernels loaded while the trainer connects
         self.conn.send_bytes(Record(Kind.READY).encode())
         while True:
             rec = Record.decode(self.conn.recv_bytes())

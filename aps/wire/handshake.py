@@ -1,4 +1,4 @@
-"""The server side of the connection handshake as a sans-IO state machine.
+"""Both sides of the connection handshake as sans-IO state machines.
 
 A connection goes ``AWAIT_HELLO -> (AWAIT_AUTH ->) READY -> CLOSED``: HELLO first, then, when
 the server has a token, AUTH (whose MAC the server checks, possibly later: the guess throttle
@@ -6,7 +6,11 @@ answers a wrong one late), then any request. Anything out of order moves it to C
 CLOSED is sticky: the machine refuses to be driven further, so a connection that forgot it had
 refused a peer cannot serve it by accident.
 
-The machine never touches a socket nor a clock: it takes decoded messages and says what the
+The client's machine (:class:`ClientHandshake`) is the mirror image: it says what to send first
+(HELLO), what follows the server's HELLO_REPLY (AUTH, with the MAC of the server's nonce, or
+nothing), and when the link is ready; a reply out of order is the server's protocol error.
+
+The machines never touch a socket nor a clock: it takes decoded messages and says what the
 connection must do (:class:`Step`), so every path is tested with bytes fed through a
 :class:`~aps.wire.frame.FrameDecoder` (tests/wire/test_handshake.py).
 """
@@ -16,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import ErrorCode, LocalProtocolError
-from .messages import Auth, Hello, Message
+from ..errors import ErrorCode, LocalProtocolError, RemoteProtocolError, TokenMissing
+from .auth import auth_mac
+from .messages import Auth, Hello, HelloReply, Message, Ok, Op
 
 #: the largest frame accepted before the handshake is done, so an unauthenticated peer cannot
 #: make the server allocate a max-size body
@@ -121,3 +126,67 @@ class ServerHandshake:
     def _close(self, code: ErrorCode, message: str) -> Step:
         self.close(message)
         return Step(Action.REFUSE, code, message)
+
+
+class ClientState(Enum):
+    AWAIT_HELLO_REPLY = "await_hello_reply"  # HELLO sent
+    AWAIT_AUTH_OK = "await_auth_ok"  # AUTH sent (the server has a token)
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class ClientHandshake:
+    """Handshake state of one client connection: ``hello()`` to send first, then each reply to
+    :meth:`receive`, which returns the next message to send (AUTH) or None once ready.
+
+    What the server said about itself (index, count, max frame, lease) is kept for the link.
+    A reply that does not fit the state raises :class:`RemoteProtocolError` and closes the
+    machine; a server that wants a token when none was given raises :class:`TokenMissing`."""
+
+    __slots__ = ("client_id", "trainer_id", "token", "address", "state", "server_index", "num_servers",
+                 "max_frame", "lease")
+
+    def __init__(self, client_id: int, trainer_id: int, token: str | None, max_frame: int, address: str = "") -> None:
+        self.client_id = client_id
+        self.trainer_id = trainer_id
+        self.token = token
+        self.address = address
+        self.state = ClientState.AWAIT_HELLO_REPLY
+        self.server_index = -1
+        self.num_servers = 0
+        #: the smaller of ours and the server's: what either side may send
+        self.max_frame = max_frame
+        #: seconds of silence after which the server takes this trainer for gone (0: never)
+        self.lease = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ClientState.READY
+
+    def hello(self) -> Hello:
+        """The first message of the connection."""
+        return Hello(client_id=self.client_id, trainer_id=self.trainer_id)
+
+    def receive(self, reply: Message) -> Message | None:
+        """The server answered: the next message to send, or None (ready)."""
+        state = self.state
+        if state is ClientState.AWAIT_HELLO_REPLY and isinstance(reply, HelloReply):
+            self.server_index, self.num_servers = reply.server_index, reply.num_servers
+            self.max_frame = min(self.max_frame, reply.max_frame)
+            self.lease = reply.lease_ms / 1000
+            if not reply.auth_required:
+                self.state = ClientState.READY
+                return None
+            if self.token is None:
+                self.state = ClientState.CLOSED
+                raise TokenMissing(f"pserver {self.address} requires a token and none was given "
+                                   "(pass token=, or set APS_TOKEN)")
+            self.state = ClientState.AWAIT_AUTH_OK
+            return Auth(mac=auth_mac(self.token, reply.nonce, self.client_id))
+        if state is ClientState.AWAIT_AUTH_OK and isinstance(reply, Ok) and reply.op == Op.AUTH:
+            self.state = ClientState.READY
+            return None
+        self.state = ClientState.CLOSED
+        raise RemoteProtocolError(
+            f"pserver {self.address} answered the handshake ({state.value}) with {type(reply).__name__}"
+        )

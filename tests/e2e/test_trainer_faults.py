@@ -65,11 +65,15 @@ def start_trainer(processes, tmp_path: Path, model: str, workers: int = 2) -> su
 
 
 def wait_workers(proc: subprocess.Popen, count: int, timeout: float = 60.0) -> list[int]:
+    """The trainer's compute workers, once ``count`` run, with every other process under the
+    trainer (the workers are forked by its fork server, a child of the trainer, as is
+    multiprocessing's resource tracker): all of them must go when the trainer goes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = [p for p in children(proc.pid) if alive(p)]
-        if len(kids) >= count:
-            return kids
+        helpers = [p for p in children(proc.pid) if alive(p)]
+        workers = [w for h in helpers for w in children(h) if alive(w)]
+        if len(workers) >= count:
+            return workers + helpers
         assert proc.poll() is None, "trainer exited early"
         time.sleep(0.1)
     raise TimeoutError("workers did not start")

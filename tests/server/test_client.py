@@ -416,23 +416,24 @@ async def test_concurrent_small_pulls_are_coalesced_and_each_gets_its_rows() -> 
         for ids, rows in zip(asks, got):
             np.testing.assert_array_equal(rows, whole[ids])
         sent = servers[0].core.stats.as_dict()["ops"]["PullSparse"]["count"] - before
-        assert 2 <= sent <= 4  # the first alone, the 63 queued behind it in one or a few more
+        assert 3 <= sent <= 6  # the first two alone, the 62 queued behind them in one or a few more
         coalescer = ps._coalescers["emb"]
-        assert coalescer.pulls - coalescer.requests >= 60 and not coalescer._busy
+        assert coalescer.pulls - coalescer.requests >= 58 and coalescer.idle
 
 
 async def test_a_failed_coalesced_pull_fails_each_pull_it_served() -> None:
     async with cluster(1) as servers, aps.connect(addrs(servers), timeout=10, **FAST) as ps:
         await ps.create_table(SPARSE)
         first = asyncio.ensure_future(ps.pull_sparse("emb", [1]))
+        second = asyncio.ensure_future(ps.pull_sparse("emb", [0]))  # the two that go at once
         await asyncio.sleep(0)
-        queued = [asyncio.ensure_future(ps.pull_sparse("emb", [i])) for i in (2, 3)]
+        queued = [second] + [asyncio.ensure_future(ps.pull_sparse("emb", [i])) for i in (2, 3)]
         await asyncio.sleep(0)
         await servers[0].aclose()  # what was queued behind the first goes to a server gone
         results = await asyncio.gather(first, *queued, return_exceptions=True)
         assert all(isinstance(r, (np.ndarray, aps.ConnectionLost)) for r in results), results
         assert any(isinstance(r, aps.ConnectionLost) for r in results[1:]), results
-        assert not ps._coalescers["emb"]._busy  # idle again: a later pull is sent, not queued forever
+        assert ps._coalescers["emb"].idle  # idle again: a later pull is sent, not queued forever
 
 
 async def test_small_pull_deadlines_fail_in_their_order_and_the_link_stays_usable() -> None:

@@ -1,5 +1,6 @@
-"""The server's handshake state machine, driven by bytes through a FrameDecoder (no sockets):
-whole, byte by byte, and with trailing bytes; every out-of-order message closes it for good."""
+"""The handshake state machines, driven by bytes through a FrameDecoder (no sockets): whole,
+byte by byte, and with trailing bytes; every out-of-order message closes them for good. The
+server's first, then the client's."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import numpy as np
 import pytest
 
 from aps import wire
-from aps.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from aps.wire.handshake import HANDSHAKE_MAX_FRAME, Action, HandshakeState, ServerHandshake
+from aps.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, TokenMissing
+from aps.wire.auth import check_mac
+from aps.wire.handshake import (
+    HANDSHAKE_MAX_FRAME, Action, ClientHandshake, ClientState, HandshakeState, ServerHandshake,
+)
 
 MAX_FRAME = 1 << 20
 PULL = wire.PullSparse(table="emb", ids=np.array([3, 1, 2], dtype=np.int64))
@@ -147,3 +151,70 @@ def test_close_keeps_the_first_reason() -> None:
     hs.close("connection lost")
     hs.close("server shutting down")
     assert (hs.state, hs.close_reason) == (HandshakeState.CLOSED, "connection lost")
+
+
+# ---------------------------------------------------------------- the client's machine
+
+NONCE = bytes(range(16))
+
+
+def _replies(*msgs: wire.Message, chunk: int = 0) -> list[wire.Message]:
+    """Encode the server's replies and read them back through a decoder (``chunk`` bytes a time)."""
+    data = b"".join(wire.encode_bytes(m, i + 1) for i, m in enumerate(msgs))
+    decoder = wire.FrameDecoder(MAX_FRAME)
+    out = []
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] if chunk else [data]
+    for piece in pieces:
+        decoder.receive_data(piece)
+        while (frame := decoder.next_frame()) is not None:
+            out.append(wire.decode(frame))
+    return out
+
+
+def _hello_reply(auth: bool) -> wire.HelloReply:
+    return wire.HelloReply(server_index=1, num_servers=3, max_frame=4096, auth_required=int(auth), lease_ms=2500, nonce=NONCE)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7])
+def test_client_handshake_without_token_is_ready_after_hello_reply(chunk: int) -> None:
+    hs = ClientHandshake(client_id=42, trainer_id=0, token=None, max_frame=MAX_FRAME, address="h:1")
+    assert hs.hello() == wire.Hello(client_id=42, trainer_id=0)
+    (reply,) = _replies(_hello_reply(False), chunk=chunk)
+    assert hs.receive(reply) is None and hs.ready
+    assert (hs.server_index, hs.num_servers, hs.max_frame, hs.lease) == (1, 3, 4096, 2.5)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 5])
+def test_client_handshake_with_token_sends_the_mac_of_the_servers_nonce(chunk: int) -> None:
+    hs = ClientHandshake(client_id=42, trainer_id=-1, token="s3cret", max_frame=MAX_FRAME)
+    hello_reply, ok = _replies(_hello_reply(True), wire.Ok(op=wire.Op.AUTH), chunk=chunk)
+    auth = hs.receive(hello_reply)
+    assert isinstance(auth, wire.Auth) and check_mac("s3cret", NONCE, 42, auth.mac)
+    assert hs.state is ClientState.AWAIT_AUTH_OK and not hs.ready
+    assert hs.receive(ok) is None and hs.ready
+
+
+def test_client_handshake_without_the_token_a_server_needs_is_a_config_error() -> None:
+    hs = ClientHandshake(client_id=1, trainer_id=-1, token=None, max_frame=MAX_FRAME, address="h:9")
+    with pytest.raises(TokenMissing, match="h:9 requires a token"):
+        hs.receive(_hello_reply(True))
+    assert hs.state is ClientState.CLOSED
+
+
+@pytest.mark.parametrize(
+    "token, replies",
+    [
+        (None, [wire.Ok(op=wire.Op.AUTH)]),  # OK before HELLO_REPLY
+        (None, [_hello_reply(False), _hello_reply(False)]),  # a second HELLO_REPLY
+        ("t", [_hello_reply(True), _hello_reply(True)]),  # HELLO_REPLY where OK(AUTH) belongs
+        ("t", [_hello_reply(True), wire.Ok(op=wire.Op.PING)]),  # OK of another op
+    ],
+)
+def test_client_handshake_out_of_order_is_the_servers_protocol_error(token: str | None, replies: list) -> None:
+    hs = ClientHandshake(client_id=1, trainer_id=-1, token=token, max_frame=MAX_FRAME)
+    with pytest.raises(RemoteProtocolError, match="answered the handshake"):
+        for reply in _replies(*replies):
+            hs.receive(reply)
+    assert hs.state is ClientState.CLOSED
+    with pytest.raises(RemoteProtocolError):  # closed for good
+        hs.receive(_hello_reply(False))

@@ -376,6 +376,30 @@ class Word2Vec(Model):
                              float(done[last_target[i]]))
             yield Batch(self._ids(u_in[ui[i] : ui[i + 1]], w_ids), p1 - p0, data)
 
+    def warm_up(self, ctx: WorkerContext, local_sgd: bool) -> None:
+        """Loads every kernel this setting calls (parsing, windows, sampling, indexing, the step)
+        on one made-up line, so that a worker's first batch runs at full speed. It draws from its
+        own random stream, steps throw-away tables with a zero rate and puts the run's token
+        count back; it does read the dictionary's counts, which the first batch needs anyway."""
+        tokens = [1 + i % (self.vocab_size - 1) for i in range(4 * self.window + 4)]
+        line = " ".join(map(str, tokens)).encode() + b"\n"
+        probe = WorkerContext(ctx.trainer_id, ctx.worker_id, ctx.num_trainers, ctx.num_workers, np.random.default_rng(0))
+        seen = self.local("tokens_seen", lambda: np.zeros(1, np.int64))
+        before = int(seen[0])
+        batches = list(self.batches(Chunk("<warm-up>", 1, line, 1), probe))
+        seen[0] = before
+        sparse = {t.name: np.zeros((t.rows, t.dim), np.float32) for t in self.sparse_tables()}
+        params = Params(sparse=sparse, dense={})
+        for batch in batches:
+            batch = Batch(batch.sparse_ids, batch.examples, batch.data._replace(progress=0.0))
+            if local_sgd:
+                dirty = {name: np.zeros(a.shape[0], np.uint8) for name, a in sparse.items()}
+                self.local_sgd(batch, params, {name: 0.0 for name in sparse}, dirty)
+            else:
+                grads = Grads(sparse={name: np.zeros((len(batch.sparse_ids[name]), a.shape[1]), np.float32)
+                                      for name, a in sparse.items()})
+                self.compute(batch, params, grads)
+
     # ------------------------------------------------------------ compute
 
     def check_mode(self, mode: str) -> None:
