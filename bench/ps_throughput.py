@@ -10,7 +10,11 @@ What is measured (see bench/README.md for the details and the caveats):
   own connection); Redis: one ``MGET`` / ``MSET`` of the same number of 256-byte values stored
   under ``e:{id}``;
 * small requests: pull of 1 id (Redis: ``GET`` of 1 key), 1 client sequential and
-  ``--concurrency`` concurrent clients; requests/s and per-request p50 / p99 latency.
+  ``--concurrency`` concurrent clients; requests/s and per-request p50 / p99 latency. aps also
+  runs the 1-client row with ``busy_poll`` (the client spins for the reply instead of sleeping;
+  ``--busy-poll``), and N concurrent callers sharing one client (``--callers``), whose pulls the
+  client coalesces into fewer requests: there requests/s counts callers' pulls answered, and the
+  JSON has the requests actually sent (``wire_requests_per_s``).
 
 The pserver runs in its own process (spawned, uvloop), like redis-server; the client side runs in
 this process (uvloop). Both Redis clients of redis-py (sync, asyncio) are tried and the faster one
@@ -48,6 +52,7 @@ import aps
 TARGET_PULL_RATIO = 2.0  # aps rows/s on batched pulls >= 2x Redis
 TARGET_PAYLOAD_MB_S = 1000.0  # >= 1 GB/s payload (batched pull)
 TARGET_SMALL_RPS = 50_000.0  # >= 50k small requests/s
+TARGET_SMALL_C8_RATIO = 2.0  # small pulls, --concurrency clients: >= 2x Redis
 
 TABLE = "emb"
 #: a row measured while other processes used more CPU than this (in cores) is marked "(!)"
@@ -304,12 +309,13 @@ class ApsServerProcess:
 
 async def bench_aps(
     address: str, wl: Workload, conc: int, warmup: float, duration: float, server_pid: int | None,
-    retry: Retry, log: Callable[[str], None],
+    retry: Retry, log: Callable[[str], None], busy_poll: float = 0.0002, callers: tuple[int, ...] = (64, 256),
 ) -> dict[str, Any]:
     res: dict[str, Any] = {}
     clients = [aps.connect([address], timeout=60.0) for _ in range(conc)]
     for c in clients:
         await c.open()
+    spinner = await aps.connect([address], timeout=60.0, busy_poll=busy_poll) if busy_poll else None
     try:
         ps = clients[0]
         t0 = time.perf_counter()
@@ -317,7 +323,7 @@ async def bench_aps(
             aps.SparseTable(TABLE, rows=wl.rows, dim=wl.dim, init=aps.Uniform(-0.01, 0.01), optimizer=aps.SGD(lr=0.1))
         )
         res["create_table_s"] = time.perf_counter() - t0
-        for c in clients[1:]:
+        for c in clients[1:] + ([spinner] if spinner else []):
             await c.table_spec(TABLE)  # cache the spec so the timed loops send only data requests
         # first calls compile / load the numba kernels on the server: keep them out of the warm-up
         await ps.pull_sparse(TABLE, wl.batch_ids[0])
@@ -338,6 +344,10 @@ async def bench_aps(
         async def small_pipelined(w: int, i: int) -> None:  # all workers share one connection
             await ps.pull_sparse(TABLE, wl.small_ids[(w * 997 + i) % ns])
 
+        async def small_spin(w: int, i: int) -> None:
+            assert spinner is not None
+            await spinner.pull_sparse(TABLE, wl.small_ids[(w * 997 + i) % ns])
+
         plan = [
             ("pull_batch_c1", pull, 1, wl.ids),
             (f"pull_batch_c{conc}", pull, conc, wl.ids),
@@ -347,13 +357,21 @@ async def bench_aps(
             (f"small_c{conc}", small, conc, 1),
             (f"small_pipelined{conc}", small_pipelined, conc, 1),
         ]
+        plan += [(f"small_pipelined{n}", small_pipelined, n, 1) for n in callers if n != conc]
+        if spinner is not None:
+            plan.append(("small_c1_spin", small_spin, 1, 1))
         for name, op, workers, per in plan:
             best: dict[str, Any] | None = None
             for attempt in range(retry.retries + 1):
+                sent, served = ps.coalescing(TABLE)
                 with CpuMeter(server_pid) as cpu:
                     count, elapsed, lat = await run_async_load(op, workers, warmup, duration)
                 row = _summary(count, elapsed, lat, per, wl.dim)
                 row.update(cpu.as_dict(), attempts=attempt + 1)
+                if op is small_pipelined:  # callers' pulls answered per request the client sent
+                    sent_after, served_after = ps.coalescing(TABLE)
+                    row["pulls_per_request"] = (served_after - served) / max(1, sent_after - sent)
+                    row["wire_requests_per_s"] = row["requests_per_s"] / row["pulls_per_request"]
                 best = retry.keep(best, row)
                 if not retry.again(row, attempt, warmup + duration):
                     break
@@ -364,7 +382,7 @@ async def bench_aps(
         stats = await ps.stats()
         res["server_stats"] = next(iter(stats.values()))
     finally:
-        for c in clients:
+        for c in clients + ([spinner] if spinner else []):
             await c.aclose()
     return res
 
@@ -594,9 +612,15 @@ def build_table(res: dict[str, Any], conc: int) -> tuple[str, dict[str, Any]]:
         add(f"small pull (1 id), {who}: requests/s", key, "requests_per_s", "rps")
         add(f"small pull (1 id), {who}: p50 latency us", key, "p50_us", "us", False)
         add(f"small pull (1 id), {who}: p99 latency us", key, "p99_us", "us", False)
-    key = f"small_pipelined{conc}"
-    add(f"small pull (1 id), {conc} in flight on 1 connection: requests/s", key, "requests_per_s", "rps")
-    add(f"small pull (1 id), {conc} in flight on 1 connection: p99 latency us", key, "p99_us", "us", False)
+    if "small_c1_spin" in a:
+        add("small pull (1 id), 1 client, busy_poll: requests/s", "small_c1_spin", "requests_per_s", "rps")
+        add("small pull (1 id), 1 client, busy_poll: p50 latency us", "small_c1_spin", "p50_us", "us", False)
+        add("small pull (1 id), 1 client, busy_poll: p99 latency us", "small_c1_spin", "p99_us", "us", False)
+    for key in sorted((k for k in a if k.startswith("small_pipelined")), key=lambda k: int(k[len("small_pipelined"):])):
+        n = key[len("small_pipelined"):]
+        add(f"small pull (1 id), {n} callers sharing 1 client: pulls/s", key, "requests_per_s", "rps")
+        add(f"small pull (1 id), {n} callers sharing 1 client: requests sent/s", key, "wire_requests_per_s", "rps")
+        add(f"small pull (1 id), {n} callers sharing 1 client: p99 latency us", key, "p99_us", "us", False)
 
     def noisy(row: dict[str, Any] | None) -> str:
         other = (row or {}).get("other_cpu")
@@ -644,12 +668,33 @@ def build_table(res: dict[str, Any], conc: int) -> tuple[str, dict[str, Any]]:
         "measured": round(best_mb, 1),
         "met": best_mb >= TARGET_PAYLOAD_MB_S,
     }
-    best_small = max(a[k]["requests_per_s"] for k in (f"small_c{conc}", f"small_pipelined{conc}", "small_c1"))
+    small_keys = [k for k in a if k.startswith("small_") and isinstance(a[k], dict)]
+    best_key = max(small_keys, key=lambda k: a[k]["requests_per_s"])
+    best_small = a[best_key]["requests_per_s"]
     checks["small_requests"] = {
         "target": f">= {TARGET_SMALL_RPS:,.0f} small requests/s (best concurrency level)",
         "measured": round(best_small, 1),
+        "row": best_key,
         "met": best_small >= TARGET_SMALL_RPS,
     }
+    redis_c1 = r.get("small_c1") if isinstance(r, dict) else None
+    if redis_c1:
+        for key in ("small_c1", "small_c1_spin"):
+            if key in a:
+                rps, p50 = a[key]["requests_per_s"] / redis_c1["requests_per_s"], a[key]["p50_us"] / redis_c1["p50_us"]
+                checks[f"{key}_vs_redis"] = {
+                    "target": f"1 client ({'busy_poll' if key.endswith('spin') else 'default'}): >= Redis's requests/s and p50 <= Redis's",
+                    "measured": {"requests_ratio": round(rps, 3), "p50_ratio": round(p50, 3)},
+                    "met": rps >= 1.0 and p50 <= 1.0,
+                }
+    redis_cn = r.get(f"small_c{conc}") if isinstance(r, dict) else None
+    if redis_cn and f"small_c{conc}" in a:
+        ratio = a[f"small_c{conc}"]["requests_per_s"] / redis_cn["requests_per_s"]
+        checks["small_cn_vs_redis"] = {
+            "target": f">= {TARGET_SMALL_C8_RATIO:g}x Redis's small requests/s with {conc} clients",
+            "measured": round(ratio, 3),
+            "met": ratio >= TARGET_SMALL_C8_RATIO,
+        }
     lines.append("")
     lines.append("Targets:")
     for name, chk in checks.items():
@@ -702,6 +747,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=None, help="seconds measured per row (default 3; 0.3 with --quick)")
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds before each row (default 0.5; 0.1 with --quick)")
     p.add_argument("--concurrency", type=int, default=8, help="concurrent clients of the multi-client rows (default 8)")
+    p.add_argument("--busy-poll", type=float, default=0.0002, metavar="SECONDS",
+                   help="aps.connect(busy_poll=) of the extra 1-client row (default 0.0002; 0: skip that row)")
+    p.add_argument("--callers", default="64,256",
+                   help="comma-separated numbers of concurrent callers sharing one client, besides --concurrency (default 64,256)")
     p.add_argument("--redis-client", choices=("best", "sync", "async"), default="best",
                    help="redis-py client for the baseline: both and report the faster per row (default), or one")
     p.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
@@ -762,7 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"  pserver pid {server.pid} at {server.address}")
         uvloop.install()
-        results["aps"] = asyncio.run(bench_aps(server.address, wl, conc, warmup, duration, server.pid, retry, log))
+        results["aps"] = asyncio.run(bench_aps(
+            server.address, wl, conc, warmup, duration, server.pid, retry, log, busy_poll=args.busy_poll,
+            callers=tuple(int(x) for x in args.callers.split(",") if x.strip()),
+        ))
     finally:
         server.stop()
 

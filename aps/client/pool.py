@@ -40,6 +40,7 @@ class LinkPool:
         ssl: _ssl.SSLContext | None,
         timeout: float | None,
         heartbeat: float,
+        busy_poll: float = 0.0,
     ) -> None:
         self.addresses = addresses
         self.ports = ports
@@ -51,6 +52,8 @@ class LinkPool:
         self.ssl = ssl
         self.timeout = timeout
         self.heartbeat = heartbeat
+        #: seconds each link spins for a lone request's reply (Link.busy_poll); 0: never
+        self.busy_poll = busy_poll
         lanes = len(addresses) * ports.lanes
         self.links: list[Link | None] = [None] * lanes
         self._connecting: list[asyncio.Future[Link] | None] = [None] * lanes
@@ -152,6 +155,8 @@ class LinkPool:
                 )
         except TimeoutError:
             raise ConnectionLost(f"pserver {address} did not answer the handshake within {self.timeout} s") from None
+        if self.busy_poll:
+            link.busy_poll(self.busy_poll)
         if self.links[k * self.ports.lanes + lane] is not None and (link.server_index, link.num_servers) != (k, num_servers):
             link.close()  # a reconnect found another server at this address: never mix shards
             raise ConfigError(

@@ -32,6 +32,7 @@ from .. import wire
 from ..errors import ConfigError
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
+from ..validate import seconds
 from .args import addresses_of, check_timing, dense_values, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
 from .fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
@@ -63,9 +64,11 @@ class PSClient:
         heartbeat: float = DEFAULT_HEARTBEAT,
         ports_num: int = 1,
         ports_num_for_sparse: int = 0,
+        busy_poll: float = 0.0,
     ) -> None:
         addresses = addresses_of(addresses)
         check_timing(timeout=timeout, retries=retries, backoff=backoff, deadline=deadline, heartbeat=heartbeat)
+        seconds("busy_poll", busy_poll, "never spin")
         self.addresses = addresses
         self.token = token
         self.timeout = timeout
@@ -82,6 +85,7 @@ class PSClient:
         self._pool = LinkPool(
             self.addresses, self.ports, RetryPolicy(retries, backoff, deadline), client_id=self.client_id,
             trainer_id=trainer_id, token=token, max_frame=max_frame, ssl=self.ssl, timeout=timeout, heartbeat=heartbeat,
+            busy_poll=busy_poll,
         )
         #: one request to server k, retried by the client's policy (bound once: the hot path)
         self._call: Call = self._pool.call
@@ -187,6 +191,12 @@ class PSClient:
                 deadline, limit = call_deadline(timeout, self.timeout)
                 return await coalescer.pull(ids, deadline, limit)
         return await self._budget(self._pull_sparse(spec, ids), timeout)
+
+    def coalescing(self, table: str) -> tuple[int, int]:
+        """(requests sent, pulls served) so far by ``table``'s small-pull path: under concurrent
+        callers one request serves several pulls (coalesce.py); alone, each pull is a request."""
+        coalescer = self._coalescers.get(table)
+        return (coalescer.requests, coalescer.pulls) if coalescer is not None else (0, 0)
 
     async def _pull_one(self, spec: SparseTable, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
         """One PULL_SPARSE to the only server (``ids`` validated, fitting one frame)."""
@@ -377,6 +387,7 @@ def connect(
     heartbeat: float = DEFAULT_HEARTBEAT,
     ports_num: int = 1,
     ports_num_for_sparse: int = 0,
+    busy_poll: float = 0.0,
 ) -> PSClient:
     """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
 
@@ -389,9 +400,15 @@ def connect(
     ``ports_num`` / ``ports_num_for_sparse``: the pservers' v2 launch parameters (each listens
     on that many consecutive ports from its address); this client then spreads dense-table
     traffic over the dense ports and sparse-table traffic over the sparse ones (aps/client/lanes.py).
+    ``busy_poll``: seconds (e.g. 0.0002) to spin on the socket for the reply to a request sent
+    while no other is in flight, instead of sleeping in the event loop; 0 (the default) never
+    spins. It cuts a one-at-a-time caller's latency by the kernel's (and a virtual machine's)
+    wake-up time, at the cost of a busy CPU while it waits, and briefly blocks the event loop
+    (aps/client/link.py, ``Link.busy_poll``). Not over TLS.
     """
     return PSClient(
         addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff,
         ssl=ssl, deadline=deadline, heartbeat=heartbeat, ports_num=ports_num, ports_num_for_sparse=ports_num_for_sparse,
+        busy_poll=busy_poll,
     )
 

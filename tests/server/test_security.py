@@ -537,6 +537,20 @@ async def test_tls_round_trip_with_a_self_signed_certificate(certificate: tuple[
         await srv.aclose()
 
 
+async def test_busy_poll_is_off_over_tls(certificate: tuple[str, str]) -> None:
+    """Spinning on the raw socket would read TLS records: a TLS link never spins, and works."""
+    cert, key = certificate
+    srv = await aps.serve(port=0, tls_cert=cert, tls_key=key)
+    try:
+        trusted = ssl.create_default_context(cafile=cert)
+        async with aps.connect([srv.address], ssl=trusted, timeout=10, busy_poll=0.001) as ps:
+            await ps.create_table(EMB)
+            assert all(link is not None and link._spin_sock is None for link in ps._links)
+            assert (await ps.pull_sparse("emb", [1])).shape == (1, 4)
+    finally:
+        await srv.aclose()
+
+
 def test_tls_trainer_and_server_processes(processes: Processes, tmp_path: Path, certificate: tuple[str, str]) -> None:
     """Real processes, every option of this file together: aps-server with --token-file,
     --tls-cert/--tls-key and its cwd as checkpoint root; aps-trainer with --token-file and
