@@ -90,7 +90,7 @@ def run_aps(data: Path, epochs: int, dim: int, seed: int, workers: int, work: Pa
     cmd = [
         sys.executable, str(ROOT / "bin" / "aps-local"), "1x1", "--mode", "geo", "--status-interval", "0", "--",
         "--model", "word2vec", "--model-arg", f"dict_path={data / 'dict.txt'}", "--model-arg", f"dim={dim}",
-        "--model-arg", f"epochs={epochs}", "--model-arg", f"seed={seed}", "--seed", str(seed),
+        "--model-arg", f"seed={seed}", "--seed", str(seed),
         "--data", str(data / "train"), "--epochs", str(epochs), "--workers", str(workers),
         "--save-dir", str(work / "model"), "--print-period", "600",
     ]

@@ -96,6 +96,12 @@ class Model(ABC):
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""
 
+    def begin_run(self, epochs: int) -> None:
+        """Called once by the file-driven trainer, before any worker starts, with the run's epoch
+        count (its ``--epochs``): a model whose schedule spans the whole run takes the count from
+        here, so that there is one source of truth, and raises ConfigError (one line, saying what
+        to pass) if it was given a different one itself. The default ignores it."""
+
     def check_mode(self, mode: str) -> None:
         """Raise ConfigError if this model's settings cannot train in ``mode`` (called once at
         trainer start, so a setting that only one mode supports fails before any work, with a

@@ -140,6 +140,7 @@ class Trainer:
         starting up included) until this returns; :attr:`registry` keeps the final numbers."""
         if epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}")
+        self.model.begin_run(epochs)  # before the model is sent to any worker
         start_fork_server(type(self.model).__module__)  # imports in the background from now on
         mine = split_files(expand_inputs(files), self.trainer_id, self.cluster.num_trainers)
         assert self.strategy.workers is not None

@@ -52,7 +52,6 @@ def main() -> int:
     cmd = [
         sys.executable, str(ROOT / "bin" / "aps-local"), args.cluster, "--mode", "geo", "--status-interval", "15", "--",
         "--model", "word2vec", "--model-arg", f"dict_path={data / 'dict.txt'}", "--model-arg", f"dim={args.dim}",
-        "--model-arg", f"epochs={args.epochs}",
         "--data", str(data / "train"), "--epochs", str(args.epochs), "--workers", str(args.workers),
         "--k-steps", str(args.k_steps), "--save-dir", str(out), "--print-period", "15",
     ]

@@ -640,3 +640,56 @@ def test_window_geo_step_is_lr_times_trainers(dict_path: Path) -> None:
         moved.append(params.sparse[EMB] - start)
     np.testing.assert_array_equal(moved[0], moved[1])
     assert np.abs(moved[0] - moved[2]).max() > 1e-3
+
+
+# ---------------------------------------------------------------- the run's epochs, the warm-up
+
+
+def test_the_trainers_epochs_are_the_ones_the_linear_schedule_spans(dict_path: Path) -> None:
+    """One source of truth: the trainer hands its --epochs to the model; an epochs model
+    argument that differs is refused at start, in one line that says what to pass."""
+    model = Word2Vec(dict_path=str(dict_path), dim=4)
+    assert (model.epochs, model.describe()["epochs_from"]) == (1, "trainer")
+    model.begin_run(3)
+    assert model.epochs == 3
+    # the schedule now spans 3 epochs: at the end of the first it is 2/3 of the way up
+    worker = ctx()
+    lines = ["1 2 3 4 5 6 7 8 9 10"] * 30
+    model.epoch_tokens = 300
+    last = [b.data.progress for b in model.batches(chunk(lines), worker)][-1]
+    assert last == pytest.approx(1 / 3)
+    same = Word2Vec(dict_path=str(dict_path), dim=4, epochs=2)
+    same.begin_run(2)
+    assert same.epochs == 2 and same.describe()["epochs_from"] == "epochs"
+    with pytest.raises(ConfigError, match=r"epochs=3 but the trainer runs --epochs 1: .* drop --model-arg epochs \(or pass epochs=1\)"):
+        Word2Vec(dict_path=str(dict_path), dim=4, epochs=3).begin_run(1)
+    # the exponential schedule does not span the run: nothing to disagree about
+    exponential = Word2Vec(dict_path=str(dict_path), dim=4, epochs=3, lr_schedule="exponential")
+    exponential.begin_run(1)
+    assert exponential.epochs == 1
+
+
+def test_a_trainer_refuses_a_model_with_other_epochs_before_starting_anything(dict_path: Path) -> None:
+    from aps.trainer.trainer import Trainer
+
+    model = Word2Vec(dict_path=str(dict_path), dim=4, epochs=3)
+    # no pserver listens at this address: the refusal comes before any connection or worker
+    trainer = Trainer(model, Strategy(mode="geo", workers=1), ClusterSpec(["127.0.0.1:9"]), 0)
+    with pytest.raises(ConfigError, match="--epochs 2"):
+        trainer.train([str(dict_path)], epochs=2)
+
+
+@pytest.mark.parametrize("negatives", ["window", "pair", "batch"])
+def test_warm_up_leaves_no_trace(dict_path: Path, negatives: str) -> None:
+    """A worker warms its kernels up before its first batch: the batches it then makes (random
+    streams, progress) are those it makes without the warm-up."""
+    lines = ["1 2 3 4 5 6 7 8 9 10 11 12"] * 20
+    schedule = "linear" if negatives == "window" else "exponential"
+    runs = []
+    for warm in (False, True):
+        model = Word2Vec(dict_path=str(dict_path), dim=4, batch_size=20, negatives=negatives, lr_schedule=schedule)
+        worker = ctx(5)
+        if warm:
+            model.warm_up(worker, local_sgd=negatives == "window")
+        runs.append([(b.data.negatives.tolist(), b.data.progress) for b in model.batches(chunk(lines), worker)])
+    assert runs[0] == runs[1] and len(runs[0]) > 3

@@ -19,8 +19,9 @@ word2vec.c's threads), with no gathered copy and no gradient buffer. No output b
 targets, about ``batch_size`` (1000) pairs: only a unit of work.
 
 **``lr_schedule="linear"``, the default**: word2vec.c's ``lr * (1 - progress)``, never below
-``lr * lr_floor``, progress counted in tokens over the run (``epochs`` x ``epoch_tokens``; pass
-``epochs`` equal to the trainer's ``--epochs``; ``epoch_tokens`` defaults to prepare_data.py's
+``lr * lr_floor``, progress counted in tokens over the run (``epochs`` x ``epoch_tokens``; the
+trainer hands its ``--epochs`` to the model, and an ``epochs`` model argument that differs is
+refused at start; ``epoch_tokens`` defaults to prepare_data.py's
 ``meta.json`` count beside the dictionary, else the dictionary's counts). Each worker counts its
 own tokens times the number of workers. It runs in the model's local step, so it needs geo mode;
 ``lr_schedule="exponential"`` is the reference's staircase ``lr * decay_rate ** floor(step /
@@ -150,7 +151,7 @@ class Word2Vec(Model):
         negatives: str = "window",
         lr_schedule: str = "linear",
         lr_floor: float = 1e-4,
-        epochs: int = 1,
+        epochs: int | None = None,
         epoch_tokens: int = 0,
         bias: bool | None = None,
     ) -> None:
@@ -178,7 +179,10 @@ class Word2Vec(Model):
         self.decay_steps = check_int("decay_steps", decay_steps)
         self.decay_rate = check_float("decay_rate", decay_rate)
         self.lr_floor = check_fraction("lr_floor", lr_floor)
-        self.epochs = check_int("epochs", epochs)
+        #: epochs the linear schedule spans: the trainer's ``--epochs`` (:meth:`begin_run`) unless
+        #: given here, in which case the two must agree; 1 for a model no trainer told
+        self.epochs = 1 if epochs is None or epochs == "" else check_int("epochs", epochs)
+        self.epochs_from = "trainer" if epochs is None or epochs == "" else "epochs"
         self.seed = check_int("seed", seed, low=0)
         self.epoch_tokens = check_int("epoch_tokens", epoch_tokens, low=0)
         self.bias = self.negatives != "window" if bias is None or bias == "" else check_bool("bias", bias)
@@ -229,11 +233,22 @@ class Word2Vec(Model):
             "lr_schedule": self.lr_schedule, "bias": self.bias,
         }
         if self.lr_schedule == "linear":
-            out.update(lr_floor=self.lr_floor, epochs=self.epochs, epoch_tokens=self.epoch_tokens,
+            out.update(lr_floor=self.lr_floor, epochs=self.epochs, epochs_from=self.epochs_from, epoch_tokens=self.epoch_tokens,
                        epoch_tokens_from=self.epoch_tokens_from)
         else:
             out.update(decay_steps=self.decay_steps, decay_rate=self.decay_rate)
         return out
+
+    def begin_run(self, epochs: int) -> None:
+        """The trainer's epoch count is the one the linear schedule spans (one source of truth);
+        an ``epochs`` given to the model as well must be the same, or the schedule would end
+        above its floor (more epochs given) or sit at it for the last ones (fewer), silently."""
+        if self.epochs_from == "epochs" and self.epochs != epochs and self.lr_schedule == "linear":
+            raise ConfigError(
+                f"word2vec epochs={self.epochs} but the trainer runs --epochs {epochs}: the linear schedule spans "
+                f"the trainer's epochs, so drop --model-arg epochs (or pass epochs={epochs})"
+            )
+        self.epochs = epochs
 
     def lr_factor(self, progress: float) -> float:
         """The linear schedule's factor at ``progress`` (fraction of the run trained):
@@ -244,8 +259,8 @@ class Word2Vec(Model):
         if progress > 1.5:
             raise ConfigError(
                 f"word2vec lr_schedule=linear: this worker has trained {progress:.2f}x the run the schedule "
-                f"spans (epochs={self.epochs} x {self.epoch_tokens:,} tokens); pass --model-arg epochs=<--epochs> "
-                "and, if the corpus is not the dictionary's, epoch_tokens=N"
+                f"spans (epochs={self.epochs} x {self.epoch_tokens:,} tokens); if the corpus is not the one the "
+                "dictionary was counted on, pass --model-arg epoch_tokens=N"
             )
         return max(self.lr_floor, 1.0 - progress)
 
