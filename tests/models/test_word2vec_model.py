@@ -693,3 +693,26 @@ def test_warm_up_leaves_no_trace(dict_path: Path, negatives: str) -> None:
             model.warm_up(worker, local_sgd=negatives == "window")
         runs.append([(b.data.negatives.tolist(), b.data.progress) for b in model.batches(chunk(lines), worker)])
     assert runs[0] == runs[1] and len(runs[0]) > 3
+
+
+@pytest.mark.parametrize(
+    "text,line",
+    [("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n", 1),  # not a dictionary
+     ("<UNK> 7\nw1 100\nw2 many\nw3 4\n", 3),  # a count that is not a number
+     ("<UNK> 7\nw1 100\n\nw3 4\n", 3)],  # a blank line would shift every later id
+)
+def test_a_file_that_is_not_a_dictionary_fails_at_construction(tmp_path: Path, text: str, line: int) -> None:
+    """Not in a worker's first batch: the model reads the whole file as it is made."""
+    path = tmp_path / "passwd"
+    path.write_text(text)
+    with pytest.raises(DataError) as info:
+        Word2Vec(dict_path=str(path))
+    assert (info.value.file, info.value.line) == (str(path), line)
+    assert "expected a 'word count' line" in str(info.value)
+
+
+def test_a_dictionary_of_zero_counts_fails_at_construction(tmp_path: Path) -> None:
+    path = tmp_path / "dict.txt"
+    path.write_text("<UNK> 0\nw1 0\n")
+    with pytest.raises(ConfigError, match="every word count is zero"):
+        Word2Vec(dict_path=str(path))

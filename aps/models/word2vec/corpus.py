@@ -17,17 +17,6 @@ import numpy as np
 from ...errors import ConfigError, DataError
 
 
-def count_lines(path: Path) -> int:
-    """Lines of a text file (a last line without newline counts), read in blocks."""
-    lines = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            lines += block.count(b"\n")
-            last = block[-1:]
-    return lines + (last != b"\n")
-
-
 def read_counts(path: Path) -> np.ndarray:
     """The ``count`` column of a ``word count`` dictionary file (line N = id N)."""
     counts = []
@@ -35,7 +24,8 @@ def read_counts(path: Path) -> np.ndarray:
         for lineno, line in enumerate(f, 1):
             parts = line.split()
             if len(parts) != 2 or not parts[1].isdigit():
-                raise DataError(f"expected 'word count', got {line.rstrip()!r}", str(path), lineno)
+                text = line.rstrip().decode("utf-8", "replace")
+                raise DataError(f"expected a 'word count' line (a word2vec dictionary), got {text[:60]!r}", str(path), lineno)
             counts.append(int(parts[1]))
     return np.asarray(counts, dtype=np.float64)
 
@@ -95,10 +85,10 @@ def check_fraction(name: str, value: Any) -> float:
     return out
 
 
-def epoch_tokens_of(dict_path: Path) -> tuple[int, str]:
+def epoch_tokens_of(dict_path: Path, counts: np.ndarray) -> tuple[int, str]:
     """Tokens one epoch trains on, and where that number comes from: prepare_data.py's
     ``meta.json`` beside the dictionary (tokens after its downsampling) when there is one, else
-    the dictionary's counts (a corpus trained as counted)."""
+    the sum of the dictionary's ``counts`` (a corpus trained as counted)."""
     meta = dict_path.parent / "meta.json"
     if meta.is_file():
         try:
@@ -106,4 +96,4 @@ def epoch_tokens_of(dict_path: Path) -> tuple[int, str]:
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"no 'tokens_after_downsampling' number in it ({exc})", str(meta), 1) from None
         return tokens, str(meta)
-    return int(read_counts(dict_path).sum()), str(dict_path)
+    return int(counts.sum()), str(dict_path)

@@ -47,9 +47,10 @@ every pair instead, in the same layout.
 * ``dim`` defaults to 100 (the reference uses 300) so that a benchmark epoch is quick; pass
   ``dim=300`` for the reference size.
 
-Vocabulary size comes from the number of lines of ``dict.txt`` (read in ``__init__``, which the
-table specs need); the counts for negative sampling are read lazily in the worker that first
-needs them, so the pickled model stays a handful of settings. The kernels are split by job:
+``dict.txt`` is read and checked in ``__init__`` (a file that is not ``word count`` lines is a
+DataError naming its file and line, before anything starts; its length is the vocabulary size,
+which the table specs need); the counts for negative sampling are read again, lazily, in the
+worker that first needs them, so the pickled model stays a handful of settings. The kernels are split by job:
 :mod:`.batching` (text to batches) and :mod:`.step` (a batch's gradients or SGD).
 """
 
@@ -66,7 +67,7 @@ from ...specs import SGD, Constant, ExponentialDecay, SparseTable, TableSpec, Un
 from ...trainer.model import Batch, Grads, Model, Params, WorkerContext
 from ...trainer.reader import Chunk
 from . import batching as B
-from .corpus import check_bool, check_float, check_fraction, check_int, count_lines, epoch_tokens_of, negative_cdf, read_counts
+from .corpus import check_bool, check_float, check_fraction, check_int, epoch_tokens_of, negative_cdf, read_counts
 from . import step as S
 
 EMB = "emb"
@@ -161,9 +162,14 @@ class Word2Vec(Model):
                 f"word2vec dictionary {path} not found; make it with examples/word2vec/prepare_data.py"
             )
         self.dict_path = str(path)
-        self.vocab_size = count_lines(path)
+        # read whole here: a file that is not a dictionary fails now, with its file and line, not
+        # in a worker's first batch; the workers read the counts again (the model pickles small)
+        counts = read_counts(path)
+        self.vocab_size = counts.shape[0]
         if self.vocab_size < 2:
             raise ConfigError(f"word2vec dictionary {path} has {self.vocab_size} lines; need <UNK> and words")
+        if not counts.sum() > 0:
+            raise ConfigError(f"word2vec dictionary {path}: every word count is zero, so no negatives can be drawn")
         if negatives not in NEGATIVES:
             raise ConfigError(f"word2vec negatives must be one of {', '.join(NEGATIVES)}, got {negatives!r}")
         if lr_schedule not in LR_SCHEDULES:
@@ -188,7 +194,7 @@ class Word2Vec(Model):
         self.bias = self.negatives != "window" if bias is None or bias == "" else check_bool("bias", bias)
         self.epoch_tokens_from = "epoch_tokens"
         if self.epoch_tokens == 0:
-            self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path)
+            self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path, counts)
         if self.lr_schedule == "linear":
             optimizer = SGD(self.lr)  # the model scales it: see lr_factor
         else:
