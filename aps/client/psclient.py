@@ -230,7 +230,9 @@ class PSClient:
         ids = sparse_ids(spec, ids)
         values = sparse_rows(spec, ids, values)
         per = self._rows_per_frame(row_bytes(spec.dim))
-        if not delta and len(ids) > per:
+        if flags & wire.Flag.SORTED:
+            pass  # unique already; each server's share and each chunk of it stays ascending
+        elif not delta and len(ids) > per:
             # it will be chunked: a repeated id must still get one optimizer update with the summed
             # gradient, not one per chunk (which differs for Adagrad / Adam)
             ids, values = sum_duplicates(ids, values)
@@ -252,18 +254,23 @@ class PSClient:
                 calls.append(self._call(k, msg, flags | last, lane))
         await self._budget(gather(calls), timeout)
 
-    async def push_sparse_grad(self, table: str, ids: Any, grads: Any, *, sync: bool = False, timeout: Timeout = True) -> None:
+    async def push_sparse_grad(
+        self, table: str, ids: Any, grads: Any, *, sync: bool = False, sorted_unique: bool = False, timeout: Timeout = True
+    ) -> None:
         """Push gradients; each pserver applies the table's optimizer to its rows.
 
         A repeated id counts every occurrence (gradients are summed before the update). With
         ``sync=True`` the call returns once every trainer pushed this step and the averaged
-        gradient was applied (sync mode).
+        gradient was applied (sync mode). ``sorted_unique=True`` promises the ids are unique
+        and ascending (a trainer's merged push): the servers then skip their sort, and refuse
+        the push (BAD_REQUEST, nothing applied) if the promise is broken.
         """
-        await self._push_rows(table, ids, grads, False, wire.Flag.SYNC if sync else 0, timeout)
+        await self._push_rows(table, ids, grads, False, _push_flags(sync, sorted_unique), timeout)
 
-    async def push_sparse_delta(self, table: str, ids: Any, deltas: Any, timeout: Timeout = True) -> None:
-        """``param += delta`` for each row (GEO-SGD); repeated ids are summed."""
-        await self._push_rows(table, ids, deltas, True, 0, timeout)
+    async def push_sparse_delta(self, table: str, ids: Any, deltas: Any, *, sorted_unique: bool = False, timeout: Timeout = True) -> None:
+        """``param += delta`` for each row (GEO-SGD); repeated ids are summed.
+        ``sorted_unique``: as for :meth:`push_sparse_grad`."""
+        await self._push_rows(table, ids, deltas, True, _push_flags(False, sorted_unique), timeout)
 
     async def pull_sparse_changed(self, table: str, timeout: Timeout = True) -> tuple[np.ndarray, np.ndarray]:
         """Rows changed on the servers by other clients since this client's previous call.
@@ -371,6 +378,10 @@ class PSClient:
         if tid < 0:
             raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
         await self._all(wire.WorkerDone(trainer_id=tid), timeout)
+
+
+def _push_flags(sync: bool, sorted_unique: bool) -> int:
+    return (wire.Flag.SYNC if sync else 0) | (wire.Flag.SORTED if sorted_unique else 0)
 
 
 def connect(

@@ -163,3 +163,35 @@ def test_scan_push_ids_validates_orders_and_maps_in_one_pass() -> None:
     assert optim.scan_push_ids(np.array([1, 3, 4]), 10, 2, 1, local) == (2, 0)  # 4 is server 0's
     assert optim.scan_push_ids(np.array([1, 10]), 10, 1, 0, local) == (1, 0)
     assert optim.scan_push_ids(np.zeros(0, np.int64), 10, 1, 0, local) == (-1, 2)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS[:2], ids=lambda o: type(o).__name__)
+async def test_client_sorted_unique_pushes_equal_plain_ones(pair: list[list[aps.PServer]], opt: aps.Optimizer) -> None:
+    """PSClient.push_sparse_grad / push_sparse_delta with sorted_unique=True (what the trainer
+    modes send) leave the rows a plain push of the same ids in another order leaves; a broken
+    promise is refused and changes nothing."""
+    table = aps.SparseTable("emb", rows=1000, dim=5, init=aps.Uniform(-1, 1), optimizer=opt, seed=2)
+    clients = [aps.connect([s.address for s in cluster], timeout=5, max_frame=4096) for cluster in pair]
+    flagged, plain = [await c.open() for c in clients]
+    try:
+        for ps in (flagged, plain):
+            await ps.create_table(table)
+        rng = np.random.default_rng(8)
+        for step in range(6):
+            ids = np.sort(rng.choice(1000, 300, replace=False)).astype(np.int64)  # over several 4 KiB frames
+            grads = rng.standard_normal((300, 5)).astype(np.float32)
+            await flagged.push_sparse_grad("emb", ids, grads, sorted_unique=True)
+            order = rng.permutation(300)
+            await plain.push_sparse_grad("emb", ids[order], grads[order])
+            await flagged.push_sparse_delta("emb", ids[:50], grads[:50], sorted_unique=True)
+            await plain.push_sparse_delta("emb", ids[:50][::-1], grads[:50][::-1])
+        everything = np.arange(1000)
+        np.testing.assert_allclose(await flagged.pull_sparse("emb", everything), await plain.pull_sparse("emb", everything), rtol=1e-6)
+        before = await flagged.pull_sparse("emb", everything)
+        with pytest.raises(aps.ServerError) as refused:
+            await flagged.push_sparse_grad("emb", np.array([5, 3]), np.ones((2, 5), np.float32), sorted_unique=True)
+        assert refused.value.code == ErrorCode.BAD_REQUEST
+        np.testing.assert_array_equal(await flagged.pull_sparse("emb", everything), before)
+    finally:
+        for ps in clients:
+            await ps.aclose()

@@ -88,7 +88,7 @@ class Link:
 
         async def sparse(name: str, ids: np.ndarray, rows: np.ndarray) -> None:
             async with self.push_slots:
-                await self.ps.push_sparse_grad(name, ids, rows, sync=sync, timeout=timeout)
+                await self.ps.push_sparse_grad(name, ids, rows, sync=sync, sorted_unique=True, timeout=timeout)
 
         async def dense(name: str, grad: np.ndarray) -> None:
             async with self.push_slots:

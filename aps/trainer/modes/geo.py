@@ -99,7 +99,7 @@ class GeoExchange(Mode):
                 if len(ids):
                     delta = np.empty((len(ids), t.dim), dtype=np.float32)
                     geo_delta(link.shared.params[t.name], self._old_sparse[t.name], ids, scale, delta)
-                    await link.ps.push_sparse_delta(t.name, ids, delta, timeout=timeout)
+                    await link.ps.push_sparse_delta(t.name, ids, delta, sorted_unique=True, timeout=timeout)
                 changed, rows = await link.ps.pull_sparse_changed(t.name, timeout=timeout)
                 if len(changed):
                     geo_apply(link.shared.params[t.name], self._old_sparse[t.name], changed, rows)
