@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from ..errors import RequestTimeout
+from .retry import timed_out
 
 #: sends one pull of ``ids`` by ``deadline`` (loop time or None) and returns the rows
 SendPull = Callable[[np.ndarray, "float | None", float], Awaitable[np.ndarray]]
@@ -40,7 +40,7 @@ class _Waiting:
 
 def _expire(future: asyncio.Future[np.ndarray], limit: float) -> None:
     if not future.done():
-        future.set_exception(RequestTimeout(f"call did not finish within {limit} s"))
+        future.set_exception(timed_out(limit))
 
 
 class PullCoalescer:

@@ -20,7 +20,7 @@ from 0 = port ``P``) and sends:
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..validate import count
 
 
 class PortPlan:
@@ -28,8 +28,7 @@ class PortPlan:
 
     def __init__(self, num_servers: int, ports_num: int = 1, ports_num_for_sparse: int = 0) -> None:
         for name, value, least in (("ports_num", ports_num, 1), ("ports_num_for_sparse", ports_num_for_sparse, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+            count(name, value, zero=None, least=least)
         self.dense = ports_num
         self.sparse = ports_num_for_sparse
         self._dense_turn = [0] * num_servers

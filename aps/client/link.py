@@ -18,8 +18,9 @@ import time
 from typing import Any
 
 from .. import wire
-from ..errors import ConnectionLost, RemoteProtocolError, RequestTimeout, ServerError
+from ..errors import ConnectionLost, RemoteProtocolError, ServerError
 from ..wire.handshake import ClientHandshake
+from .retry import timed_out
 
 
 #: a client that gets every reply by spinning never yields to its event loop (awaiting a done
@@ -265,7 +266,7 @@ class Link:
                 if when > now:
                     self._arm(when)
                     return
-                future.set_exception(RequestTimeout(f"call did not finish within {limit} s"))
+                future.set_exception(timed_out(limit))
             heapq.heappop(heap)
 
     def _lost(self, exc: Exception | None) -> None:

@@ -89,12 +89,7 @@ class PServer:
         )
         self._final_checkpoint = False
         self.admission = Admission(config.max_connections, config.max_connections_per_address)
-        try:
-            self.auth_throttle = AuthThrottle(
-                config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent
-            )
-        except ValueError as exc:
-            raise ConfigError(f"auth_fail_*: {exc}") from None
+        self.auth_throttle = AuthThrottle(config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent)
 
     @property
     def address(self) -> str:
