@@ -33,7 +33,9 @@ class Batch:
     """What a model's ``batches`` yields.
 
     ``sparse_ids[table]`` are the *unique* row ids the batch reads or updates; the runtime pulls
-    exactly those rows before ``compute`` and expects gradients for exactly those rows. ``data``
+    exactly those rows before ``compute`` and expects gradients for exactly those rows. (With
+    ``WorkerContext.local_sgd`` and a model that overrides :meth:`Model.local_sgd`, nothing is
+    pulled nor gathered by id: the model may leave it empty.) ``data``
     is anything else the model needs (index arrays, labels), untouched by the runtime.
     """
 
@@ -73,6 +75,10 @@ class WorkerContext:
     rng: np.random.Generator
     skip_bad_lines: bool = False
     bad_lines: int = 0
+    #: the worker trains with the model's own :meth:`Model.local_sgd` (geo), never with
+    #: :meth:`Model.compute`: a model whose local step works on global ids may then leave a
+    #: batch's ``sparse_ids`` empty and skip the work of finding them
+    local_sgd: bool = False
 
 
 T = TypeVar("T")

@@ -76,6 +76,7 @@ class Worker:
             num_workers=spec.num_workers,
             rng=np.random.default_rng([spec.seed, spec.trainer_id, spec.worker_id]),
             skip_bad_lines=spec.skip_bad_lines,
+            local_sgd=spec.local_sgd,
         )
         self.local_sgd = spec.local_sgd
         self.prefetch = spec.prefetch and not spec.local_sgd

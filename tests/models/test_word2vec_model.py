@@ -716,3 +716,25 @@ def test_a_dictionary_of_zero_counts_fails_at_construction(tmp_path: Path) -> No
     path.write_text("<UNK> 0\nw1 0\n")
     with pytest.raises(ConfigError, match="every word count is zero"):
         Word2Vec(dict_path=str(path))
+
+
+def test_geo_window_batches_skip_the_unique_ids_and_step_the_same(dict_path: Path) -> None:
+    """A geo worker's window batches carry no unique ids (its step works on global ids), and
+    its step moves the parameters exactly as with them."""
+    lines = ["1 2 3 4 5 6 7 8 9 10 11 12 13 14", "3 9 27 1 3 9 27"] * 10
+    results = []
+    for local in (False, True):
+        model = window_model(dict_path, batch_size=40, lr_schedule="linear")
+        worker = WorkerContext(trainer_id=0, worker_id=0, num_trainers=1, num_workers=1, rng=np.random.default_rng(2),
+                               local_sgd=local)
+        batches = list(model.batches(chunk(lines), worker))
+        assert len(batches) > 2
+        assert all((b.sparse_ids == {} and len(b.data.inv_context) == 0) == local for b in batches)
+        params = random_params(model, seed=3)
+        dirty = {k: np.zeros(VOCAB, np.uint8) for k in params.sparse}
+        for b in batches:
+            model.local_sgd(b, params, {EMB: 0.05, EMB_W: 0.05, EMB_B: 0.05}, dirty)
+        results.append((params.sparse[EMB], params.sparse[EMB_W], dirty[EMB], dirty[EMB_W]))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    assert results[0][2].sum() > 5  # rows were written (and marked)
