@@ -365,7 +365,9 @@ class ServerCore(CheckpointHandlers):
         shard = self._sparse(msg.table)
         if msg.ids.ndim == 1:  # else _local_ids refuses it
             n, dim = len(msg.ids), shard.spec.dim
-            self._reply_fits(_array_bytes(0, (n, dim), 4), msg.table, f"{n} rows of {dim} float32")
+            size = _array_bytes(0, (n, dim), 4)
+            if size > self.config.max_frame:  # the message is built only for the refusal
+                self._reply_fits(size, msg.table, f"{n} rows of {dim} float32")
         values = shard.pull(self._local_ids(shard, msg.ids), checked=True)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
