@@ -21,9 +21,12 @@ class SlowLinReg(LinReg):
 
 
 class CrashingLinReg(LinReg):
-    """Worker 0 of trainer 0 kills itself with SIGKILL on its first batch."""
+    """Worker 0 of trainer 0 kills itself with SIGKILL on its first batch, 1.5 s into it: long
+    enough for a test that polls the process tree to see both workers alive first (workers
+    reach their first batch within a fraction of a second of starting)."""
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
         if ctx.worker_id == 0:
+            time.sleep(1.5)
             os.kill(os.getpid(), signal.SIGKILL)
         yield from super().batches(chunk, ctx)
