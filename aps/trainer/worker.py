@@ -38,7 +38,7 @@ from .shared import STAT, Attached, SharedLayout
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs; pickled once when the process is spawned."""
+    """Everything a worker needs; pickled once, when the process is started."""
 
     worker_id: int
     trainer_id: int
@@ -273,7 +273,7 @@ class Worker:
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of a worker process (spawn-safe: a module-level function)."""
+    """Entry point of a worker process (a module-level function, as any start method needs)."""
     child_signals()
     try:
         threadpool_limits(limits=1)  # one BLAS thread per worker process: no oversubscription
