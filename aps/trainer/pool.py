@@ -3,10 +3,10 @@
 Workers are forked by multiprocessing's *fork server*, a clean single-threaded process (no event
 loop, no threads of ours) that :func:`start_fork_server` starts as the trainer starts and that
 imports, once, the main module, aps's worker, the model's module and a ready numba (see
-:mod:`.preload`). With *spawn* every worker paid all of that itself, about 0.8 s of CPU each on
-the critical path of every run. A worker asks to die with its parent, the fork server, which
-exits when the trainer does (it watches a pipe that only the trainer holds), so a SIGKILLed
-trainer still leaves no worker behind.
+:mod:`._fork_server_preload`). With *spawn* every worker paid all of that itself, about 0.8 s
+of CPU each, on the critical path of every run. A worker asks to die with its parent, the fork
+server, which asks the same of the trainer (and would exit anyway when the trainer's end of its
+pipe closes), so a SIGKILLed trainer still leaves no worker behind.
 
 Records from a worker are read with the event loop's reader callbacks (no thread, no polling);
 each is handed to a callback as a task. A worker that dies or reports an error fails the pool:
@@ -48,7 +48,7 @@ def start_fork_server(model_module: str) -> None:
     multiprocessing keeps one fork server per process: when one already runs (an earlier
     trainer in this process) it is reused as it is."""
     ctx = mp.get_context(START_METHOD)
-    ctx.set_forkserver_preload(["__main__", "aps.trainer.worker", model_module, "aps.trainer.preload"])
+    ctx.set_forkserver_preload(["__main__", "aps.trainer.worker", model_module, "aps.trainer._fork_server_preload"])
     multiprocessing.forkserver.ensure_running()
 
 
@@ -109,6 +109,9 @@ class WorkerPool:
 
         for w, conn in enumerate(self.conns):
             loop.add_reader(conn.fileno(), self._readable, w)
+        # (re)start the fork server from this long-lived thread, not from the short-lived starter:
+        # its death signal follows the thread that started it
+        multiprocessing.forkserver.ensure_running()
         self._starter = threading.Thread(target=start_all, name="aps-worker-start", daemon=True)
         self._starter.start()
 
