@@ -251,6 +251,11 @@ class LocalCluster:
             servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
                                 metrics_port=metrics_port, launcher=self.label, cwd=cwd))
         mode = ["--mode", self.mode] if self.mode else []
+        # aps-trainer waits for its pservers itself, so it starts with them and both start-ups
+        # overlap; a user's script or another trainer program may not: those start once every
+        # pserver listens
+        waits = trainer_cmd is None and self.trainer_cmd is None
+        wait_flag = ["--wait-pservers", f"{self.start_timeout:g}"]
         user_metrics = given_metrics(self.trainer_args)
         trainers: list[Role] = []
         for i in range(self.trainers):
@@ -265,14 +270,15 @@ class LocalCluster:
                 env.update(script_env(METRICS_FILE_ENV, metrics, metrics_port))
                 argv = list(script)
             else:
-                argv = [*trainer, "--pservers", pservers, "--trainers", str(self.trainers), "--trainer-id", str(i),
-                        *mode, *(["--metrics", str(metrics)] if ours else []), *_metrics_port_flag(metrics_port),
-                        *self.trainer_args]
+                argv = [*trainer, "--pservers", pservers, "--trainers", str(self.trainers), *(wait_flag if waits else []),
+                        "--trainer-id", str(i), *mode, *(["--metrics", str(metrics)] if ours else []),
+                        *_metrics_port_flag(metrics_port), *self.trainer_args]
             if ours:  # trainers append: this run's numbers only, like the logs
                 with contextlib.suppress(OSError):  # unremovable: the trainer will say why it cannot write
                     metrics.unlink(missing_ok=True)
             trainers.append(Role("trainer", i, argv, env, log_dir / f"trainer.{i}.log", metrics_path=metrics,
-                                 metrics_port=metrics_port, launcher=self.label, cwd=cwd))
+                                 metrics_port=metrics_port, launcher=self.label, cwd=cwd,
+                                 waits_for_pservers=waits and script is None))
         return servers, trainers
 
     def supervisor(self, servers: list[Role], trainers: list[Role], reporter: Reporter | None = None) -> Supervisor:

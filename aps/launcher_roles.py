@@ -59,6 +59,9 @@ class Role:
     listening: bool = False
     launcher: str = "aps-local"  # who signals it, as its state says
     cwd: Path | None = None  # where it runs (None: the launcher's own directory)
+    #: a trainer that waits for the pservers itself (aps-trainer --wait-pservers): it may start
+    #: with them rather than after they listen
+    waits_for_pservers: bool = False
 
     @property
     def name(self) -> str:

@@ -131,6 +131,9 @@ class Supervisor:
     async def _supervise(self) -> int:
         for role in self.servers:
             await self._spawn(role)
+        for role in self.trainers:
+            if role.waits_for_pservers:  # it waits for them itself: both start-ups overlap
+                await self._spawn(role)
         await self._wait_until(self._all_listening, self.start_timeout, poll=0.05)
         hint = " (does the script call fleet.run_server()?)" if self.script else ""
         for role in self.servers:
@@ -141,7 +144,8 @@ class Supervisor:
         for role in self.trainers:
             if self._verdict() is not None:
                 break  # a stop request or a failure while starting: start no more
-            await self._spawn(role)
+            if not role.waits_for_pservers:
+                await self._spawn(role)
         await self._wait_until(lambda: not any(r.running for r in self.trainers), None)
         if (code := self._verdict()) is not None:
             return code

@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--server-grace", type=_seconds, default=30.0, metavar="SECONDS",
         help="how long pservers may take to exit after the last trainer (default 30)")
     add("--start-timeout", type=_seconds, default=120.0, metavar="SECONDS",
-        help="how long pservers may take to start listening (default 120)")
+        help="how long pservers may take to start listening (default 120); aps-trainer starts with the "
+        "pservers and waits for them this long (--wait-pservers), another --trainer-cmd once they listen")
     add("--metrics-port", type=int, metavar="BASE",
         help="serve live metrics: pserver K on port BASE+K, trainer K on BASE+N+K (default: none)")
     restart = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--trainers", type=int, help="number of trainers (default 1)")
     c.add_argument("--trainer-id", type=int, help="this trainer's index (default 0)")
     add_token_flags(c, "of the pservers")
+    c.add_argument("--wait-pservers", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS at start for every pserver to accept connections, so the trainer "
+                   "may start before (or with) its pservers (default 0: they must listen already)")
     c.add_argument("--tls", action="store_true", help="connect over TLS, verifying the pservers against the system's CAs")
     c.add_argument("--tls-ca", metavar="PATH", help="connect over TLS, trusting the CA (or self-signed) certificate(s) in PATH")
     m = p.add_argument_group("model and data")
@@ -136,6 +139,7 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         metrics_host=args.metrics_host,
         metrics_port_file=args.metrics_port_file,
         ssl=ca_context(args.tls_ca) if args.tls_ca else (True if args.tls else None),
+        wait_pservers=args.wait_pservers,
     )
     spec = ClusterSpec(pservers, trainers, cluster.ports_num, cluster.ports_num_for_sparse)
     return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]

@@ -151,7 +151,7 @@ class StepTrainer:
         assert self._shared is not None
         loop = asyncio.get_running_loop()
         self._ps = ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
-        await create_tables(ps, self.model)
+        await create_tables(ps, self.model, self.options.wait_pservers)
         attached = Attached(self._shared.layout)
         self.probe.stats, self.probe.auc = attached.stats, attached.auc
         self._comm = Communicator(

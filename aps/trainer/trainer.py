@@ -16,9 +16,11 @@ from typing import Any
 import structlog
 
 from ..client import PSClient
+from ..client.probe import wait_listening
 from ..cluster import ClusterSpec
 from ..errors import ConfigError
 from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
+from ..validate import seconds
 from .communicator import Communicator
 from .files import assign_to_workers, expand_inputs, split_files
 from .ipc import Record
@@ -57,6 +59,8 @@ class TrainOptions:
     metrics_port_file: str | None = None
     #: TLS to the pservers: None (plain TCP), True (the system's CAs) or an ssl.SSLContext
     ssl: Any = None
+    #: seconds to wait at start for every pserver to accept connections (0: they must already)
+    wait_pservers: float = 0.0
 
 
 @dataclass
@@ -94,8 +98,11 @@ def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, optio
     )
 
 
-async def create_tables(ps: PSClient, model: Model) -> None:
-    """Open the connections and create every table of the model (idempotent on the pservers)."""
+async def create_tables(ps: PSClient, model: Model, wait: float = 0.0) -> None:
+    """Open the connections (waiting up to ``wait`` seconds for pservers that do not listen
+    yet) and create every table of the model (idempotent on the pservers)."""
+    if wait:
+        await wait_listening(ps.addresses, wait)
     await ps.open()
     for spec in model.tables():
         await ps.create_table(spec)
@@ -119,6 +126,7 @@ class Trainer:
         self.trainer_id = trainer_id
         self.options = options or TrainOptions()
         check_metrics_options(self.options.metrics_port, self.options.metrics_port_file)
+        seconds("wait_pservers", self.options.wait_pservers, "do not wait")
         #: what the metrics collector reads; filled in by :meth:`atrain`
         self.probe = TrainerProbe(trainer_id, workers=self.strategy.workers or 0)
         #: this trainer's Prometheus registry (its own, never the global one). It outlives
@@ -219,7 +227,7 @@ class Trainer:
             pool = WorkerPool(specs, on_record)
             started = time.monotonic()
             pool.launch()
-            await pool.watch(create_tables(ps, self.model))
+            await pool.watch(create_tables(ps, self.model, self.options.wait_pservers))
             attached = Attached(shared.layout)
             self.probe.stats, self.probe.auc = attached.stats, attached.auc
             comm = Communicator(

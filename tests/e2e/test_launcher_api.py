@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,3 +170,33 @@ async def test_a_pserver_process_serves_and_stops(tmp_path: Path) -> None:
 def test_a_pserver_process_that_cannot_start_is_a_config_error_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(aps.ConfigError, match=r"aps-server exit 2 before listening; see .*ps\.log: .*--no-such-flag"):
         PServerProcess.start("--no-such-flag", log_path=tmp_path / "ps.log")
+
+
+def test_a_trainer_started_before_its_pserver_waits_for_it(tmp_path: Path) -> None:
+    """aps-trainer --wait-pservers: started 1.5 s before the pserver it names, it trains and
+    exits 0; without the flag it fails at once, naming the pserver."""
+    make_data(tmp_path / "data", files=1, lines_per_file=200)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    trainer = [sys.executable, str(ROOT / "bin" / "aps-trainer"), "--pservers", f"127.0.0.1:{port}", "--trainers", "1",
+               "--model", "examples.linreg.model:LinReg", "--data", str(tmp_path / "data"), "--workers", "1",
+               "--mode", "async", "--no-save", "--rpc-deadline", "1"]
+    refused = subprocess.run(trainer, env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and f"127.0.0.1:{port}" in refused.stdout + refused.stderr
+    waiting = subprocess.Popen([*trainer, "--wait-pservers", "30"], env=ENV, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = None
+    try:
+        time.sleep(1.5)
+        assert waiting.poll() is None, waiting.communicate()[0]  # still waiting, not failed
+        server = subprocess.Popen([sys.executable, str(ROOT / "bin" / "aps-server"), "--port", str(port), "--trainers", "1"],
+                                  env=ENV, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out, _ = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, out
+        assert server.wait(timeout=30) == 0  # its only trainer finished: the pserver exits by itself
+    finally:
+        for proc in (waiting, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

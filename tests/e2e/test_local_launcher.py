@@ -591,3 +591,17 @@ def test_metrics_ports_out_of_range_are_a_usage_error(base: str, capsys: pytest.
     with pytest.raises(SystemExit) as exc:
         parse_args(["2x2", "--metrics-port", base])
     assert exc.value.code == 2 and "must lie in 1..65535" in capsys.readouterr().err
+
+
+def test_aps_trainers_start_with_the_pservers_other_programs_after_them(tmp_path: Path) -> None:
+    """aps-trainer waits for its pservers itself (--wait-pservers, the launcher's start timeout),
+    so the launcher starts it with them; another trainer program gets no such flag and starts
+    only once every pserver listens."""
+    opts, trainer_args = parse_args(["1x2", "--log-dir", str(tmp_path), "--start-timeout", "45", "--epochs", "1"])
+    launcher = Launcher(opts, trainer_args, Board(io.StringIO(), io.StringIO()))
+    launcher.plan(None, None, tmp_path)
+    for role in launcher.trainers:
+        assert role.waits_for_pservers
+        assert role.argv[role.argv.index("--wait-pservers") + 1] == "45"
+    launcher.plan(["aps-server"], ["my-trainer"], tmp_path)
+    assert not any(r.waits_for_pservers or "--wait-pservers" in r.argv for r in launcher.trainers)
