@@ -14,6 +14,7 @@ from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..models import BUILTIN, build_model
 from ..trainer import Strategy, Trainer, TrainOptions
+from ..trainer.pool import stop_fork_server
 from ..trainer.strategy import MERGES, MODES
 from ..tls import ca_context
 from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
@@ -163,6 +164,8 @@ async def _amain(args: argparse.Namespace) -> int:
         if stopped:
             return 128 + int(stopped[0])
         raise
+    finally:
+        stop_fork_server()  # this program's only trainer is done: reap its workers' fork server
     return 0
 
 

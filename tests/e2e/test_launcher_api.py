@@ -200,3 +200,23 @@ def test_a_trainer_started_before_its_pserver_waits_for_it(tmp_path: Path) -> No
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_aps_trainer_reaps_its_fork_server_before_it_exits() -> None:
+    """stop_fork_server (what aps-trainer calls at its end) leaves no fork server: it is killed
+    and reaped at once, so its workers' CPU time is the program's children's, not lost."""
+    run = python(
+        "import os, multiprocessing.forkserver as fs\n"
+        "from aps.trainer.pool import start_fork_server, stop_fork_server\n"
+        "start_fork_server('aps.trainer.worker')\n"
+        "pid = fs._forkserver._forkserver_pid\n"
+        "os.kill(pid, 0)\n"
+        "stop_fork_server()\n"
+        "try:\n"
+        "    os.kill(pid, 0)\n"
+        "    print('alive')\n"
+        "except ProcessLookupError:\n"
+        "    print('gone', fs._forkserver._forkserver_pid)\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["gone", "None"]
