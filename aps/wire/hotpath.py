@@ -37,9 +37,9 @@ def encode_pull(table: str, ids: np.ndarray, request_id: int, flags: int, op: in
     """A whole PULL_SPARSE frame as one bytes object, or None (use the generic codec)."""
     if type(ids) is not np.ndarray or ids.dtype != _I64_DTYPE or ids.ndim != 1 or not ids.flags.c_contiguous:
         return None
-    data = ids.tobytes()
-    if len(data) > _INLINE_ARRAY:
+    if ids.nbytes > _INLINE_ARRAY:  # checked before copying: a big array goes by reference
         return None
+    data = ids.tobytes()
     name = table.encode("utf-8")
     if len(name) > 0xFFFF:
         return None
@@ -79,9 +79,9 @@ def encode_rows_reply(values: np.ndarray, version: int, op: int, request_id: int
     """A whole ARRAY reply frame carrying a few float32 rows, or None (use the generic codec)."""
     if values.dtype != _F32_DTYPE or values.ndim != 2 or not values.flags.c_contiguous:
         return None
-    data = values.tobytes()
-    if len(data) > _INLINE_ARRAY:
+    if values.nbytes > _INLINE_ARRAY:  # checked before copying: big replies go by reference
         return None
+    data = values.tobytes()
     pad = -len(data) % 8
     size = _ROWS_HEAD.size + len(data) + pad + 8
     if size > max_frame or not 0 <= request_id < 1 << 64:
