@@ -41,12 +41,18 @@ def check_timing(*, timeout: float | None, retries: int, backoff: float, deadlin
     seconds("heartbeat", heartbeat, "no heartbeat")
 
 
+_INT64 = np.dtype(np.int64)
+
+
 def sparse_ids(spec: SparseTable, ids: Any) -> np.ndarray:
     """``ids`` as contiguous int64, each in the table's range."""
-    arr = np.asarray(ids)
-    if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
-        raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if type(ids) is np.ndarray and ids.dtype == _INT64 and ids.ndim == 1 and ids.flags.c_contiguous:
+        arr = ids  # already the wire's form (the usual case): nothing to convert
+    else:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
+            raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
     bad = first_bad_id(arr, spec.rows)
     if bad >= 0:
         raise ConfigError(f"table {spec.name!r}: id {int(arr[bad])} not in [0, {spec.rows})")

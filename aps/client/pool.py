@@ -58,6 +58,7 @@ class LinkPool:
         self.links: list[Link | None] = [None] * lanes
         self._connecting: list[asyncio.Future[Link] | None] = [None] * lanes
         self._next_request = 1
+        self._frame_budget: int | None = None  # frame_budget(), until the links change
         self.closed = False
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -68,9 +69,12 @@ class LinkPool:
         return rid
 
     def frame_budget(self) -> int:
-        """Bytes of payload one frame may carry to every server (the smallest max frame)."""
-        limit = min([self.max_frame] + [link.max_frame for link in self.links if link is not None])
-        return max(1024, limit - FRAME_SLACK)
+        """Bytes of payload one frame may carry to every server (the smallest max frame); kept
+        until a link is opened or the client closes, as every small pull asks for it."""
+        if self._frame_budget is None:
+            limit = min([self.max_frame] + [link.max_frame for link in self.links if link is not None])
+            self._frame_budget = max(1024, limit - FRAME_SLACK)
+        return self._frame_budget
 
     # ----------------------------------------------------------------- open and close
 
@@ -105,6 +109,7 @@ class LinkPool:
             if link is not None:
                 link.close()
         self.links = [None] * len(self.links)
+        self._frame_budget = None
 
     async def _heartbeats(self) -> None:
         """Ping every open connection each ``heartbeat`` seconds (or a quarter of the shortest
@@ -141,6 +146,7 @@ class LinkPool:
             if pending.done():
                 self._connecting[i] = None
         self.links[i] = link
+        self._frame_budget = None
         return link
 
     async def _open_link(self, k: int, lane: int = 0) -> Link:

@@ -34,6 +34,11 @@ log = structlog.get_logger("aps.server")
 _REFUSED_LINGER = 1.0
 
 
+#: what the handshake machine answers itself, whatever the state (the rest of a registered
+#: connection's requests it passes unchanged, so they skip it)
+_HANDSHAKE_MESSAGES = frozenset((wire.Hello, wire.Auth))
+
+
 class _FrameRefused(Exception):
     """Raised through the decoder by the header hook once a frame has been refused."""
 
@@ -300,11 +305,13 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._send_error(frame.request_id, ServerError(code, str(exc)))
             return
         op_name = type(msg).__name__
-        if not self._admitted(msg, frame.request_id):
-            return
+        if not self._registered or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
+            if not self._admitted(msg, frame.request_id):
+                return
+            if not self._registered:
+                self._register()
+        # else: a request on a registered connection, which the handshake passes as it is
         assert self.client_id is not None
-        if not self._registered:
-            self._register()
         replay = msg.MUTATES and self.core.replays.get(self.client_id, frame.request_id)
         if replay:
             self._finish_later(frame.request_id, op_name, replay, started, size_in)

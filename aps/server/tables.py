@@ -129,7 +129,7 @@ class SparseShard:
         ``checked``: the ids were validated at the server edge (ServerCore, one compiled pass
         over the global ids) and are a contiguous int64[n] in range; they are not checked again."""
         ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
-        return np.take(self.values, ids, axis=0)
+        return self.values.take(ids, axis=0)  # the method: np.take adds ~0.5 us of dispatch
 
     def push_grad(
         self,
