@@ -145,6 +145,9 @@ class LinkPool:
         finally:
             if pending.done():
                 self._connecting[i] = None
+        if self.closed:  # closed while connecting: the new link must not outlive the client
+            link.close()
+            raise ConnectionLost(f"client closed while connecting to {link.address}")
         self.links[i] = link
         self._frame_budget = None
         return link
@@ -207,6 +210,8 @@ class LinkPool:
                     link = await self._connect_by(k, lane, deadline, limit)
                 return await link.request(msg, request_id, flags, deadline, limit)
             except (ConnectionLost, ServerError) as exc:
+                if self.closed:  # closed by its owner meanwhile: no reconnect, no retry
+                    raise
                 if attempts is None:
                     attempts = self.retry.attempts(lane_address(self.addresses[k], lane), deadline, limit)
                 pause = attempts.failed(exc, asyncio.get_running_loop().time())

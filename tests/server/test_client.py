@@ -343,6 +343,22 @@ async def test_server_closed_between_requests_raises_connection_lost_fast() -> N
         await ps.aclose()
 
 
+async def test_closing_a_client_fails_its_calls_in_flight_without_reconnecting() -> None:
+    """aclose() while a call waits (a barrier the other trainer never reaches): the call fails
+    with ConnectionLost at once instead of reconnecting a closed client and waiting again."""
+    async with cluster(1, num_trainers=2) as servers:
+        ps = await aps.connect(addrs(servers), timeout=30)  # the default 120 s reconnect deadline
+        waiting = asyncio.ensure_future(ps.barrier("never"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and servers[0].core.stats.connections == 1
+        await ps.aclose()
+        with pytest.raises(aps.ConnectionLost):
+            await asyncio.wait_for(waiting, 5)
+        await asyncio.sleep(0.5)  # time for a reconnect, had there been one
+        assert servers[0].core.stats.connections == 0
+        assert all(link is None for link in ps._links)
+
+
 async def test_server_closed_during_requests_fails_every_waiter() -> None:
     async with cluster(2) as servers:
         ps = await aps.connect(addrs(servers), timeout=10, **FAST)
