@@ -18,7 +18,6 @@ import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..sharding import first_bad_id
 from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
 from .config import ServerConfig
@@ -26,7 +25,7 @@ from .core_checkpoints import CheckpointHandlers, checkpoint_root
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
 from .lag import SPARSE, UpdateVersions
-from .optim import scan_push_ids
+from .optim import scan_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
@@ -39,7 +38,7 @@ Reply = wire.Message | Awaitable[wire.Message]
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 _SORTED = int(wire.Flag.SORTED)
-_STRICTLY_ASCENDING = 2  # scan_push_ids' order for unique, ascending ids
+_STRICTLY_ASCENDING = 2  # scan_ids' order for unique, ascending ids
 Shard = SparseShard | DenseShard
 
 
@@ -315,13 +314,19 @@ class ServerCore(CheckpointHandlers):
 
         The one validation of a request's ids (the server edge): the shard is told they are
         checked and does not look at them again."""
+        return self._scan(shard, ids)[0]
+
+    def _scan(self, shard: SparseShard, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """(local rows, order) of a request's global ids, in one compiled pass (:func:`scan_ids`),
+        or the refusal of the first id that is out of range or not this server's."""
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         n, k = self.config.num_servers, self.config.server_index
-        bad = first_bad_id(ids, shard.spec.rows, n, k)
+        local = np.empty(len(ids), np.int64) if n > 1 else ids
+        bad, order = scan_ids(ids, shard.spec.rows, n, k, local)
         if bad >= 0:
             raise self._bad_id(shard, int(ids[bad]))
-        return ids // n if n > 1 else ids
+        return local, order
 
     def _bad_id(self, shard: SparseShard, r: int) -> ServerError:
         """The refusal of id ``r``, which is out of the table or not owned by this server."""
@@ -337,13 +342,7 @@ class ServerCore(CheckpointHandlers):
         are not unique and ascending is refused (BAD_REQUEST) before anything is applied, so a
         client that lies cannot make the optimizer kernel skip a sort it needed. Ascending ids
         (flagged or not) go to the kernel as ``ordered``: no second check, no sort."""
-        if ids.dtype != np.int64 or ids.ndim != 1:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
-        n, k = self.config.num_servers, self.config.server_index
-        local = np.empty(len(ids), np.int64) if n > 1 else ids
-        bad, order = scan_push_ids(ids, shard.spec.rows, n, k, local)
-        if bad >= 0:
-            raise self._bad_id(shard, int(ids[bad]))
+        local, order = self._scan(shard, ids)
         if flags & _SORTED and order != _STRICTLY_ASCENDING:
             raise ServerError(
                 ErrorCode.BAD_REQUEST,

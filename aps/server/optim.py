@@ -74,9 +74,9 @@ def new_dense_state(opt: Optimizer, size: int) -> dict[str, np.ndarray]:
 
 
 @njit(cache=True, nogil=True)
-def scan_push_ids(ids: np.ndarray, rows: int, num_shards: int, shard: int, local: np.ndarray) -> tuple[int, int]:
-    """The one pass a push's ids get at the server edge: validate them, find their order and
-    map them to local rows.
+def scan_ids(ids: np.ndarray, rows: int, num_shards: int, shard: int, local: np.ndarray) -> tuple[int, int]:
+    """The one pass a request's ids get at the server edge (pulls and pushes): validate them,
+    find their order and map them to local rows.
 
     Returns ``(bad, order)``: ``bad`` is the index of the first id outside ``[0, rows)`` or not
     owned by ``shard`` (-1: none); ``order`` is 2 when the ids are strictly ascending (unique and
@@ -210,7 +210,7 @@ def apply_sparse(
 
     Arrays must already be validated: values float32[rows, dim], ids int64[n] in range,
     grads float32[n, dim]. ``step`` is the shard's count of completed applications (for decay).
-    ``ordered``: the caller knows the ids are ascending (:func:`scan_push_ids` said so), so the
+    ``ordered``: the caller knows the ids are ascending (:func:`scan_ids` said so), so the
     kernel neither checks nor sorts them; otherwise it checks in one pass and sorts if needed.
     """
     lr = learning_rate(opt, step)

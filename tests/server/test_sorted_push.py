@@ -154,15 +154,15 @@ def test_ordered_kernels_equal_the_sorting_kernels(opt: aps.Optimizer) -> None:
     assert not np.allclose(results[0], start)
 
 
-def test_scan_push_ids_validates_orders_and_maps_in_one_pass() -> None:
+def test_scan_ids_validates_orders_and_maps_in_one_pass() -> None:
     local = np.empty(4, np.int64)
-    assert optim.scan_push_ids(np.array([1, 3, 5, 9]), 10, 2, 1, local) == (-1, 2)
+    assert optim.scan_ids(np.array([1, 3, 5, 9]), 10, 2, 1, local) == (-1, 2)
     assert local.tolist() == [0, 1, 2, 4]
-    assert optim.scan_push_ids(np.array([1, 1, 3]), 10, 1, 0, local) == (-1, 1)
-    assert optim.scan_push_ids(np.array([3, 1, 1]), 10, 1, 0, local) == (-1, 0)
-    assert optim.scan_push_ids(np.array([1, 3, 4]), 10, 2, 1, local) == (2, 0)  # 4 is server 0's
-    assert optim.scan_push_ids(np.array([1, 10]), 10, 1, 0, local) == (1, 0)
-    assert optim.scan_push_ids(np.zeros(0, np.int64), 10, 1, 0, local) == (-1, 2)
+    assert optim.scan_ids(np.array([1, 1, 3]), 10, 1, 0, local) == (-1, 1)
+    assert optim.scan_ids(np.array([3, 1, 1]), 10, 1, 0, local) == (-1, 0)
+    assert optim.scan_ids(np.array([1, 3, 4]), 10, 2, 1, local) == (2, 0)  # 4 is server 0's
+    assert optim.scan_ids(np.array([1, 10]), 10, 1, 0, local) == (1, 0)
+    assert optim.scan_ids(np.zeros(0, np.int64), 10, 1, 0, local) == (-1, 2)
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS[:2], ids=lambda o: type(o).__name__)
