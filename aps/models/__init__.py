@@ -27,8 +27,8 @@ BUILTIN = {
 def load_model_class(name: str) -> type:
     """``word2vec``, ``package.module:Class`` or ``path/to/file.py:Class``.
 
-    A file's directory is put on ``sys.path`` so that spawned worker processes can import the
-    model's module too.
+    A file's directory is put on ``sys.path`` so that the workers' fork server, which imports
+    the model's module, finds it too.
     """
     target = BUILTIN.get(name, name)
     module_name, sep, class_name = target.partition(":")

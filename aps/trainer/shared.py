@@ -1,8 +1,8 @@
 """Arrays shared between a trainer process and its compute workers.
 
 Each array is a file in a private directory under /dev/shm (RAM) mapped with ``np.memmap``:
-workers started with *spawn* attach by path, nothing is pickled but the layout, and no
-resource tracker can unlink memory behind our back.
+workers attach by path, nothing is pickled but the layout, and no resource tracker can unlink
+memory behind our back.
 
 Nothing may outlive the trainer, even when it is SIGKILLed (then no ``finally`` runs), so the
 files are removed as early as possible and a dead owner's files by the next trainer:
