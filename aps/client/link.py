@@ -132,10 +132,7 @@ class Link:
         trades one CPU for that latency; it blocks this event loop while it spins, so it is off
         by default and meant for a client that does one request at a time (online serving).
         Over TLS there is nothing to spin on (the bytes need decrypting): returns False."""
-        if self._spin_sock is not None:
-            self._spin_sock.close()
-            self._spin_sock = None
-        self._spin = 0.0
+        self._stop_spinning()
         if seconds <= 0 or self.transport is None or self.transport.get_extra_info("sslcontext") is not None:
             return False
         raw = self.transport.get_extra_info("socket")
@@ -147,6 +144,12 @@ class Link:
         self._spin_sock.setblocking(False)
         self._spin = seconds
         return True
+
+    def _stop_spinning(self) -> None:
+        if self._spin_sock is not None:
+            self._spin_sock.close()
+            self._spin_sock = None
+        self._spin = 0.0
 
     def _spin_or_yield(self, future: asyncio.Future[wire.Message]) -> None:
         """Spin for the reply, unless this link's spun replies have kept the event loop from
@@ -280,10 +283,7 @@ class Link:
             self._timer.cancel()
             self._timer = None
         self._deadlines.clear()
-        if self._spin_sock is not None:
-            self._spin_sock.close()
-            self._spin_sock = None
-            self._spin = 0.0
+        self._stop_spinning()
         for future in self.waiters.values():
             if not future.done():
                 err = ConnectionLost(f"connection to pserver {self.address} lost: {reason}")
