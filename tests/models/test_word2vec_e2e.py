@@ -143,16 +143,22 @@ async def test_trainer_api_async_uses_compute(corpus: Path) -> None:
     assert score(live, corpus) >= 0.9
 
 
-def test_aps_local_geo_1_pserver_2_trainers_default_setting(corpus: Path, tmp_path: Path) -> None:
-    """The model's default (window-shared negatives, linear decay over the run) through real processes."""
+@pytest.mark.parametrize("mode", ["geo", "sync", "async", "half_async"])
+def test_aps_local_2x2_default_setting_in_every_mode(corpus: Path, tmp_path: Path, mode: str) -> None:
+    """The model's default (window-shared negatives, linear decay over the run) through real
+    processes, in every mode: 2 pservers, 2 trainers x 1 worker, as README's command line with
+    only --mode changed. Outside geo the decay scales the pushed gradients."""
     launcher = ROOT / "bin" / "aps-local"
-    args = [f"--model-arg={k}={v}" for k, v in {"dict_path": corpus / "dict.txt", "dim": 16, "epochs": 3}.items()]
+    epochs = 3 if mode == "geo" else 2
     cmd = [
-        sys.executable, str(launcher), "1x2", "--mode", "geo", "--log-dir", str(tmp_path / "log"), "--timeout", "240",
-        "--status-interval", "0", "--", "--model", "word2vec", *args, "--data", str(corpus / "train"),
-        "--workers", "1", "--epochs", "3", "--k-steps", "100", "--save-dir", str(tmp_path / "model"), "--print-period", "60",
+        sys.executable, str(launcher), "2x2", "--mode", mode, "--log-dir", str(tmp_path / "log"), "--timeout", "240",
+        "--status-interval", "0", "--", "--model", "word2vec", f"--model-arg=dict_path={corpus / 'dict.txt'}",
+        "--model-arg=dim=16", "--data", str(corpus / "train"), "--workers", "1", "--epochs", str(epochs),
+        "--save-dir", str(tmp_path / "model"), "--print-period", "60",
     ]
+    if mode == "geo":
+        cmd += ["--k-steps", "100"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    saved = load_checkpoint_table(tmp_path / "model" / "epoch_2", "emb")
+    saved = load_checkpoint_table(tmp_path / "model" / f"epoch_{epochs - 1}", "emb")
     assert score(saved, corpus) >= 0.9

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog.testing
 
 from aps.errors import ConfigError, DataError
 from aps.models import load_model_class, parse_model_args
@@ -603,24 +604,43 @@ def test_linear_schedule_reaches_the_floor_at_the_end_of_the_run(dict_path: Path
     assert all(a >= b for a, b in zip(factors, factors[1:]))  # it only decays
     assert factors[-1] == 1e-3  # the configured floor, reached at the end of the run
     assert factors[len(factors) // 2] == pytest.approx(0.5, abs=0.05)
-    with pytest.raises(ConfigError, match="epochs"):
-        for part in (lines, lines):  # a third epoch the schedule does not span: 1.5x and beyond
-            for b in model.batches(chunk(part), worker):
-                model.lr_factor(b.data.progress)
+    # a third epoch the schedule does not span (a step loop that goes on): the rate holds its
+    # floor, and the trainer's worker 0 says so once
+    with structlog.testing.capture_logs() as logs:
+        for lead in (worker, WorkerContext(trainer_id=0, worker_id=0, num_trainers=1, num_workers=2,
+                                           rng=np.random.default_rng(1))):
+            for part in (lines, lines):
+                assert {model.lr_factor(b.data.progress) for b in model.batches(chunk(part), lead)} == {1e-3}
+    said = [entry for entry in logs if entry["event"] == "word2vec_schedule_overrun"]
+    assert len(said) == 1 and "holds its floor" in said[0]["text"] and "epoch_tokens" in said[0]["text"]
 
 
-def test_linear_schedule_needs_geo_and_reads_the_prepared_token_count(dict_path: Path) -> None:
+@pytest.mark.parametrize("negatives", ["window", "pair", "batch"])
+def test_linear_schedule_scales_the_pushed_gradient_in_every_mode(dict_path: Path, negatives: str) -> None:
+    """Outside geo the pservers' SGD runs at a fixed lr: the linear schedule multiplies the
+    gradient by its factor, which is exactly the decayed rate; every mode takes the default."""
+    args = dict(dict_path=str(dict_path), dim=4, batch_size=20, negatives=negatives, lr=0.5)
+    linear, constant = Word2Vec(**args), Word2Vec(**args, lr_schedule="exponential", decay_rate=1.0)
+    batch = first_batch(linear, LINES)
+    params = random_params(linear, seed=4)
+    grads = []
+    for model, progress in ((linear, 0.3), (constant, 0.3), (linear, 0.0)):
+        g = zero_grads(batch, model)
+        loss = model.compute(Batch(batch.sparse_ids, batch.examples, batch.data._replace(progress=progress)), params, g)
+        grads.append((loss, g.sparse))
+    (loss_l, g_l), (loss_c, g_c), (_, g_0) = grads
+    assert loss_l == pytest.approx(loss_c)  # the loss is not scaled, only the step
+    for name in g_c:
+        assert np.abs(g_c[name]).max() > 0
+        np.testing.assert_allclose(g_l[name], 0.7 * g_c[name], rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(g_0[name], g_c[name])
+    for mode in ("sync", "async", "half_async", "geo"):
+        check_trainer(linear, Strategy(mode=mode), ClusterSpec(["127.0.0.1:1"]), 0)
+
+
+def test_linear_schedule_reads_the_prepared_token_count(dict_path: Path) -> None:
     model = Word2Vec(dict_path=str(dict_path), dim=4)
     assert model.epoch_tokens == sum(int(line.split()[1]) for line in dict_path.read_text().splitlines())
-    batch = first_batch(model, LINES)
-    with pytest.raises(ConfigError, match="geo"):
-        model.compute(batch, random_params(model), zero_grads(batch, model))
-    # the trainer asks before anything starts, so a non-geo run fails at once with what to pass
-    model.check_mode("geo")
-    for mode in ("sync", "async", "half_async"):
-        with pytest.raises(ConfigError, match=f"--mode {mode} pass --model-arg lr_schedule=exponential"):
-            check_trainer(model, Strategy(mode=mode), ClusterSpec(["127.0.0.1:1"]), 0)
-    Word2Vec(dict_path=str(dict_path), dim=4, lr_schedule="exponential").check_mode("async")
     (dict_path.parent / "meta.json").write_text('{"tokens_after_downsampling": 12345}')
     prepared = Word2Vec(dict_path=str(dict_path), dim=4)
     assert (prepared.epoch_tokens, prepared.describe()["epoch_tokens_from"]) == (12345, str(dict_path.parent / "meta.json"))

@@ -23,9 +23,13 @@ targets, about ``batch_size`` (1000) pairs: only a unit of work.
 trainer hands its ``--epochs`` to the model, and an ``epochs`` model argument that differs is
 refused at start; ``epoch_tokens`` defaults to prepare_data.py's
 ``meta.json`` count beside the dictionary, else the dictionary's counts). Each worker counts its
-own tokens times the number of workers. It runs in the model's local step, so it needs geo mode;
-``lr_schedule="exponential"`` is the reference's staircase ``lr * decay_rate ** floor(step /
-decay_steps)``, which the pservers apply in the other modes as well.
+own tokens times the number of workers. It works in every mode: in geo the workers' local SGD
+steps by the decayed rate; in sync, async and half_async the pushed gradient is multiplied by the
+schedule's factor, which for the pservers' SGD (a fixed ``lr``) is exactly a decayed learning rate.
+A run longer than the schedule spans (a step loop that goes on, a corpus bigger than the one the
+dictionary counted) holds the floor and says so once per trainer. ``lr_schedule="exponential"``
+is the reference's staircase ``lr * decay_rate ** floor(step / decay_steps)``, applied by the
+optimizer spec (the pservers, and the workers in geo).
 
 **The reference network** (PaddlePaddle Fleet's word2vec example) is ``negatives=batch lr=1.0
 lr_schedule=exponential``: pairs scored centre-input against context-output with an output bias
@@ -61,6 +65,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import structlog
 
 from ...errors import ConfigError, DataError
 from ...specs import SGD, Constant, ExponentialDecay, SparseTable, TableSpec, Uniform
@@ -81,6 +86,11 @@ DEFAULT_LR = {"window": 0.025, "pair": 2.5, "batch": 1.0}
 #: default ``batch_size`` per sampling mode: the reference's 100 pairs; window mode's batches are only
 #: a unit of work (its SGD is per target), so bigger ones just cost less Python per pair
 DEFAULT_BATCH = {"window": 1000, "pair": 100, "batch": 100}
+#: progress past which a linear-schedule run is said to be longer than its schedule (a little
+#: over 1: the token count of ``meta.json`` or the dictionary is an estimate of the files' own)
+OVERRUN = 1.05
+
+log = structlog.get_logger("aps.models")
 
 _PARSE_ERRORS = {
     B.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
@@ -197,7 +207,7 @@ class Word2Vec(Model):
         if self.epoch_tokens == 0:
             self.epoch_tokens, self.epoch_tokens_from = epoch_tokens_of(path, counts)
         if self.lr_schedule == "linear":
-            optimizer = SGD(self.lr)  # the model scales it: see lr_factor
+            optimizer = SGD(self.lr)  # the model scales the step (geo) or the gradient: see lr_factor
         else:
             optimizer = SGD(self.lr, ExponentialDecay(self.decay_steps, self.decay_rate, staircase=True))
         width = 0.5 / self.dim
@@ -259,17 +269,31 @@ class Word2Vec(Model):
 
     def lr_factor(self, progress: float) -> float:
         """The linear schedule's factor at ``progress`` (fraction of the run trained):
-        word2vec.c's ``1 - progress``, never below ``lr_floor``; 1 for the exponential schedule,
+        word2vec.c's ``1 - progress``, never below ``lr_floor`` (a run that goes on past the
+        schedule's end holds the floor: :meth:`_say_overrun`); 1 for the exponential schedule,
         whose decay the optimizer spec carries."""
         if self.lr_schedule != "linear":
             return 1.0
-        if progress > 1.5:
-            raise ConfigError(
-                f"word2vec lr_schedule=linear: this worker has trained {progress:.2f}x the run the schedule "
-                f"spans (epochs={self.epochs} x {self.epoch_tokens:,} tokens); if the corpus is not the one the "
-                "dictionary was counted on, pass --model-arg epoch_tokens=N"
-            )
         return max(self.lr_floor, 1.0 - progress)
+
+    def _say_overrun(self, progress: float, ctx: WorkerContext) -> None:
+        """One warning per trainer (its worker 0) once the run is clearly longer than the linear
+        schedule spans: the rate then stays at its floor, which is right for a step loop that
+        simply goes on, and a hint for a corpus the dictionary was not counted on."""
+        if self.lr_schedule != "linear" or progress <= OVERRUN or ctx.worker_id != 0:
+            return
+        said = self.local("overrun_said", lambda: np.zeros(1, np.bool_))
+        if said[0]:
+            return
+        said[0] = True
+        log.warning(
+            "word2vec_schedule_overrun",
+            trainer=ctx.trainer_id,
+            progress=round(progress, 2),
+            text=(f"this run has gone {progress:.2f}x the tokens the linear schedule spans (epochs={self.epochs} x "
+                  f"{self.epoch_tokens:,} tokens); the learning rate holds its floor lr*{self.lr_floor:g} from here. "
+                  "If the corpus is not the one the dictionary was counted on, pass --model-arg epoch_tokens=N"),
+        )
 
     # ------------------------------------------------------------ data
 
@@ -331,6 +355,7 @@ class Word2Vec(Model):
         per_token = ctx.num_workers * ctx.num_trainers / (self.epoch_tokens * self.epochs)
         done = (start + tok_before + 1) * per_token
         done[-1] = (start + ids.shape[0]) * per_token  # the chunk's last batch covers its tail too
+        self._say_overrun(float(done[-1]), ctx)
         if self.negatives == "window":
             yield from self._window_batches(tgt, ctx_off, ctx_ids, done, ctx)
         else:
@@ -435,35 +460,21 @@ class Word2Vec(Model):
 
     # ------------------------------------------------------------ compute
 
-    def check_mode(self, mode: str) -> None:
-        """The linear schedule lives in the workers' local SGD, which only geo runs: in the
-        other modes the pservers apply ``lr`` with the reference's schedule."""
-        if self.lr_schedule == "linear" and mode != "geo":
-            raise ConfigError(
-                f"word2vec lr_schedule=linear (the default) trains in geo mode only; for --mode {mode} pass "
-                "--model-arg lr_schedule=exponential (the reference's schedule)"
-            )
-
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients into ``grads`` (of the batch-mean loss in the reference modes, of the summed
-        loss in window mode); returns the loss summed over pairs.
-
-        The linear schedule runs in the model's local step, so it needs geo mode: in the modes
-        that push gradients the pservers apply ``lr`` (and only the exponential schedule)."""
-        if self.lr_schedule == "linear":
-            raise ConfigError(
-                "word2vec lr_schedule=linear runs in the workers' local SGD (geo mode only); "
-                "in sync/async/half_async pass --model-arg lr_schedule=exponential"
-            )
+        loss in window mode), times the linear schedule's :meth:`lr_factor` at the batch's
+        progress: the pservers' SGD runs at a fixed ``lr``, so the pushed step is the decayed
+        rate's, as in geo. Returns the loss summed over pairs (unscaled)."""
         d = batch.data
+        f = self.lr_factor(d.progress)
         full = S.Tables(params.sparse[EMB], params.sparse[EMB_W], self._bias(params.sparse))
         g = S.Tables(grads.sparse[EMB], grads.sparse[EMB_W], self._bias(grads.sparse, rows=self.max_batch_ids(EMB_W)))
         ids = batch.sparse_ids
         if isinstance(d, WindowBatch):
             return float(S.window_grad(full, ids[EMB], ids[EMB_W], d.inv_context, d.ctx_off, d.inv_target,
-                                       d.inv_negatives.reshape(-1), self._scratch("gather"), g, self._window_scratch()))
+                                       d.inv_negatives.reshape(-1), self._scratch("gather"), g, self._window_scratch(), f))
         return float(S.batch_grad(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
-                                  self.negatives == "pair", self._scratch("gather"), g))
+                                  self.negatives == "pair", self._scratch("gather"), g, f))
 
     def local_sgd(
         self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]
@@ -500,11 +511,14 @@ class Word2Vec(Model):
 
     def _bias(self, arrays: dict[str, np.ndarray], rows: int | None = None) -> np.ndarray:
         """``arrays["emb_b"]``, or without the bias table a per-process zero column the kernels
-        read as a constant 0 bias (its rate is 0, so it stays 0): ``rows`` of it, or the vocabulary."""
+        read as a constant 0 bias (its rate is 0, so it stays 0): the vocabulary's, or ``rows`` of
+        a gradient column the kernels write and nobody reads. The two are kept apart even when
+        ``rows`` equals the vocabulary (a small one): a shared column would feed one batch's
+        bias gradient to the next batch as its bias."""
         if self.bias:
             return arrays[EMB_B]
-        n = self.vocab_size if rows is None else rows
-        return self.local(f"no_bias_{n}", lambda: np.zeros((max(n, 1), 1), np.float32))
+        key, n = ("no_bias", self.vocab_size) if rows is None else ("no_bias_grad", rows)
+        return self.local(key, lambda: np.zeros((max(n, 1), 1), np.float32))
 
     def _no_marks(self) -> np.ndarray:
         """Dirty marks the kernels write for the absent bias table: per process, never read."""

@@ -180,11 +180,19 @@ def pair_grad(rows: Tables, inv_c: np.ndarray, inv_t: np.ndarray, inv_n: np.ndar
 
 @njit(cache=True, nogil=True)
 def batch_grad(full: Tables, u_in: np.ndarray, u_out: np.ndarray, inv_c: np.ndarray, inv_t: np.ndarray,
-               inv_n: np.ndarray, per_pair: bool, scratch: Tables, g: Tables) -> float:
-    """Gather the batch's rows into ``scratch``, zero ``g`` and fill it with the gradient of the
-    batch-mean loss (rows in ``u_in`` / ``u_out`` order); return the summed loss."""
+               inv_n: np.ndarray, per_pair: bool, scratch: Tables, g: Tables, scale: float = 1.0) -> float:
+    """Gather the batch's rows into ``scratch``, zero ``g`` and fill it with ``scale`` times the
+    gradient of the batch-mean loss (rows in ``u_in`` / ``u_out`` order); return the summed loss.
+    ``scale`` is the linear schedule's factor in the modes that push gradients: the pservers'
+    SGD then steps by exactly the decayed rate."""
     rows, g_rows = _start(full, u_in, u_out, scratch, g)
-    return pair_grad(rows, inv_c, inv_t, inv_n, per_pair, g_rows)
+    loss = pair_grad(rows, inv_c, inv_t, inv_n, per_pair, g_rows)
+    if scale != 1.0:
+        f = np.float32(scale)
+        g_rows.emb[:] *= f
+        g_rows.emb_w[:] *= f
+        g_rows.emb_b[:] *= f
+    return loss
 
 
 @njit(cache=True, nogil=True)
@@ -309,14 +317,15 @@ def window_sgd(full: Tables, ctx: np.ndarray, ctx_off: np.ndarray, tgt: np.ndarr
 
 @njit(cache=True, nogil=True)
 def window_grad(full: Tables, u_in: np.ndarray, u_out: np.ndarray, inv_in: np.ndarray, ctx_off: np.ndarray,
-                inv_pos: np.ndarray, inv_neg: np.ndarray, scratch: Tables, g: Tables, buf: WindowScratch) -> float:
+                inv_pos: np.ndarray, inv_neg: np.ndarray, scratch: Tables, g: Tables, buf: WindowScratch,
+                scale: float = 1.0) -> float:
     """Window mode's gradient of the summed loss at the start of the batch (for the modes that
-    push gradients): rows gathered as in :func:`batch_grad`, ``g`` zeroed then filled in
-    ``u_in`` / ``u_out`` order. ``inv_in`` holds the batch's pairs' input positions, ``ctx_off``
-    its targets' pair offsets (from ``ctx_off[0]``), ``inv_pos`` / ``inv_neg`` positions in
-    ``u_out``. Returns the summed loss."""
+    push gradients), times ``scale`` (as in :func:`batch_grad`): rows gathered as there, ``g``
+    zeroed then filled in ``u_in`` / ``u_out`` order. ``inv_in`` holds the batch's pairs' input
+    positions, ``ctx_off`` its targets' pair offsets (from ``ctx_off[0]``), ``inv_pos`` /
+    ``inv_neg`` positions in ``u_out``. Returns the summed loss."""
     rows, g_rows = _start(full, u_in, u_out, scratch, g)
-    one = Rates(1.0, 1.0, 1.0)
+    one = Rates(scale, scale, scale)
     loss = 0.0
     for t in range(inv_pos.shape[0]):
         loss += _window_target(rows, inv_in, ctx_off, inv_pos, inv_neg, t, g_rows, one, buf)
