@@ -179,3 +179,30 @@ def test_barrier_worker_waits_for_every_trainer(processes: Processes) -> None:
     for t in stops:
         t.join(30)
     assert processes.procs[0].wait(timeout=15) == 0
+
+
+@pytest.mark.parametrize("mode", ["async", "geo"])
+def test_word2vec_defaults_train_in_a_step_loop_longer_than_the_schedule(tmp_path: Path, processes: Processes,
+                                                                          mode: str) -> None:
+    """A fleet script's step loop with word2vec's defaults: the Strategy's default mode (async)
+    takes the linear schedule, and a loop that goes on for 3 passes over a corpus the schedule
+    counts once holds the rate at its floor instead of failing half-way."""
+    from aps.models.word2vec.model import Word2Vec
+    from tests.models.test_word2vec_e2e import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus", families=4, sentences_per_word=40, files=1)
+    data = lines(corpus / "train")
+    model = Word2Vec(dict_path=str(corpus / "dict.txt"), dim=16)
+    strategy = aps.Strategy() if mode == "async" else aps.Strategy(mode="geo", k_steps=20)
+    assert strategy.mode == mode
+    servers = processes.start_servers(1, trainers=1)
+    st = StepTrainer(model, strategy, aps.ClusterSpec(servers, 1), 0, aps.TrainOptions(save_dir=None)).start()
+    records = []
+    for _ in range(3):
+        for batch in st.batches(data):
+            st.step(batch)
+        records.append(st.end_epoch())
+    st.stop()
+    losses = [r["loss"] for r in records]
+    assert all(r["steps"] > 5 for r in records)
+    assert losses[2] < 0.9 * losses[0], losses
