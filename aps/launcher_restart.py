@@ -22,6 +22,7 @@ from pathlib import Path
 from .errors import ConfigError
 from .launcher_roles import Role, describe_exit
 from .server.autosave import latest_checkpoint
+from .trainer.modes import mode_class
 
 #: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
 RESTARTED_TRAINER_TIMEOUT = 10.0
@@ -55,8 +56,8 @@ class Restarts:
         """Why ``role``, which has just exited, is not to be restarted; None to restart it."""
         if not self.limit or role.kind != "pserver" or role.returncode in (None, 0) or role.sent is not None:
             return "not a pserver that died by itself" if self.limit else "--restart-failed is off"
-        if self.mode == "sync":
-            return "sync mode cannot resume one shard alone"
+        if not mode_class(self.mode).resumes_one_shard:
+            return f"{self.mode} mode cannot resume one shard alone"
         if not role.listening:
             return "it died before listening"
         if self.counts.get(role.index, 0) >= self.limit:

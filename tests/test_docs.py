@@ -157,3 +157,62 @@ def test_python_blocks_compile_and_their_imports_work(path: Path) -> None:
                     assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), (
                         f"{_rel(path)}: from {node.module} import {alias.name} fails"
                     )
+
+
+# ------------------------------------------------------------------ claims the code must bear out
+
+
+def test_readme_states_the_clients_retry_rule_as_the_code_has_it() -> None:
+    """A lost connection is retried for ``deadline`` seconds, not a number of times."""
+    from aps.client.retry import DEFAULT_DEADLINE
+
+    library = section(README.read_text(encoding="utf-8"), "The library")
+    sentence = " ".join(re.search(r"^\* Every call has one timeout budget.*?(?=^\* )", library, re.S | re.M).group(0).split())
+    assert "`deadline`" in sentence and f"{DEFAULT_DEADLINE:g} s by default" in sentence, sentence
+    assert not re.search(r"lost connections? (are|is) retried \(\d+ times", sentence), sentence
+
+
+def test_only_mode_class_reads_a_mode_name() -> None:
+    """docs/modes.md says :func:`aps.trainer.modes.mode_class` is the one place a mode's name is
+    read (besides fleet's mapping of the reference's flags onto one): no other module compares
+    a ``mode`` to a mode's name."""
+    from aps.trainer.strategy import MODES
+
+    allowed = {"aps/trainer/modes/__init__.py", "aps/fleet.py"}
+    found = []
+    for path in sorted((ROOT / "aps").rglob("*.py")):
+        rel = _rel(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = [s for s in sides if isinstance(s, ast.Constant) and s.value in MODES]
+            modes = [s for s in sides if (isinstance(s, ast.Attribute) and s.attr.endswith("mode"))
+                     or (isinstance(s, ast.Name) and s.id.endswith("mode"))]
+            if names and modes and rel not in allowed:
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"mode names compared outside mode_class: {found}"
+
+
+#: things the docs once said that the code does not do: (file, pattern, what is true)
+FALSE_CLAIMS = [
+    ("docs/protocol.md", r"one connection per \(client, pserver\) pair", "one connection per pserver port"),
+    ("docs/concepts.md", r"one connection per pserver(?! port)", "one connection per pserver port"),
+    ("README.md", r"One connection per pserver(?! port),", "one connection per pserver port"),
+    ("docs/modes.md", r"pushed row is written once", "the ascending-id copy for the push writes it again"),
+]
+
+
+@pytest.mark.parametrize("file,pattern,truth", FALSE_CLAIMS, ids=[c[1] for c in FALSE_CLAIMS])
+def test_docs_no_longer_say_what_the_code_does_not_do(file: str, pattern: str, truth: str) -> None:
+    text = " ".join((ROOT / file).read_text(encoding="utf-8").split())
+    assert not re.search(pattern, text), f"{file} says /{pattern}/; the code: {truth}"
+
+
+def test_readme_keeps_benchmarks_to_a_summary() -> None:
+    """The full tables live in bench/README.md; README keeps the headline ratios and a link."""
+    summary = section(README.read_text(encoding="utf-8"), "Benchmarks")
+    assert len(summary.strip().splitlines()) <= 12 and "|---" not in summary
+    assert "bench/README.md" in summary
+    bench = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    assert "## Latest results on 2 cores" in bench and "| batched pull, 1 client: rows/s |" in bench

@@ -142,6 +142,9 @@ class Mode:
     local_sgd: ClassVar[bool] = False
     #: workers ask for their next batch's rows while the current one computes
     prefetch: ClassVar[bool] = False
+    #: one pserver restarted from its own checkpoint can rejoin the job (no round of pushes
+    #: that every pserver must apply together)
+    resumes_one_shard: ClassVar[bool] = True
 
     @classmethod
     def check(cls, model: Model) -> None:

@@ -93,6 +93,8 @@ class SyncStepGroup(StepGroup):
     """sync: one averaged update per round on the pservers, after every trainer pushed."""
 
     across_trainers = True
+    #: a restarted shard would miss the round the others applied, and desynchronise them
+    resumes_one_shard = False
 
 
 class HalfAsyncStepGroup(StepGroup):
