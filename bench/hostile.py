@@ -1,10 +1,11 @@
 """Hostile traffic against a live pserver, shared by tests/server/test_fuzz.py (CI size) and
 bench/fuzz_protocol.py (100k+ frames).
 
-A *session* is one TCP connection: maybe a handshake (HELLO, a good or bad AUTH), then a run of
-hostile frames - random bytes, real request frames with bytes flipped, frames cut short, headers
-promising huge bodies, requests before the handshake - written in a few pieces, then a
-half-close, then every reply read until the server closes. Sessions come from a seeded RNG, so a
+A *session* is one TCP connection: maybe a handshake (HELLO, a good or bad AUTH, or a HELLO
+after a first frame that does not parse), then a run of hostile frames - random bytes, real
+request frames with bytes flipped, frames cut short, headers promising huge bodies, requests
+before the handshake - written in a few pieces, then a half-close, then every reply read until
+the server closes. A session that did not complete the handshake must never be served. Sessions come from a seeded RNG, so a
 failing run's frames are replayed from its seed.
 
 A :class:`Probe` is the well-behaved client the attack must not hurt: it keeps two tables of its
@@ -32,6 +33,7 @@ from aps.errors import ErrorCode, RemoteProtocolError
 from aps.specs import spec_to_dict
 from aps.wire.auth import auth_mac
 from aps.wire.frame import HEADER, Flag, FrameDecoder, encode_header
+from aps.wire.handshake import HANDSHAKE_MAX_FRAME
 
 #: tables the hostile frames aim at (created before the attack, so mutated requests reach the
 #: handlers and kernels rather than stopping at UNKNOWN_TABLE)
@@ -134,6 +136,35 @@ def huge_frame(rng: np.random.Generator, max_frame: int) -> bytes:
     return encode_header(opcode, 0, int(rng.integers(0, 1 << 32)), length, max_frame=_BIG) + rng.bytes(int(rng.integers(0, 4096)))
 
 
+def cut_payload(frame: bytes, keep: int) -> bytes:
+    """``frame`` with only the first ``keep`` bytes of its payload and a header that says so: a
+    well-formed frame whose payload does not parse (every field of a request is required)."""
+    header = list(HEADER.unpack_from(frame, 0))
+    header[6] = keep
+    return HEADER.pack(*header) + frame[wire.HEADER_SIZE : wire.HEADER_SIZE + keep]
+
+
+def unparsable_request(rng: np.random.Generator, templates: list[tuple[str, bytes]]) -> bytes:
+    """A real request other than HELLO whose payload is cut short (its header adjusted), so
+    that it is a whole frame the server cannot decode."""
+    choices = [data for name, data in templates if name != "hello" and len(data) > wire.HEADER_SIZE]
+    data = choices[int(rng.integers(0, len(choices)))]
+    return cut_payload(data, int(rng.integers(0, len(data) - wire.HEADER_SIZE)))
+
+
+def opens_with_hello(data: bytes) -> bool:
+    """Whether the first frame of ``data`` is a well-formed HELLO request, as the server reads
+    it before the handshake (a hostile frame may be one): a server without a token is then right
+    to serve what follows."""
+    decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
+    try:
+        decoder.receive_data(data)
+        frame = decoder.next_frame()
+        return frame is not None and isinstance(wire.decode(frame), wire.Hello)
+    except RemoteProtocolError:
+        return False
+
+
 def truncated_frame(rng: np.random.Generator, templates: list[tuple[str, bytes]]) -> bytes:
     """A real frame cut short: what follows it is read as the rest of its body."""
     _, data = _pick_template(rng, templates)
@@ -173,9 +204,11 @@ def hostile_frame(rng: np.random.Generator, templates: list[tuple[str, bytes]], 
 # ----------------------------------------------------------------------------- sessions
 
 #: how a session opens, and how often: no handshake at all, HELLO only, HELLO + a wrong AUTH,
-#: or a full handshake (with a token: the attacker holds it; without: HELLO is all there is)
-OPENINGS = {"none": 0.2, "hello": 0.2, "bad_auth": 0.2, "authenticated": 0.4}
-OPENINGS_NO_TOKEN = {"none": 0.2, "authenticated": 0.8}
+#: a request that does not parse and then a HELLO (the server must refuse the connection at the
+#: first frame: the HELLO comes too late), or a full handshake (with a token: the attacker holds
+#: it; without: HELLO is all there is)
+OPENINGS = {"none": 0.2, "hello": 0.2, "bad_auth": 0.2, "late_hello": 0.1, "authenticated": 0.3}
+OPENINGS_NO_TOKEN = {"none": 0.2, "late_hello": 0.1, "authenticated": 0.7}
 
 
 @dataclass
@@ -189,8 +222,8 @@ class Tally:
     sessions_by_opening: Counter[str] = field(default_factory=Counter)
     replies: Counter[str] = field(default_factory=Counter)  # "ok:OP" or "error:CODE"
     endings: Counter[str] = field(default_factory=Counter)  # eof, reset, timeout, connect_failed
-    #: replies other than HELLO's and ERROR to a session that never proved the token: an
-    #: authentication bypass, must stay 0
+    #: replies other than HELLO's and ERROR to a session that never completed the handshake
+    #: (HELLO first, then AUTH with the token where the server has one): a bypass, must stay 0
     unauthenticated_served: int = 0
 
     def add(self, other: Tally) -> None:
@@ -232,9 +265,9 @@ def source_pool(rng: np.random.Generator, n: int) -> tuple[str, ...]:
     return tuple(f"127.{int(a)}.{int(b)}.{int(c)}" for a, b, c in rng.integers(1, 255, size=(n, 3)))
 
 
-def _tally_replies(data: bytes, tally: Tally, authenticated: bool) -> None:
+def _tally_replies(data: bytes, tally: Tally, handshaken: bool) -> None:
     """Count the server's replies by opcode / error code; a reply that serves a request on a
-    connection that never authenticated is counted as a bypass."""
+    connection that never completed the handshake is counted as a bypass."""
     decoder = FrameDecoder(_BIG - 1)
     decoder.receive_data(data)
     while True:
@@ -250,7 +283,7 @@ def _tally_replies(data: bytes, tally: Tally, authenticated: bool) -> None:
             tally.replies[f"error:{ErrorCode(msg.code).name}"] += 1
             continue
         tally.replies[f"ok:{wire.Op(frame.opcode).name}"] += 1
-        if not authenticated and frame.opcode != wire.Op.HELLO:
+        if not handshaken and frame.opcode != wire.Op.HELLO:
             tally.unauthenticated_served += 1
 
 
@@ -272,6 +305,9 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
     templates = request_templates(rng)
     frames = [hostile_frame(rng, templates, attack.max_frame) for _ in range(int(rng.integers(1, attack.frames_per_session + 1)))]
     frames.sort(key=lambda kf: kf[0] in STREAM_BREAKERS)  # stable: the rest keep their order
+    blob = b"".join(data for _, data in frames)
+    # with no token a HELLO is the whole handshake, and a hostile frame may be one
+    handshaken = opening == "authenticated" or (attack.token is None and opening == "none" and opens_with_hello(blob))
     source = attack.sources[int(rng.integers(0, len(attack.sources)))] if attack.sources else None
     tally.sessions += 1
     tally.sessions_by_opening[opening] += 1
@@ -283,6 +319,8 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
     received = bytearray()
     try:
         client_id = int(rng.integers(0, 1 << 62))
+        if opening == "late_hello":
+            writer.write(unparsable_request(rng, templates))
         if opening != "none":
             writer.write(_frame(wire.Hello(client_id=client_id, trainer_id=int(rng.integers(-1, 2))), 1))
         if opening == "bad_auth":
@@ -293,7 +331,6 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
             writer.write(_frame(wire.Auth(mac=auth_mac(attack.token, hello.nonce, client_id)), 2))
             ok = await _read_frame(reader, attack.read_timeout)
             assert isinstance(ok, wire.Ok), ok
-        blob = b"".join(data for _, data in frames)
         tally.frames += len(frames)  # attempted: the server may close before it has read them all
         tally.bytes_sent += len(blob)
         tally.frames_by_kind.update(kind for kind, _ in frames)
@@ -315,7 +352,7 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-    _tally_replies(bytes(received), tally, authenticated=attack.token is None or opening == "authenticated")
+    _tally_replies(bytes(received), tally, handshaken)
 
 
 async def burst(attack: Attack, rng: np.random.Generator, frames: int, concurrency: int) -> Tally:

@@ -301,8 +301,11 @@ class ServerConnection(asyncio.BufferedProtocol):
         try:
             msg = wire.decode(frame)
         except RemoteProtocolError as exc:
+            # through the handshake machine even on a registered connection: before the
+            # handshake it refuses the connection (answering and reading on would let a HELLO
+            # that follows be served), after it this is one bad request
             code = ErrorCode.UNKNOWN_OPCODE if "opcode" in str(exc) else ErrorCode.BAD_REQUEST
-            self._send_error(frame.request_id, ServerError(code, str(exc)))
+            self._handshake_error(self.handshake.receive_unparsable(frame.opcode, code, str(exc)), frame.request_id)
             return
         op_name = type(msg).__name__
         if not self._registered or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:

@@ -108,6 +108,22 @@ class ServerHandshake:
             return self._close(ErrorCode.AUTH_REQUIRED, "this server needs a token")
         return _REQUEST
 
+    def receive_unparsable(self, opcode: int, code: ErrorCode, message: str) -> Step:
+        """The connection got a whole frame whose payload did not decode (``code`` and
+        ``message`` say why). Once READY that is one bad request: an error, and reading goes
+        on. Before, it is refused like any other frame that is not the handshake's next message:
+        left open, the connection would let a HELLO sent after the frame be served."""
+        state = self.state
+        if state is HandshakeState.CLOSED or state is HandshakeState.CHECKING:
+            raise LocalProtocolError(f"a frame was read in state {state.name}: nothing is read there")
+        if state is HandshakeState.READY:
+            return Step(Action.ERROR, code, message)
+        expected = Op.HELLO if state is HandshakeState.AWAIT_HELLO else Op.AUTH
+        if opcode != expected:
+            return self._close(ErrorCode.AUTH_REQUIRED, "the first message must be hello"
+                               if expected is Op.HELLO else "this server needs a token")
+        return self._close(code, f"bad {expected.name.lower()}: {message}")
+
     def auth_checked(self, ok: bool, why: str = "") -> Step:
         """The verdict on the AUTH being checked: OK it (READY) or refuse and close."""
         if self.state is not HandshakeState.CHECKING:

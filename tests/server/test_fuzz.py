@@ -2,7 +2,9 @@
 
 Over 10k hostile frames per run, on hundreds of connections (bench/hostile.py draws them): random
 bytes, real request frames with bytes flipped in the header or the payload, frames cut short,
-headers promising bodies of up to 4 GiB, requests before the handshake, wrong AUTHs. Between
+headers promising bodies of up to 4 GiB, requests before the handshake, a HELLO after a first
+frame that does not parse, wrong AUTHs. No session that has not completed the handshake may be
+served, with a token or without (a targeted test checks such first frames one by one). Between
 bursts a well-behaved client must be served bit-exact, both on its long-lived connection and on
 a fresh one.
 
@@ -28,6 +30,8 @@ import pytest
 
 import aps
 from aps import wire
+from aps.errors import ErrorCode
+from aps.wire.frame import encode_header
 from bench import hostile  # the attack itself, shared with bench/fuzz_protocol.py
 from bench.pservers import ServerProcess
 
@@ -134,6 +138,85 @@ def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str |
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "request failed" not in log, f"[fuzz seed {seed}] server log: {log[-3000:]}"
     assert status == 0, f"[fuzz seed {seed}] the server exited with {status} on SIGTERM after the attack"
+
+
+FIRST = aps.SparseTable("first", rows=16, dim=4, init=aps.Uniform(-1, 1), optimizer=aps.SGD(lr=1.0))
+FIRST_IDS = np.array([1, 5, 9], dtype=np.int64)
+FIRST_GRAD = wire.PushSparseGrad(table=FIRST.name, ids=FIRST_IDS, values=np.ones((3, 4), np.float32))
+
+
+def first_frames() -> dict[str, tuple[bytes, ErrorCode]]:
+    """Frames a connection may open with, none of them a well-formed HELLO, and the error each
+    must get: valid requests, requests whose payload does not parse, an unknown opcode, a HELLO
+    cut short."""
+    pull = wire.encode_bytes(wire.PullSparse(table=FIRST.name, ids=FIRST_IDS), 11)
+    push = wire.encode_bytes(FIRST_GRAD, 11, int(wire.Flag.FINAL))
+    hello = wire.encode_bytes(wire.Hello(client_id=7), 11)
+    return {
+        "pull_sparse": (pull, ErrorCode.AUTH_REQUIRED),
+        "push_sparse_grad": (push, ErrorCode.AUTH_REQUIRED),
+        "pull_sparse_cut": (hostile.cut_payload(pull, 10), ErrorCode.AUTH_REQUIRED),
+        "push_sparse_grad_cut": (hostile.cut_payload(push, 40), ErrorCode.AUTH_REQUIRED),
+        "unknown_opcode": (encode_header(200, 0, 11, 8) + bytes(8), ErrorCode.AUTH_REQUIRED),
+        "hello_cut": (hostile.cut_payload(hello, 8), ErrorCode.BAD_REQUEST),
+    }
+
+
+async def open_with(port: int, first: bytes) -> list[tuple[int, wire.Message]]:
+    """``first``, then a HELLO, a push and a pull, in one write; every reply until the server
+    closes the connection."""
+    then = (wire.encode_bytes(wire.Hello(client_id=8), 12) + wire.encode_bytes(FIRST_GRAD, 13, int(wire.Flag.FINAL))
+            + wire.encode_bytes(wire.PullSparse(table=FIRST.name, ids=FIRST_IDS), 14))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    received = bytearray()
+    try:
+        writer.write(first + then)
+        writer.write_eof()  # a server that read on would answer and then close at this EOF
+        async with asyncio.timeout(5):
+            while chunk := await reader.read(1 << 16):
+                received += chunk
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+    decoder = wire.FrameDecoder(1 << 20)
+    decoder.receive_data(bytes(received))
+    replies = []
+    while (frame := decoder.next_frame()) is not None:
+        replies.append((frame.request_id, wire.decode(frame)))
+    return replies
+
+
+@pytest.mark.parametrize("token", [None, "first-token-9d2e"], ids=["no_token", "token"])
+def test_a_first_frame_other_than_hello_is_refused_and_closes(tmp_path: Path, token: str | None) -> None:
+    """Before the handshake any frame but a well-formed HELLO gets one error and the connection
+    is closed: what follows it (a HELLO, a push, a pull) is never read, and no table changes. A
+    frame whose payload did not parse used to get BAD_REQUEST with the connection left open, so
+    a HELLO after it opened a server without a token to the requests that followed."""
+    flags: tuple[str, ...] = ("--no-exit-when-done",)
+    if token is not None:
+        (tmp_path / "token").write_text(token + "\n")
+        flags += ("--token-file", str(tmp_path / "token"))
+    server = ServerProcess.start(tmp_path, *flags)
+
+    async def run() -> tuple[dict[str, list[tuple[int, wire.Message]]], np.ndarray, np.ndarray]:
+        async with aps.connect([server.address], token=token, timeout=30) as ps:
+            await ps.create_table(FIRST)
+            before = await ps.pull_sparse(FIRST.name, np.arange(FIRST.rows))
+            seen = {name: await open_with(server.port, data) for name, (data, _code) in first_frames().items()}
+            after = await ps.pull_sparse(FIRST.name, np.arange(FIRST.rows))
+        return seen, before, after
+
+    try:
+        seen, before, after = asyncio.run(run())
+    finally:
+        server.stop()
+    wrong = {
+        name: seen[name] for name, (_data, code) in first_frames().items()
+        if [(rid, type(msg), getattr(msg, "code", None)) for rid, msg in seen[name]] != [(11, wire.Error, code)]
+    }
+    assert not wrong, f"each first frame must get one ERROR (request 11) and a close; got {wrong}"
+    assert after.tobytes() == before.tobytes(), "a connection that never completed the handshake changed a table"
 
 
 TRACKED_ROWS = 1 << 20

@@ -13,6 +13,7 @@ from aps.wire.auth import check_mac
 from aps.wire.handshake import (
     HANDSHAKE_MAX_FRAME, Action, ClientHandshake, ClientState, HandshakeState, ServerHandshake,
 )
+from bench.hostile import cut_payload
 
 MAX_FRAME = 1 << 20
 PULL = wire.PullSparse(table="emb", ids=np.array([3, 1, 2], dtype=np.int64))
@@ -35,8 +36,12 @@ class Peer:
                 frame = self.decoder.next_frame()
                 if frame is None:
                     break
-                msg = wire.decode(frame)
-                step = self.handshake.receive(msg)
+                try:
+                    msg: wire.Message | None = wire.decode(frame)
+                except RemoteProtocolError as exc:  # as the server connection does
+                    msg, step = None, self.handshake.receive_unparsable(frame.opcode, ErrorCode.BAD_REQUEST, str(exc))
+                else:
+                    step = self.handshake.receive(msg)
                 self.steps.append((frame.request_id, step.action, step.code))
                 self.decoder.max_frame = self.handshake.frame_limit
                 if step.action is Action.REQUEST:
@@ -144,6 +149,42 @@ def test_a_big_frame_before_the_handshake_breaks_the_stream() -> None:
     with pytest.raises(RemoteProtocolError, match="max frame"):
         peer.feed(frames(big))
     assert peer.steps == []
+
+
+def cut(msg: wire.Message, request_id: int) -> bytes:
+    """``msg``'s frame with its payload cut to 5 bytes: a whole frame that does not decode."""
+    return cut_payload(wire.encode_bytes(msg, request_id), 5)
+
+
+@pytest.mark.parametrize("chunk", [0, 1])
+def test_unparsable_frame_before_hello_closes_and_the_hello_after_it_is_never_read(chunk: int) -> None:
+    peer = Peer(token=False)
+    peer.feed(cut(PULL, 1) + frames(wire.Hello(client_id=1)) + cut(PULL, 3), chunk)
+    assert peer.steps == [(1, Action.REFUSE, ErrorCode.AUTH_REQUIRED)]
+    assert (peer.handshake.state, peer.handshake.close_reason) == (HandshakeState.CLOSED, "the first message must be hello")
+    with pytest.raises(LocalProtocolError, match="CLOSED"):
+        peer.handshake.receive_unparsable(int(wire.Op.PULL_SPARSE), ErrorCode.BAD_REQUEST, "late")
+
+
+def test_unparsable_hello_is_bad_request_and_closes() -> None:
+    peer = Peer(token=False)
+    peer.feed(cut(wire.Hello(client_id=1), 1) + frames(wire.Hello(client_id=1)))
+    assert peer.steps == [(1, Action.REFUSE, ErrorCode.BAD_REQUEST)]
+    assert peer.handshake.close_reason.startswith("bad hello: payload truncated")
+
+
+def test_unparsable_frame_before_auth_on_a_token_server_closes() -> None:
+    for bad, code in ((cut(PULL, 2), ErrorCode.AUTH_REQUIRED), (cut(wire.Auth(mac=bytes(32)), 2), ErrorCode.BAD_REQUEST)):
+        peer = Peer(token=True)
+        peer.feed(frames(wire.Hello(client_id=1)) + bad + wire.encode_bytes(wire.Auth(mac=bytes(32)), 3))
+        assert peer.steps == [(1, Action.HELLO, None), (2, Action.REFUSE, code)]
+        assert peer.handshake.state is HandshakeState.CLOSED
+
+
+def test_unparsable_frame_after_the_handshake_is_an_error_reply_not_a_close() -> None:
+    peer = Peer(token=False)
+    peer.feed(frames(wire.Hello(client_id=1)) + cut(PULL, 2) + wire.encode_bytes(wire.Ping(), 3))
+    assert peer.steps == [(1, Action.HELLO, None), (2, Action.ERROR, ErrorCode.BAD_REQUEST), (3, Action.REQUEST, None)]
 
 
 def test_close_keeps_the_first_reason() -> None:
