@@ -54,6 +54,7 @@ class Role:
     ended: float | None = None
     returncode: int | None = None
     sent: str | None = None  # the last signal the launcher sent it
+    stopped_for: str = ""  # why the launcher stopped it ("trainer.1 failed"); "" when it did not
     failure: str | None = None  # why it counts as failed; None while it has not
     failed_at: float = 0.0
     listening: bool = False
@@ -75,12 +76,23 @@ class Role:
         if self.failure is None:
             self.failure, self.failed_at = reason, time.monotonic()
 
+    def saw_listening(self) -> bool:
+        """Whether this pserver listens: it wrote its port file (remembered once seen)."""
+        if not self.listening and self.port_file is not None and self.port_file.exists():
+            self.listening = True
+        return self.listening
+
     def state(self) -> str:
         if self.proc is None:
             return "failed to start" if self.failure else "not started"
         if self.returncode is None:
             return "running"
-        return describe_exit(self.returncode) + (f" ({self.launcher} sent {self.sent})" if self.sent else "")
+        if not self.sent:
+            return describe_exit(self.returncode)
+        # a pserver stopped before it listened looks like one that could not start: say why it was
+        early = self.port_file is not None and not self.listening and self.failure is None and self.stopped_for
+        why = f" before it listened: {self.stopped_for}" if early else ""
+        return describe_exit(self.returncode) + f" ({self.launcher} sent {self.sent}{why})"
 
     def duration(self) -> float | None:
         if self.started is None:

@@ -134,11 +134,12 @@ class Supervisor:
         for role in self.trainers:
             if role.waits_for_pservers:  # it waits for them itself: both start-ups overlap
                 await self._spawn(role)
-        await self._wait_until(self._all_listening, self.start_timeout, poll=0.05)
+        listening = await self._wait_until(self._all_listening, self.start_timeout, poll=0.05)
         hint = " (does the script call fleet.run_server()?)" if self.script else ""
-        for role in self.servers:
-            if not role.listening and role.failure is None and self.stop_code is None:
-                role.fail(f"did not start listening within {self.start_timeout:g} s{hint}")
+        if not listening and self._verdict() is None:  # the start timeout, not another role's failure
+            for role in self.servers:
+                if not role.listening:
+                    role.fail(f"did not start listening within {self.start_timeout:g} s{hint}")
         if (code := self._verdict()) is not None:
             return code
         for role in self.trainers:
@@ -166,9 +167,7 @@ class Supervisor:
 
     def _all_listening(self) -> bool:
         for role in self.servers:
-            if not role.listening and role.port_file is not None and role.port_file.exists():
-                role.listening = True
-            if not role.listening and role.returncode is not None:
+            if not role.saw_listening() and role.returncode is not None:
                 role.fail(f"{describe_exit(role.returncode)} before listening")
         return all(r.listening for r in self.servers)
 
@@ -217,7 +216,7 @@ class Supervisor:
             await self._spawn(role)
             return
         if role.returncode != 0 and role.sent is None:
-            early = role.port_file is not None and not role.listening and not role.port_file.exists()
+            early = role.port_file is not None and not role.saw_listening()
             role.fail(describe_exit(role.returncode) + (" before listening" if early else ""))
         mark = "" if role.returncode == 0 or role.sent else "  <- FAILED"
         self.say(f"{role.name} exited: {role.state()} after {role.duration():.1f} s{mark}")
@@ -236,9 +235,11 @@ class Supervisor:
     async def _stop_all(self, grace: float) -> None:
         """SIGTERM every running role's group, SIGKILL what is left after ``grace``, reap all."""
         self.stopping = True
+        cause = self._cause()
         for role in self.roles:
             if role.running:
-                role.sent = "SIGTERM"
+                role.sent, role.stopped_for = "SIGTERM", cause
+                role.saw_listening()  # its state says whether it was stopped before it listened
                 signal_group(role, signal.SIGTERM)
         await self._wait_until(lambda: not any(r.running for r in self.roles), grace, stopping=True)
         for role in self.roles:
@@ -247,6 +248,13 @@ class Supervisor:
                 signal_group(role, signal.SIGKILL)
         if self.watchers:
             await asyncio.gather(*self.watchers)
+
+    def _cause(self) -> str:
+        """Why the roles still running are stopped: the stop request, else the first failure."""
+        if self.stop_code is not None:
+            return self.stop_reason
+        failed = sorted((r for r in self.roles if r.failure is not None), key=lambda r: r.failed_at)
+        return f"{failed[0].name} failed" if failed else "every trainer finished"
 
     async def _sweep_groups(self, grace: float = 3.0) -> None:
         """Kill anything a role forked and left behind after the role itself exited.
