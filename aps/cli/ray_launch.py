@@ -110,6 +110,14 @@ class Member:
     seen_exited: float | None = None  # monotonic time the driver first saw it exited 0
 
 
+class RoleFailed(ApsError):
+    """A role that had started failed while the driver was still waiting for Ray to place others."""
+
+    def __init__(self, member: Member) -> None:
+        super().__init__(f"{member.name} failed: {member.failure}")
+        self.member = member
+
+
 @dataclass
 class RayJob:
     """N pservers and M trainers as Ray actors, supervised from the driver."""
@@ -118,12 +126,13 @@ class RayJob:
     opts: argparse.Namespace
     trainer_args: list[str]
     out: Any = field(default_factory=lambda: sys.stdout)  # looked up when made, not at import
+    err: Any = field(default_factory=lambda: sys.stderr)  # failures and log tails, as aps-local
     servers: list[Member] = field(default_factory=list)
     trainers: list[Member] = field(default_factory=list)
     started: float = field(default_factory=time.time)
 
-    def say(self, text: str) -> None:
-        print(f"aps-ray: {text}", file=self.out, flush=True)
+    def say(self, text: str, error: bool = False) -> None:
+        print(f"aps-ray: {text}", file=self.err if error else self.out, flush=True)
 
     def _actor(self, name: str, cpus: float, spread: bool) -> Any:
         env = {name: os.environ[name] for name in ENV_NAMES["token"] if os.environ.get(name)}
@@ -136,13 +145,15 @@ class RayJob:
     def start(self) -> list[str]:
         """Start the pservers, collect their endpoints through Ray, start the trainers with them."""
         n, m = self.opts.layout
+        if self._cpus_wanted() > self._cpus_had():
+            self.say(f"{self._cpus_asked()}: roles Ray cannot place wait for free CPUs, up to --start-timeout "
+                     f"{self.opts.start_timeout:g} s (lower --pserver-cpus / --trainer-cpus to run them all at once)",
+                     error=True)
         for k in range(n):
             self.servers.append(Member(f"pserver.{k}", "pserver", k, self._actor(f"pserver.{k}", self.opts.pserver_cpus, True)))
         server_args = [*self.opts.server_argv, "--servers", str(n), "--trainers", str(m)]
         refs = [s.actor.start_server.remote([*server_args, "--index", str(s.index)]) for s in self.servers]
-        addresses = [str(a) for a in self._placed(refs, "pservers")]
-        for s, address in zip(self.servers, addresses):
-            s.node, s.started = address.rpartition(":")[0], True
+        addresses = [str(a) for a in self._placed(self.servers, refs, "pservers")]
         pservers = ",".join(addresses)
         self.say(f"pservers listening: {pservers}")
         for k in range(m):
@@ -153,34 +164,52 @@ class RayJob:
             extra = ["--metrics", self._metrics_path(t)] if own_metrics else []
             refs.append(t.actor.start_trainer.remote([*self.trainer_args, *extra, "--pservers", pservers, "--trainers",
                                                      str(m), "--trainer-id", str(t.index)]))
-        self._placed(refs, "trainers")
-        for t in self.trainers:
-            t.started = True
-        for t, host in zip(self.trainers, self.ray.get([t.actor.host.remote() for t in self.trainers])):
-            t.node = str(host)
+        self._placed(self.trainers, refs, "trainers")
         self.say(f"trainers started on {', '.join(t.node for t in self.trainers)}")
         return addresses
 
-    def _placed(self, refs: list[Any], what: str) -> list[Any]:
-        """Results of the start calls; an ApsError when Ray has not placed and started the roles
-        within --start-timeout (an actor waits for free CPUs forever otherwise)."""
-        try:
-            return list(self.ray.get(refs, timeout=self.opts.start_timeout))
-        except self.ray.exceptions.GetTimeoutError:
-            n, m = self.opts.layout
-            wanted = n * self.opts.pserver_cpus + m * self.opts.trainer_cpus
-            have = self.ray.cluster_resources().get("CPU", 0)
-            raise ApsError(f"the {what} did not start within --start-timeout {self.opts.start_timeout:g} s: the job "
-                           f"asks Ray for {wanted:g} CPUs ({n} x --pserver-cpus {self.opts.pserver_cpus:g} + {m} x "
-                           f"--trainer-cpus {self.opts.trainer_cpus:g}) and the cluster has {have:g}") from None
+    def _placed(self, members: list[Member], refs: list[Any], what: str) -> list[Any]:
+        """Results of the start calls, in order, taken as Ray places and starts each role. The
+        roles started meanwhile are watched: a role waiting for free CPUs (maybe forever, when the
+        job asks for more than the cluster has) must not hide one that already failed, which
+        raises RoleFailed at once. ApsError when not every role started within --start-timeout."""
+        deadline = time.monotonic() + self.opts.start_timeout
+        results: dict[int, Any] = {}
+        while len(results) < len(refs):
+            waiting = [ref for k, ref in enumerate(refs) if k not in results]
+            ready, _ = self.ray.wait(waiting, num_returns=len(waiting), timeout=self.opts.poll)
+            for k, ref in enumerate(refs):
+                if k not in results and ref in ready:
+                    results[k] = self.ray.get(ref)  # a RayTaskError when the role failed to start
+                    members[k].started = True
+                    members[k].node = str(self.ray.get(members[k].actor.host.remote(), timeout=60))
+            self._poll_all()
+            if (failed := self._first_failed()) is not None:
+                raise RoleFailed(failed)
+            if len(results) < len(refs) and time.monotonic() > deadline:
+                raise ApsError(f"the {what} did not start within --start-timeout {self.opts.start_timeout:g} s: "
+                               f"{self._cpus_asked()}")
+        return [results[k] for k in range(len(refs))]
+
+    def _cpus_wanted(self) -> float:
+        n, m = self.opts.layout
+        return float(n * self.opts.pserver_cpus + m * self.opts.trainer_cpus)
+
+    def _cpus_had(self) -> float:
+        return float(self.ray.cluster_resources().get("CPU", 0))
+
+    def _cpus_asked(self) -> str:
+        n, m = self.opts.layout
+        return (f"the job asks Ray for {self._cpus_wanted():g} CPUs ({n} x --pserver-cpus {self.opts.pserver_cpus:g} + "
+                f"{m} x --trainer-cpus {self.opts.trainer_cpus:g}) and the cluster has {self._cpus_had():g}")
 
     def _metrics_path(self, trainer: Member) -> str:
         """Where a trainer writes its metrics unless the trainer options name a file."""
         return str(Path(self.opts.log_dir, f"{trainer.name}.metrics.jsonl"))
 
     def _poll(self, member: Member) -> None:
-        if member.code is not None or member.failure is not None:
-            return
+        if not member.started or member.code is not None or member.failure is not None:
+            return  # a call to an actor Ray has not placed would wait for its placement
         try:
             member.code = self.ray.get(member.actor.poll.remote(), timeout=60)
         except self.ray.exceptions.RayActorError as exc:
@@ -189,13 +218,19 @@ class RayJob:
         if member.code is not None and member.code != 0:
             member.failure = describe_exit(member.code)
 
+    def _poll_all(self) -> None:
+        for member in self.servers + self.trainers:
+            self._poll(member)
+
+    def _first_failed(self) -> Member | None:
+        return next((m for m in self.trainers + self.servers if m.failure is not None), None)
+
     def supervise(self) -> int:
         """Wait for every trainer, then every pserver; stop all at the first failure."""
         deadline = None if self.opts.timeout is None else time.monotonic() + self.opts.timeout
         done_at: float | None = None
         while True:
-            for member in self.servers + self.trainers:
-                self._poll(member)
+            self._poll_all()
             trainers_done = all(t.code == 0 for t in self.trainers)
             if trainers_done and done_at is None:
                 done_at = time.monotonic()
@@ -209,9 +244,8 @@ class RayJob:
                     s.seen_exited = s.seen_exited or now
                     if now - s.seen_exited > TRAINER_EXIT_GRACE:
                         s.failure = f"exited, and the trainers were still running {TRAINER_EXIT_GRACE:g} s later"
-            failed = [m for m in self.trainers + self.servers if m.failure is not None]
-            if failed:
-                self.stop(f"{failed[0].name} failed: {failed[0].failure}", failed[0])
+            if (failed := self._first_failed()) is not None:
+                self.stop(f"{failed.name} failed: {failed.failure}", failed)
                 return EXIT_FAILED
             if trainers_done and all(s.code == 0 for s in self.servers):
                 return EXIT_OK
@@ -222,13 +256,13 @@ class RayJob:
 
     def stop(self, reason: str, culprit: Member | None) -> None:
         """Say why, show the culprit's log tail, and stop every role still running."""
-        self.say(f"{reason}; stopping every role")
+        self.say(f"{reason}; stopping every role", error=True)
         if culprit is not None:
             try:
                 tail = self.ray.get(culprit.actor.tail_text.remote(), timeout=30)
             except self.ray.exceptions.RayError:
                 tail = f"(its log {self.opts.log_dir}/{culprit.name}.log is on {culprit.node}, which Ray cannot reach)"
-            print(f"--- last lines of {culprit.name} ({culprit.node}) ---\n{tail}", file=self.out, flush=True)
+            print(f"--- last lines of {culprit.name} ({culprit.node}) ---\n{tail}", file=self.err, flush=True)
         self.stop_all()
 
     def stop_all(self) -> None:
@@ -274,14 +308,16 @@ class RayJob:
             self.start()
             code = self.supervise()
         except KeyboardInterrupt:
-            self.say("interrupted; stopping every role")
+            self.say("interrupted; stopping every role", error=True)
             self.stop_all()
             code = EXIT_INTERRUPTED
         except self.ray.exceptions.RayTaskError as exc:  # a role failed to start: its ApsError, with its log
-            self.say(f"a role failed to start: {exc.cause if getattr(exc, 'cause', None) else exc}")
+            self.say(f"a role failed to start: {exc.cause if getattr(exc, 'cause', None) else exc}", error=True)
             self.stop_all()
+        except RoleFailed as exc:  # while another waited to be placed
+            self.stop(str(exc), exc.member)
         except ApsError as exc:
-            self.say(str(exc))
+            self.say(str(exc), error=True)
             self.stop_all()
         finally:
             self.finish()

@@ -22,6 +22,7 @@ from aps.cli.ray_launch import RayJob, main, parse_args
 from examples.linreg.model import make_data
 from tests.conftest import ROOT
 from tests.e2e.test_local_launcher import alive
+from tests.models.test_word2vec_e2e import make_corpus
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra aps[ray]: pip install -e '.[ray]'")
 pytestmark = pytest.mark.timeout(240)
@@ -76,7 +77,7 @@ async def wait_for_connections(addresses: list[str], k: int, count: int, timeout
 def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_path: Path) -> None:
     opts, trainer_args = parse_args(_args(tmp_path, "--epochs", "200"))
     out = io.StringIO()
-    job = RayJob(ray, opts, trainer_args, out=out)
+    job = RayJob(ray, opts, trainer_args, out=out, err=out)
     try:
         addresses = job.start()
         trainer_pids = ray.get([t.actor.pid.remote() for t in job.trainers])
@@ -117,7 +118,54 @@ def test_roles_ray_cannot_place_fail_with_the_cpus_asked(local_ray: Any, tmp_pat
     argv[argv.index("--pserver-cpus") + 1] = "3"  # no pserver fits a 2-CPU Ray: none is ever placed
     argv[1:1] = ["--start-timeout", "2"]
     assert main(argv) == 1
-    out = capsys.readouterr().out
-    assert ("the pservers did not start within --start-timeout 2 s: the job asks Ray for 7 CPUs (2 x --pserver-cpus "
-            "3 + 2 x --trainer-cpus 0.5) and the cluster has 2") in out, out
+    out, err = capsys.readouterr()
+    asked = "the job asks Ray for 7 CPUs (2 x --pserver-cpus 3 + 2 x --trainer-cpus 0.5) and the cluster has 2"
+    assert f"aps-ray: {asked}: roles Ray cannot place wait for free CPUs, up to --start-timeout 2 s" in err, err
+    assert f"aps-ray: the pservers did not start within --start-timeout 2 s: {asked}" in err, err
     assert re.search(r"^pserver.1\s+\S+\s+not started", out, re.M) and "trainer.0" not in out, out
+
+
+def _word2vec_args(tmp_path: Path, *extra: str) -> list[str]:
+    """aps-ray 1x2 on word2vec with a tiny corpus (two topics); ``extra`` goes before ``--``."""
+    corpus = make_corpus(tmp_path / "w2v", families=2, sentences_per_word=20, files=2)
+    return ["1x2", "--workdir", str(ROOT), "--log-dir", str(tmp_path / "log"), "--timeout", "120", *extra, "--",
+            "--model", "word2vec", "--model-arg", f"dict_path={corpus / 'dict.txt'}", "--data", str(corpus / "train"),
+            "--workers", "1", "--no-save"]
+
+
+def test_a_trainer_failing_at_start_fails_the_job_while_a_role_waits_for_cpus(
+        local_ray: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """1 pserver + 2 trainers at 1 CPU each on the 2-CPU Ray: one trainer cannot be placed while
+    the others run. The placed trainer exits 2 at once (its dictionary does not exist); the job
+    fails within seconds naming it, not after --start-timeout spent waiting for the other."""
+    argv = _word2vec_args(tmp_path, "--start-timeout", "100")
+    argv[argv.index(next(a for a in argv if a.startswith("dict_path=")))] = "dict_path=/nonexistent/dict.txt"
+    began = time.monotonic()
+    assert main(argv) == 1
+    ended, elapsed = time.time(), time.monotonic() - began
+    captured = capsys.readouterr()
+    failed = re.search(r"^aps-ray: (trainer\.(\d)) failed: exit 2; stopping every role$", captured.err, re.M)
+    assert failed, captured.err + captured.out
+    name, waiting = failed[1], f"trainer.{1 - int(failed[2])}"
+    log = tmp_path / "log" / f"{name}.log"
+    assert ended - log.stat().st_mtime < 10, "the failure was seen more than 10 s after the trainer's last word"
+    assert elapsed < 40, elapsed  # a pserver and a trainer started, and the failure seen: no --start-timeout
+    assert f"--- last lines of {name} " in captured.err and "/nonexistent/dict.txt" in captured.err, captured.err
+    tail = [line for line in log.read_text().splitlines() if "/nonexistent/dict.txt" in line]
+    assert tail and tail[-1] in captured.err
+    assert re.search(rf"^{waiting}\s+\S+\s+not started", captured.out, re.M), captured.out
+    assert re.search(r"^pserver.0\s+\S+\s+stopped \(", captured.out, re.M), captured.out
+
+
+def test_word2vec_one_by_two_async_with_the_defaults(local_ray: Any, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """word2vec with its default setting (linear schedule) in async mode, the trainer's default,
+    through Ray: every role exits 0 and each trainer's epoch is in the summary."""
+    argv = _word2vec_args(tmp_path, "--pserver-cpus", "0.5", "--trainer-cpus", "0.5")
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err + captured.out
+    for name in ("pserver.0", "trainer.0", "trainer.1"):
+        assert re.search(rf"^{name}\s+\S+\s+exit 0\s", captured.out, re.M), captured.out
+    for k in range(2):
+        assert re.search(rf"^trainer.{k}\s.*epoch 0 loss \d+\.\d+$", captured.out, re.M), captured.out
