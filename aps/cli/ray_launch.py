@@ -11,6 +11,7 @@ summary names each role's node, exit and time. Ray is an optional dependency (``
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -64,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=str(Path.cwd()), help="working directory of every role; must exist on "
                    "every node (default: this directory)")
     p.add_argument("--server-args", default="", help="extra aps-server flags, one quoted string")
-    p.add_argument("--pserver-cpus", type=float, default=1.0, help="CPUs Ray reserves per pserver (default 1)")
-    p.add_argument("--trainer-cpus", type=float, default=1.0, help="CPUs Ray reserves per trainer (default 1)")
+    p.add_argument("--pserver-cpus", type=float, help="CPUs Ray reserves per pserver (default: 1, or the "
+                   "cluster's CPUs shared by every role when it has fewer than one each)")
+    p.add_argument("--trainer-cpus", type=float, help="CPUs Ray reserves per trainer (default: as --pserver-cpus)")
     p.add_argument("--timeout", type=float, help="stop every role and exit 124 after SECONDS")
     p.add_argument("--start-timeout", type=float, default=300.0, help="fail when Ray has not placed and started "
                    "every role within SECONDS, e.g. for want of free CPUs (default 300)")
@@ -86,7 +88,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"{given[0]} is set by aps-ray from what Ray reports; leave it out")
     if problem := trainer_args_problem(trainer_args):
         parser.error(f"trainer options: {problem} (see aps-trainer --help)")
-    if min(opts.pserver_cpus, opts.trainer_cpus, opts.start_timeout) <= 0 or (opts.timeout is not None and opts.timeout <= 0):
+    cpus = [c for c in (opts.pserver_cpus, opts.trainer_cpus) if c is not None]
+    if min([*cpus, opts.start_timeout]) <= 0 or (opts.timeout is not None and opts.timeout <= 0):
         parser.error("--pserver-cpus, --trainer-cpus, --timeout and --start-timeout must be > 0")
     opts.server_argv = shlex.split(opts.server_args)
     return opts, trainer_args
@@ -142,9 +145,34 @@ class RayJob:
         log_dir = str(Path(self.opts.workdir, self.opts.log_dir))
         return self.ray.remote(RoleProcess).options(**options).remote(name, log_dir, self.opts.workdir, env)
 
+    def fit_cpus(self) -> None:
+        """Fill in the CPUs per role the user left out: 1 each, or, on a cluster with fewer CPUs
+        than roles (a laptop's local Ray), an equal share of what it has, so that every role is
+        placed at once instead of waiting for CPUs that never come (the trainers meet at
+        barriers: a job with one trainer unplaced only waits). Said in one line when shared."""
+        n, m = self.opts.layout
+        given = (self.opts.pserver_cpus, self.opts.trainer_cpus)
+        left = [c is None for c in given]
+        if not any(left):
+            return
+        had = self._cpus_had()
+        fixed = (n * (given[0] or 0.0)) + (m * (given[1] or 0.0))
+        roles = n * left[0] + m * left[1]
+        share = min(1.0, math.floor(1000 * max(had - fixed, 0.0) / roles) / 1000)
+        if share <= 0:
+            share = 1.0  # nothing left to share: ask for 1 and let the placement wait say so
+        if left[0]:
+            self.opts.pserver_cpus = share
+        if left[1]:
+            self.opts.trainer_cpus = share
+        if share < 1.0:
+            self.say(f"the cluster has {had:g} CPUs for {roles} role(s) without a CPU setting: each reserves "
+                     f"{share:g} (pass --pserver-cpus / --trainer-cpus to reserve more and wait for them)")
+
     def start(self) -> list[str]:
         """Start the pservers, collect their endpoints through Ray, start the trainers with them."""
         n, m = self.opts.layout
+        self.fit_cpus()
         if self._cpus_wanted() > self._cpus_had():
             self.say(f"{self._cpus_asked()}: roles Ray cannot place wait for free CPUs, up to --start-timeout "
                      f"{self.opts.start_timeout:g} s (lower --pserver-cpus / --trainer-cpus to run them all at once)",

@@ -138,7 +138,7 @@ def test_a_trainer_failing_at_start_fails_the_job_while_a_role_waits_for_cpus(
     """1 pserver + 2 trainers at 1 CPU each on the 2-CPU Ray: one trainer cannot be placed while
     the others run. The placed trainer exits 2 at once (its dictionary does not exist); the job
     fails within seconds naming it, not after --start-timeout spent waiting for the other."""
-    argv = _word2vec_args(tmp_path, "--start-timeout", "100")
+    argv = _word2vec_args(tmp_path, "--start-timeout", "100", "--pserver-cpus", "1", "--trainer-cpus", "1")
     argv[argv.index(next(a for a in argv if a.startswith("dict_path=")))] = "dict_path=/nonexistent/dict.txt"
     began = time.monotonic()
     assert main(argv) == 1
@@ -160,11 +160,14 @@ def test_a_trainer_failing_at_start_fails_the_job_while_a_role_waits_for_cpus(
 def test_word2vec_one_by_two_async_with_the_defaults(local_ray: Any, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """word2vec with its default setting (linear schedule) in async mode, the trainer's default,
-    through Ray: every role exits 0 and each trainer's epoch is in the summary."""
-    argv = _word2vec_args(tmp_path, "--pserver-cpus", "0.5", "--trainer-cpus", "0.5")
+    through Ray with aps-ray's defaults: on the 2-CPU Ray the three roles share its CPUs (at 1
+    each the third would wait for ever), every role exits 0 and each trainer's epoch is in the
+    summary."""
+    argv = _word2vec_args(tmp_path)
     code = main(argv)
     captured = capsys.readouterr()
     assert code == 0, captured.err + captured.out
+    assert "aps-ray: the cluster has 2 CPUs for 3 role(s) without a CPU setting: each reserves 0.666" in captured.out
     for name in ("pserver.0", "trainer.0", "trainer.1"):
         assert re.search(rf"^{name}\s+\S+\s+exit 0\s", captured.out, re.M), captured.out
     for k in range(2):
