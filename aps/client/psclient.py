@@ -366,6 +366,12 @@ class PSClient:
         replies = await self._all(wire.Stats(), timeout)
         return {addr: json.loads(r.text) for addr, r in zip(self.addresses, replies)}  # type: ignore[attr-defined]
 
+    async def checkpoint_roots(self, timeout: Timeout = True) -> dict[str, str | None]:
+        """Each pserver's checkpoint root by address (SAVE and LOAD paths must lie in it;
+        relative ones are taken from it), from its STATS reply; None for a server too old to
+        say. :func:`aps.client.roots.check_checkpoint_path` checks a path against them."""
+        return {addr: s.get("checkpoint_root") for addr, s in (await self.stats(timeout)).items()}
+
     async def ping(self, timeout: Timeout = True) -> None:
         await self._all(wire.Ping(), timeout)
 

@@ -526,6 +526,8 @@ class ServerCore(CheckpointHandlers):
         body = {
             "server_index": self.config.server_index,
             "num_servers": self.config.num_servers,
+            # where SAVE and LOAD paths must lie: a trainer checks its save path at start
+            "checkpoint_root": self.checkpoint_root,
             "tables": {
                 name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec)}
                 for name, spec in self.specs.items()
