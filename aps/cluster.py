@@ -75,6 +75,8 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
 #: what aps-local tells a user's script (read by aps.fleet): where a pserver writes its bound
 #: port once it listens, where a trainer appends its metrics records, and its metrics port
 PORT_FILE_ENV, METRICS_FILE_ENV, METRICS_PORT_ENV = "APS_PORT_FILE", "APS_METRICS_FILE", "APS_METRICS_PORT"
+#: ... and the directory a trainer writes its TensorBoard scalars into (aps-local --tensorboard)
+TENSORBOARD_ENV = "APS_TENSORBOARD_DIR"
 
 #: the older contract's pserver list: these IPs, each with the one port below
 OLD_PSERVER_IPS, OLD_PSERVER_PORT = "PADDLE_PSERVER_IPS", "PADDLE_PSERVER_PORT"

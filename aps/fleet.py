@@ -50,7 +50,8 @@ from typing import Any
 
 import structlog
 
-from .cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, ClusterSpec, cluster_from_env, parse_addresses
+from .cluster import (METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, TENSORBOARD_ENV, ClusterSpec, cluster_from_env,
+                      parse_addresses)
 from .errors import ApsError, ConfigError, ConnectionLost
 from .server import PServer, ServerConfig
 from .trainer.files import split_files
@@ -84,9 +85,11 @@ class RoleMaker:
     port: int | None = None
     token: str | None = None
     #: set by aps-local: where a pserver writes its port, where a trainer writes its metrics
+    #: (records, port, TensorBoard scalars)
     port_file: str | None = None
     metrics_file: str | None = None
     metrics_port: int | None = None
+    tensorboard: str | None = None
     #: ports of each pserver (v2's PADDLE_INIT_PORTS_NUM / _FOR_SPARSE; aps/client/lanes.py)
     ports_num: int = 1
     ports_num_for_sparse: int = 0
@@ -164,7 +167,8 @@ def PaddleCloudRoleMaker(is_collective: bool = False, env: Mapping[str, str] | N
     trainer_id = _optional_int(own["trainer_id"])
     if trainer_id is None:
         raise ConfigError("a trainer needs its index: set PADDLE_TRAINER_ID (or APS_TRAINER_ID)")
-    return RoleMaker(Role.WORKER, trainer_id, metrics_file=env.get(METRICS_FILE_ENV) or None, **common)
+    return RoleMaker(Role.WORKER, trainer_id, metrics_file=env.get(METRICS_FILE_ENV) or None,
+                     tensorboard=env.get(TENSORBOARD_ENV) or None, **common)
 
 
 def _optional_int(value: object) -> int | None:
@@ -499,7 +503,7 @@ class Fleet:
             wait_for_pservers(role.server_endpoints, chosen.rpc_timeout)
         if options is None:
             options = TrainOptions(save_dir=None, token=role.token, metrics_path=role.metrics_file,
-                                   metrics_port=role.metrics_port)
+                                   metrics_port=role.metrics_port, tensorboard=role.tensorboard)
         self._worker = StepTrainer(model, chosen, role.cluster(), role.current_id, options).start()
         return self._worker
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV
+from .cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, TENSORBOARD_ENV
 from .errors import ConfigError, RequestTimeout
 from .launcher_restart import Restarts
 from .launcher_roles import Role, child_options, describe_exit, free_ports, last_lines, program
@@ -162,6 +162,8 @@ class LocalCluster:
     server_grace: float = 30.0
     start_timeout: float = 120.0
     metrics_port: int | None = None
+    #: TensorBoard: trainer K writes its scalars into tensorboard/trainer-K (one run each)
+    tensorboard: str | os.PathLike[str] | None = None
     env: Mapping[str, str] | None = None
     cwd: str | os.PathLike[str] | None = None
     label: str = "aps.launch"  # how its lines and the roles' states name it
@@ -266,13 +268,17 @@ class LocalCluster:
             # file is named here; another trainer program may not know the flag, so it gets none.
             ours = user_metrics is None and self.trainer_cmd is None
             metrics = Path(user_metrics) if user_metrics is not None else log_dir / f"trainer.{i}.metrics.jsonl"
-            if script is not None:  # fleet.init_worker reads both from the environment
+            board = None if self.tensorboard is None else str(Path(self.tensorboard) / f"trainer-{i}")
+            if script is not None:  # fleet.init_worker reads these from the environment
                 env.update(script_env(METRICS_FILE_ENV, metrics, metrics_port))
+                if board is not None:
+                    env[TENSORBOARD_ENV] = board
                 argv = list(script)
             else:
                 argv = [*trainer, "--pservers", pservers, "--trainers", str(self.trainers), *(wait_flag if waits else []),
                         "--trainer-id", str(i), *mode, *(["--metrics", str(metrics)] if ours else []),
-                        *_metrics_port_flag(metrics_port), *self.trainer_args]
+                        *_metrics_port_flag(metrics_port), *(["--tensorboard", board] if board else []),
+                        *self.trainer_args]
             if ours:  # trainers append: this run's numbers only, like the logs
                 with contextlib.suppress(OSError):  # unremovable: the trainer will say why it cannot write
                     metrics.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
 """bin/aps-plot on recorded metrics files: the PNG it writes (signature, size, pixel size from
-the IHDR chunk), its one-line errors, and the lenient reader aps-local's summary uses."""
+the IHDR chunk), its one-line errors, the lenient reader aps-local's summary uses, and the
+curves a short real training run gives it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from typing import Any
 
 import pytest
 
-from aps.cli.plot import last_epoch_record, plot_metrics
+import aps
+from aps.cli.plot import curves, last_epoch_record, plot_metrics, read_metrics
+from aps.cluster import ClusterSpec
+from aps.trainer import Strategy, Trainer, TrainOptions
+from examples.linreg.model import make_data
 from tests.conftest import BIN, ROOT
+from tests.trainer.fault_models import SlowLinReg
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,6 +107,33 @@ def test_library_call_without_auc_returns_the_path(tmp_path: Path) -> None:
     write_metrics(tmp_path, trainers=1, auc=False)
     out = plot_metrics(tmp_path, size=(500, 400))
     assert out == tmp_path / "curves.png" and png_size(out) == (500, 400) and out.stat().st_size > 10_000
+
+
+async def test_a_short_real_run_draws_curves_not_dots(tmp_path: Path) -> None:
+    """A trainer with default options that trains for about 3 s (15 batches of 0.2 s: the
+    demo's 20-second epoch, shorter) writes enough progress records for every curve to be a
+    line of many points, not one dot per epoch."""
+    make_data(tmp_path / "data", files=1, lines_per_file=15 * 32, features=50)
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    server = await aps.serve(port=0, num_trainers=1)
+    options = TrainOptions(save_dir=None, live_line=False, metrics_path=str(log_dir / "trainer.0.metrics.jsonl"))
+    trainer = Trainer(SlowLinReg(features=50), Strategy(mode="async", workers=1), ClusterSpec([server.address], 1),
+                      0, options)
+    try:
+        result = await trainer.atrain([str(tmp_path / "data")], 1)
+    finally:
+        await server.aclose()
+    assert result.epochs[0]["examples"] == 15 * 32 and result.epochs[0]["seconds"] >= 2.9
+    data = curves(read_metrics(log_dir))
+    assert [p.key for p in data.panels] == ["loss", "examples_per_s"]  # linear regression: no AUC
+    for key in ("loss", "examples_per_s"):
+        xs, ys = data.lines[key][0]
+        assert xs == sorted(xs) and all(y >= 0 for y in ys)
+        assert len([y for y in ys if y > 0]) > 5, (key, xs, ys)  # zero until the first batch is done
+        assert len(data.dots[key][0][0]) == 1  # and the epoch's own number
+    png = plot_metrics(log_dir)
+    assert png == log_dir / "curves.png" and png_size(png) == (1200, 900) and png.stat().st_size > 10_000
 
 
 # ----------------------------------------------------------------------------- errors: one line, exit 2

@@ -53,7 +53,8 @@ pserver and every trainer, with no arguments added (a leading `python` is the in
 runs aps-local, so the script imports the same aps): the role comes from the environment above,
 which aps.fleet reads (fleet.init, fleet.is_server, ...). A pserver counts as started once
 fleet.run_server listens (it writes its port to APS_PORT_FILE); a trainer's metrics records go to
-APS_METRICS_FILE (LOG_DIR/trainer.K.metrics.jsonl) for the summary. --mode, --trainer-cmd and
+APS_METRICS_FILE (LOG_DIR/trainer.K.metrics.jsonl) for the summary, and with --tensorboard its
+scalars to APS_TENSORBOARD_DIR. --mode, --trainer-cmd and
 --server-args do not apply there: the script's DistributedStrategy picks the mode.
 
 Logs: stdout+stderr of each role go to LOG_DIR/pserver.K.log and LOG_DIR/trainer.K.log
@@ -67,6 +68,8 @@ read from their metrics files; then the log.
 Metrics: each aps-trainer gets --metrics LOG_DIR/trainer.K.metrics.jsonl (replaced on each run,
 like the logs) unless you pass --metrics yourself; `aps-plot LOG_DIR` draws their curves. With
 --metrics-port BASE, pserver K gets --metrics-port BASE+K and trainer K --metrics-port BASE+N+K.
+With --tensorboard DIR, trainer K gets --tensorboard DIR/trainer-K: one TensorBoard run per
+trainer, so `tensorboard --logdir DIR` shows them side by side.
 
 Ending: once every trainer exited 0, the pservers exit by themselves (every trainer sent
 worker_done); aps-local waits --server-grace seconds for that, then SIGTERMs them and fails.
@@ -146,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         "pservers and waits for them this long (--wait-pservers), another --trainer-cmd once they listen")
     add("--metrics-port", type=int, metavar="BASE",
         help="serve live metrics: pserver K on port BASE+K, trainer K on BASE+N+K (default: none)")
+    add("--tensorboard", metavar="DIR",
+        help="trainer K writes TensorBoard scalars (loss, AUC, examples/s, wait share) into DIR/trainer-K while "
+             "it trains (aps-trainer --tensorboard); view with: tensorboard --logdir DIR")
     restart = parser.add_argument_group("restarting failed pservers (async, half_async, geo)")
     restart.add_argument(
         "--restart-failed", type=int, default=0, metavar="N",
@@ -201,7 +207,8 @@ def cluster_of(opts: argparse.Namespace, trainer_args: list[str]) -> LocalCluste
         servers, trainers, trainer_args=trainer_args, mode=opts.mode, script=opts.script_argv,
         trainer_cmd=opts.trainer_argv, server_args=opts.server_argv, log_dir=opts.log_dir, token=opts.token,
         timeout=opts.timeout, server_grace=opts.server_grace, start_timeout=opts.start_timeout,
-        metrics_port=opts.metrics_port, label="aps-local", restart_failed=opts.restart_failed,
+        metrics_port=opts.metrics_port, tensorboard=opts.tensorboard, label="aps-local",
+        restart_failed=opts.restart_failed,
         checkpoint_every=opts.checkpoint_every, checkpoint_dir=opts.checkpoint_dir,
     )
 

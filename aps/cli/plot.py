@@ -158,13 +158,52 @@ PANELS = (
 )
 
 
-def _points(records: list[Record], event: str, key: str, t0: float) -> tuple[list[float], list[float]]:
+#: (seconds since the first record, value) points of one quantity of one trainer
+Points = tuple[list[float], list[float]]
+
+
+@dataclass(frozen=True)
+class Curves:
+    """What the picture draws, apart from how: per panel key (and companion key), per trainer,
+    the line through its "progress" records and the dots of its "epoch" records. A function of
+    its own so that what a run's records give a plot can be checked without looking at pixels."""
+
+    panels: tuple[Panel, ...]
+    lines: dict[str, dict[int, Points]]
+    dots: dict[str, dict[int, Points]]
+
+
+def _points(records: list[Record], event: str, key: str, t0: float) -> Points:
     xs, ys = [], []
     for r in records:
         if r["event"] == event and r.get(key) is not None:
             xs.append(r["time"] - t0)
             ys.append(float(r[key]))
     return xs, ys
+
+
+def read_metrics(log_dir: str | Path) -> dict[int, list[Record]]:
+    """trainer index -> its records, for every metrics file in ``log_dir`` that has any.
+
+    Raises ConfigError (no directory / no files / no records), DataError (a malformed line)."""
+    log_dir = Path(log_dir)
+    by_trainer = {k: read_records(path) for k, path in metrics_files(log_dir).items()}
+    by_trainer = {k: records for k, records in by_trainer.items() if records}
+    if not by_trainer:
+        raise ConfigError(f"{log_dir}: the metrics files are empty (did a trainer finish a progress period?)")
+    return by_trainer
+
+
+def curves(by_trainer: dict[int, list[Record]]) -> Curves:
+    """The panels that have data (AUC only when a model predicts) and their points; x is
+    seconds since the first record of any trainer, so trainers share one time axis."""
+    all_records = [r for records in by_trainer.values() for r in records]
+    t0 = min(r["time"] for r in all_records)
+    panels = tuple(p for p in PANELS if any(r.get(p.key) is not None for r in all_records))
+    keys = [key for p in panels for key in (p.key, p.companion) if key]
+    lines = {key: {k: _points(records, "progress", key, t0) for k, records in by_trainer.items()} for key in keys}
+    dots = {p.key: {k: _points(records, "epoch", p.key, t0) for k, records in by_trainer.items()} for p in panels}
+    return Curves(panels, lines, dots)
 
 
 def plot_metrics(log_dir: str | Path, out: str | Path | None = None, size: tuple[int, int] = DEFAULT_SIZE,
@@ -176,30 +215,25 @@ def plot_metrics(log_dir: str | Path, out: str | Path | None = None, size: tuple
     PlotUnavailable (no matplotlib), OSError (cannot write)."""
     log_dir = Path(log_dir)
     out = Path(out) if out is not None else log_dir / "curves.png"
-    by_trainer = {k: read_records(path) for k, path in metrics_files(log_dir).items()}
-    by_trainer = {k: records for k, records in by_trainer.items() if records}
-    if not by_trainer:
-        raise ConfigError(f"{log_dir}: the metrics files are empty (did a trainer finish a progress period?)")
+    data = curves(read_metrics(log_dir))
     try:  # lazily: plotting is an optional extra, see the module docstring
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise PlotUnavailable(NEEDS_MATPLOTLIB) from exc
 
-    all_records = [r for records in by_trainer.values() for r in records]
-    t0 = min(r["time"] for r in all_records)
-    panels = [p for p in PANELS if any(r.get(p.key) is not None for r in all_records)]
     width, height = size
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    colours = [f"C{i % 10}" for i in range(len(by_trainer))]
-    for ax, panel in zip(axes, panels):
-        for colour, (k, records) in zip(colours, by_trainer.items()):
-            ax.plot(*_points(records, "progress", panel.key, t0), color=colour, label=f"trainer {k}")
+    axes = fig.subplots(len(data.panels), 1, sharex=True, squeeze=False)[:, 0]
+    trainers = sorted(data.dots[data.panels[0].key])
+    colours = [f"C{i % 10}" for i in range(len(trainers))]
+    for ax, panel in zip(axes, data.panels):
+        for colour, k in zip(colours, trainers):
+            ax.plot(*data.lines[panel.key][k], color=colour, label=f"trainer {k}")
             if panel.companion:
-                ax.plot(*_points(records, "progress", panel.companion, t0), color=colour, linestyle=":", alpha=0.7)
-            ax.plot(*_points(records, "epoch", panel.key, t0), color=colour, linestyle="none", marker="o")
+                ax.plot(*data.lines[panel.companion][k], color=colour, linestyle=":", alpha=0.7)
+            ax.plot(*data.dots[panel.key][k], color=colour, linestyle="none", marker="o")
         ax.set_ylabel(panel.title + (" (dotted: last batches)" if panel.companion else ""))
         ax.grid(True, alpha=0.3)
     axes[0].legend(loc="best", fontsize="small")

@@ -38,6 +38,9 @@ http://127.0.0.1:PORT/metrics while it trains (--metrics-host 0.0.0.0 to reach i
 machines): examples, examples/s, steps, loss, AUC and sliding AUC when the model predicts, geo
 syncs, send queue depth (async), waiting share, bad lines, epoch, process memory; names start
 with aps_trainer_ (process metrics: aps_process_), labelled trainer=ID.
+
+Progress records (loss, examples/s, waiting share, AUC) go to --metrics as JSON lines, for
+aps-plot, and with --tensorboard DIR to TensorBoard too (step = examples trained so far).
 """
 
 EPILOG = f"""\
@@ -47,6 +50,7 @@ examples:
       --model word2vec --data data/word2vec/train --mode geo --epochs 1
   aps-trainer --model my_model.py:MyModel --model-arg batch_size=64 --data part-*.txt
   aps-trainer --model ctr_dnn --data train/ --metrics-port 9200   # then: curl 127.0.0.1:9200/metrics
+  aps-trainer --model ctr_dnn --data train/ --tensorboard runs/ctr   # then: tensorboard --logdir runs
 """
 
 
@@ -91,8 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--save-dir", default="model", help="trainer 0 saves DIR/epoch_N after each epoch (default model)")
     o.add_argument("--no-save", action="store_true", help="do not save after epochs")
-    o.add_argument("--print-period", type=float, default=10.0, help="seconds between progress reports (default 10)")
+    o.add_argument("--print-period", type=float, default=10.0, help="seconds between progress lines (default 10)")
     o.add_argument("--metrics", help="JSON-lines file for progress numbers (default log/trainer.ID.metrics.jsonl)")
+    o.add_argument("--record-period", type=float, metavar="SECONDS",
+                   help="seconds between progress records in --metrics and --tensorboard (default: automatic, "
+                   "1%% of the time trained so far, at least 0.25 s and at most --print-period, so a short run "
+                   "still draws curves)")
+    o.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the progress records as TensorBoard scalars into DIR while training: loss, "
+                   "auc and sliding_auc (when the model predicts), examples_per_s, wait_share; epoch/... per epoch "
+                   "(view with: tensorboard --logdir DIR)")
     o.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT while training; 0 picks a free one (default: off)")
     o.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST", help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     o.add_argument("--metrics-port-file", metavar="PATH", help="write the metrics endpoint's bound port to PATH once listening")
@@ -131,6 +143,8 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         save_dir=None if args.no_save else args.save_dir,
         print_period=args.print_period,
         metrics_path=metrics,
+        record_period=args.record_period,
+        tensorboard=args.tensorboard,
         chunk_bytes=args.chunk_bytes,
         pipe_command=args.pipe_command,
         skip_bad_lines=args.skip_bad_lines,

@@ -1,14 +1,16 @@
 """Training progress: periodic numbers (Paddle's fetch_handler), a live line on a terminal,
-and a JSON-lines file so curves can be plotted."""
+and records in a JSON-lines file (and any other sink, such as TensorBoard) so curves can be
+plotted."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import structlog
@@ -43,9 +45,34 @@ class Snapshot:
         )
 
 
+#: automatic progress records (``record_period=None``): the gap between two records is this
+#: share of the time trained so far, at least ``AUTO_MIN_GAP`` seconds and at most the print
+#: period, so a 20-second run gets some 80 points per curve and a day-long one one per period
+AUTO_SHARE = 0.01
+AUTO_MIN_GAP = 0.25
+#: records kept in :attr:`Monitor.history` (the newest): enough for an embedding application to
+#: look back, bounded however long a run lasts
+HISTORY = 1000
+#: a wake-up this early still counts as on time (event loop timers may fire a little early)
+_SLACK = 0.005
+
+
+class RecordSink(Protocol):
+    """Something more that receives every record the metrics file gets (TensorBoard)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Monitor:
-    """Reports every ``period`` seconds; ``line`` is a terminal to redraw a status line on."""
+    """Writes progress records every ``record_period`` seconds (None: automatic, see
+    ``AUTO_SHARE``) and shows a line every ``period`` seconds (<= 0: none); ``line`` is a
+    terminal to redraw the line on, else it is logged.
+
+    Records and lines keep apart because they serve different readers: a curve needs many
+    points even in a short run, a person reading a log wants few lines."""
 
     stats: np.ndarray
     period: float
@@ -54,9 +81,14 @@ class Monitor:
     line: TextIO | None = None
     #: the workers' AUC counts ([workers, 2, 2, buckets]); reported when a model predicts
     auc: np.ndarray | None = None
-    _last: Snapshot | None = None
+    record_period: float | None = None
+    #: receive every record too, and are closed by :meth:`close`
+    sinks: list[RecordSink] = field(default_factory=list)
+    _last: Snapshot | None = None  # at the last record
+    _shown: Snapshot | None = None  # at the last line shown
     _epoch_start: Snapshot | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    _began: float | None = None  # monotonic time the first epoch started
+    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
     def latest(self) -> dict[str, Any] | None:
@@ -66,14 +98,39 @@ class Monitor:
         return self.history[-1] if self.history else None
 
     def start_epoch(self) -> None:
-        self._epoch_start = self._last = Snapshot.take(self.stats)
+        self._epoch_start = self._last = self._shown = Snapshot.take(self.stats)
+        if self._began is None:
+            self._began = self._epoch_start.time
 
-    def report(self, epoch: int) -> dict[str, Any]:
-        """Numbers since the previous report (Paddle's fetch_handler period)."""
+    def record_gap(self, now: float) -> float:
+        """Seconds between progress records at monotonic time ``now``."""
+        if self.record_period is not None:
+            return self.record_period
+        gap = max(AUTO_MIN_GAP, AUTO_SHARE * (now - (self._began if self._began is not None else now)))
+        return min(gap, self.period) if self.period > 0 else gap
+
+    def due_in(self) -> float:
+        """Seconds until :meth:`tick` has a record to write or a line to show."""
+        now = time.monotonic()
+        last = self._last.time if self._last is not None else now
+        waits = [last + self.record_gap(now) - now]
+        if self.period > 0:
+            waits.append((self._shown.time if self._shown is not None else now) + self.period - now)
+        return max(0.0, min(waits))
+
+    def tick(self, epoch: int) -> dict[str, Any] | None:
+        """Write a progress record (numbers since the previous one) if one is due, and show a
+        line (numbers since the previous line) if one is due; returns the record written."""
         now = Snapshot.take(self.stats)
-        record = self._between(self._last or now, now, "progress", epoch)
-        self._last = now
-        self._emit(record)
+        last, shown = self._last or now, self._shown or now
+        record = None
+        if now.time - last.time >= self.record_gap(now.time) - _SLACK:
+            record = self._between(last, now, "progress", epoch)
+            self._last = now
+            self._write(record)
+        if self.period > 0 and now.time - shown.time >= self.period - _SLACK:
+            self._show(self._between(shown, now, "progress", epoch))
+            self._shown = now
         return record
 
     def end_epoch(self, epoch: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -83,11 +140,18 @@ class Monitor:
         record["seconds"] = round(now.time - (self._epoch_start or now).time, 3)
         record["bad_lines"] = int(now.bad_lines)
         record.update(extra)
-        self._last = now
+        self._last = self._shown = now
         if self.line is not None:
             self.line.write("\n")
-        self._emit(record, force_log=True)
+        self._write(record)
+        self._show(record, force_log=True)
         return record
+
+    def close(self) -> None:
+        """Close the sinks (they may buffer): call once when training stops, failed or not."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
 
     def _between(self, start: Snapshot, now: Snapshot, event: str, epoch: int) -> dict[str, Any]:
         examples = now.examples - start.examples
@@ -113,11 +177,15 @@ class Monitor:
         total, window = merged_auc(self.auc)
         return {"auc": total, "batch_auc": window}
 
-    def _emit(self, record: dict[str, Any], force_log: bool = False) -> None:
+    def _write(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         if self.metrics_path is not None:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.write(record)
+
+    def _show(self, record: dict[str, Any], force_log: bool = False) -> None:
         shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items() if k not in ("time", "event")}
         if self.line is not None and not force_log:
             text = " ".join(f"{k}={v}" for k, v in shown.items())

@@ -26,7 +26,6 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import replace
 from multiprocessing import Pipe
-from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -35,7 +34,7 @@ from ..client import PSClient
 from ..cluster import ClusterSpec
 from ..errors import ApsError, ConfigError
 from ..metrics import merged_auc
-from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
+from ..telemetry import MetricsEndpoint, TrainerProbe, trainer_registry
 from .communicator import Communicator
 from .ipc import Kind, Record
 from .model import Batch, Model
@@ -44,7 +43,7 @@ from .monitor import Monitor
 from .reader import Chunk
 from .shared import STAT, Attached, SharedArrays
 from .strategy import Strategy
-from .trainer import TrainOptions, check_trainer, create_tables, open_client
+from .trainer import TrainOptions, check_options, check_trainer, create_tables, make_monitor, open_client
 from .worker import Worker, WorkerSpec
 
 log = structlog.get_logger("aps.trainer")
@@ -82,7 +81,7 @@ class StepTrainer:
         self.cluster = cluster
         self.trainer_id = trainer_id
         self.options = options or TrainOptions(save_dir=None)
-        check_metrics_options(self.options.metrics_port, self.options.metrics_port_file)
+        check_options(self.options)
         self.probe = TrainerProbe(trainer_id, workers=1)
         self.registry = trainer_registry(self.probe)
         self.epoch = 0
@@ -159,14 +158,7 @@ class StepTrainer:
         )
         self.probe.comm = self._comm
         await self._comm.start()
-        self._monitor = Monitor(
-            attached.stats,
-            self.options.print_period,
-            self.trainer_id,
-            Path(self.options.metrics_path) if self.options.metrics_path else None,
-            None,  # the user's loop owns the terminal
-            attached.auc,
-        )
+        self._monitor = make_monitor(self.options, attached, self.trainer_id, None)  # the user's loop owns the terminal
         self.probe.monitor = self._monitor
         if self.options.metrics_port is not None:
             self._metrics = MetricsEndpoint(
@@ -247,6 +239,8 @@ class StepTrainer:
             await self._ps.aclose()
         if self._metrics is not None:
             await self._metrics.aclose()
+        if self._monitor is not None:
+            self._monitor.close()
 
     def __enter__(self) -> StepTrainer:
         return self if self._loop is not None else self.start()
@@ -394,18 +388,14 @@ class StepTrainer:
 
     async def _watchdog(self) -> None:
         """Fail the waiting step when a background task of the communicator failed, and write
-        a progress record every ``print_period`` seconds (as aps-trainer does)."""
+        progress records and lines when due (as aps-trainer does)."""
         assert self._comm is not None and self._monitor is not None
-        loop = asyncio.get_running_loop()
-        next_report = loop.time() + self.options.print_period
         while True:
             await asyncio.sleep(_WATCH_PERIOD)
             if self._comm.failure is not None:
                 self._fail(self._comm.failure)
                 return
-            if self.options.print_period > 0 and loop.time() >= next_report:
-                self._monitor.report(self.epoch)
-                next_report = loop.time() + self.options.print_period
+            self._monitor.tick(self.epoch)  # writes or shows only what is due
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:

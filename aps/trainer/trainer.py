@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -26,10 +26,11 @@ from .files import assign_to_workers, expand_inputs, split_files
 from .ipc import Record
 from .model import Model
 from .modes import mode_class
-from .monitor import Monitor, terminal
+from .monitor import Monitor, RecordSink, terminal
 from .pool import WorkerPool, start_fork_server
 from .shared import Attached, SharedArrays
 from .strategy import Strategy
+from .tensorboard import TensorBoardSink
 from .worker import WorkerSpec
 
 log = structlog.get_logger("aps.trainer")
@@ -40,8 +41,14 @@ class TrainOptions:
     """Settings of a training run that are not about the network."""
 
     save_dir: str | None = "model"
+    #: seconds between progress lines (a live line on a terminal, else the log); <= 0: none
     print_period: float = 10.0
     metrics_path: str | None = None
+    #: seconds between progress records (metrics file, TensorBoard); None: automatic, 1% of the
+    #: time trained so far, at least 0.25 s and at most ``print_period`` (see monitor.py)
+    record_period: float | None = None
+    #: write the progress records as TensorBoard scalars into this directory (tensorboardX)
+    tensorboard: str | None = None
     chunk_bytes: int = 1 << 20
     queue_chunks: int = 4
     pipe_command: str | None = None
@@ -71,6 +78,28 @@ class TrainResult:
     @property
     def final_loss(self) -> float | None:
         return self.epochs[-1]["loss"] if self.epochs else None
+
+
+def check_options(options: TrainOptions) -> None:
+    """Options that could only be a mistake, refused when a trainer is made (both kinds)."""
+    check_metrics_options(options.metrics_port, options.metrics_port_file)
+    seconds("wait_pservers", options.wait_pservers, "do not wait")
+    seconds("record_period", options.record_period, None, none="automatic")
+
+
+def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None) -> Monitor:
+    """The trainer's monitor with its records' destinations: the metrics file and TensorBoard."""
+    sinks: list[RecordSink] = [TensorBoardSink(options.tensorboard)] if options.tensorboard else []
+    return Monitor(
+        attached.stats,
+        options.print_period,
+        trainer_id,
+        Path(options.metrics_path) if options.metrics_path else None,
+        line,
+        attached.auc,
+        options.record_period,
+        sinks,
+    )
 
 
 def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, trainer_id: int) -> None:
@@ -125,8 +154,7 @@ class Trainer:
         self.cluster = cluster
         self.trainer_id = trainer_id
         self.options = options or TrainOptions()
-        check_metrics_options(self.options.metrics_port, self.options.metrics_port_file)
-        seconds("wait_pservers", self.options.wait_pservers, "do not wait")
+        check_options(self.options)
         #: what the metrics collector reads; filled in by :meth:`atrain`
         self.probe = TrainerProbe(trainer_id, workers=self.strategy.workers or 0)
         #: this trainer's Prometheus registry (its own, never the global one). It outlives
@@ -195,6 +223,7 @@ class Trainer:
         kind = mode_class(self.strategy.mode)
         shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=kind.mailboxes)
         pool: WorkerPool | None = None
+        monitor: Monitor | None = None
         ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
         try:
             specs = [
@@ -237,14 +266,7 @@ class Trainer:
             await pool.watch(comm.start())
             await pool.ready()
             log.info("workers ready", workers=len(pool), seconds=round(time.monotonic() - started, 2))
-            monitor = Monitor(
-                attached.stats,
-                self.options.print_period,
-                self.trainer_id,
-                Path(self.options.metrics_path) if self.options.metrics_path else None,
-                terminal() if self.options.live_line else None,
-                attached.auc,
-            )
+            monitor = make_monitor(self.options, attached, self.trainer_id, terminal() if self.options.live_line else None)
             self.probe.monitor = monitor
             for epoch in range(epochs):
                 result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))
@@ -256,6 +278,8 @@ class Trainer:
         finally:
             if pool is not None:
                 pool.kill()
+            if monitor is not None:
+                monitor.close()
             await ps.aclose()
             self.probe.freeze()  # the shared memory goes away; keep the final numbers readable
             shared.close()
@@ -266,10 +290,10 @@ class Trainer:
         run = asyncio.ensure_future(pool.run_epoch(epoch))
         try:
             while not run.done():
-                await asyncio.wait({run}, timeout=self.options.print_period)
+                await asyncio.wait({run}, timeout=monitor.due_in())
                 comm.check()
                 if not run.done():
-                    monitor.report(epoch)
+                    monitor.tick(epoch)
             run.result()
         finally:
             run.cancel()

@@ -1,4 +1,5 @@
-"""Models that misbehave on purpose, for fault tests of the trainer runtime."""
+"""Models that misbehave on purpose, for fault tests of the trainer runtime, and slowed-down
+models for tests that need a run to last a while."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import time
 from collections.abc import Iterator
 
+from aps.models.ctr_dnn.model import CtrDnn
 from aps.trainer import Batch, Chunk, WorkerContext
 from examples.linreg.model import LinReg
 
@@ -30,3 +32,13 @@ class CrashingLinReg(LinReg):
             time.sleep(1.5)
             os.kill(os.getpid(), signal.SIGKILL)
         yield from super().batches(chunk, ctx)
+
+
+class PacedCtrDnn(CtrDnn):
+    """CTR-DNN that takes at least 0.1 s per batch, so a run on a few thousand lines lasts
+    seconds on any machine: long enough for several progress records, which a curve needs."""
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        for batch in super().batches(chunk, ctx):
+            time.sleep(0.1)
+            yield batch
