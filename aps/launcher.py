@@ -57,15 +57,38 @@ def script_command(argv: Sequence[str]) -> list[str]:
     return list(argv)
 
 
+def given_option(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args``, as ``FLAG VALUE`` or ``FLAG=VALUE`` (the last one
+    wins, as in argparse); None when it is not there."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def given_metrics(trainer_args: Sequence[str]) -> str | None:
-    """The --metrics PATH the user passed to the trainers (the last one wins, as in argparse)."""
-    path = None
-    for i, arg in enumerate(trainer_args):
-        if arg == "--metrics" and i + 1 < len(trainer_args):
-            path = trainer_args[i + 1]
-        elif arg.startswith("--metrics="):
-            path = arg.split("=", 1)[1]
-    return path
+    """The --metrics PATH the user passed to the trainers."""
+    return given_option(trainer_args, "--metrics")
+
+
+def save_root_args(trainer_args: Sequence[str], server_args: Sequence[str]) -> list[str]:
+    """``--checkpoint-root DIR`` for every aps-server when the trainers save to an absolute
+    ``--save-dir DIR``: the pservers' own default root, their working directory, would refuse
+    it at the first save, after a whole epoch. DIR is made now (a root must exist). Nothing for
+    a relative save dir (taken from that working directory, as the trainers expect), for
+    ``--no-save``, or when ``server_args`` choose a root."""
+    save_dir = given_option(trainer_args, "--save-dir")
+    if (save_dir is None or not os.path.isabs(save_dir) or "--no-save" in trainer_args
+            or given_option(server_args, "--checkpoint-root") is not None):
+        return []
+    try:
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--save-dir {save_dir}: cannot create it ({exc.strerror or exc})") from None
+    return ["--checkpoint-root", save_dir]
 
 
 def metrics_ports_problem(base: int, roles: int) -> str | None:
@@ -144,7 +167,8 @@ class LocalCluster:
     aps.fleet reads). ``server_args`` go to every ``aps-server``. ``env`` replaces
     ``os.environ`` as the base of every child's environment; ``cwd`` is where they run.
     ``log_dir`` is relative to this process's directory, like ``--metrics`` paths in
-    ``trainer_args``.
+    ``trainer_args``. An absolute ``--save-dir`` in ``trainer_args`` is made and becomes every
+    aps-server's ``--checkpoint-root`` (unless ``server_args`` name one), so the pservers save there.
 
     Start the children from a thread that lives as long as this process (the death signal of
     each child follows the thread that forked it; see :mod:`aps.procs`)."""
@@ -236,6 +260,7 @@ class LocalCluster:
                       APS_TRAINERS=str(self.trainers), PADDLE_TRAINERS_NUM=str(self.trainers))
         if self.token is not None:
             common["APS_TOKEN"] = self.token
+        save_root = [] if script is not None else save_root_args(self.trainer_args, self.server_args)
         servers: list[Role] = []
         for k, port in enumerate(ports):
             env = {n: v for n, v in common.items() if n not in ("APS_TRAINER_ID", "PADDLE_TRAINER_ID")}
@@ -249,7 +274,8 @@ class LocalCluster:
             else:
                 argv = [*server, "--host", "127.0.0.1", "--port", str(port), "--pservers", pservers,
                         "--trainers", str(self.trainers), "--port-file", str(port_file),
-                        *_metrics_port_flag(metrics_port), *self.restarts().server_args(), *self.server_args]
+                        *_metrics_port_flag(metrics_port), *self.restarts().server_args(), *save_root,
+                        *self.server_args]
             servers.append(Role("pserver", k, argv, env, log_dir / f"pserver.{k}.log", port_file,
                                 metrics_port=metrics_port, launcher=self.label, cwd=cwd))
         mode = ["--mode", self.mode] if self.mode else []

@@ -65,6 +65,10 @@ start and a summary table at the end: role, pid, exit status, duration, and for 
 examples/s, loss (and AUC, for models that predict) of their last finished epoch in this run,
 read from their metrics files; then the log.
 
+Checkpoints: the pservers take relative --save-dir paths from the directory aps-local runs in;
+an absolute --save-dir DIR is made at start and given to every pserver as --checkpoint-root DIR
+(unless --server-args name one), so trainer 0 can save there.
+
 Metrics: each aps-trainer gets --metrics LOG_DIR/trainer.K.metrics.jsonl (replaced on each run,
 like the logs) unless you pass --metrics yourself; `aps-plot LOG_DIR` draws their curves. With
 --metrics-port BASE, pserver K gets --metrics-port BASE+K and trainer K --metrics-port BASE+N+K.
@@ -366,7 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"aps-local: error: cannot create log dir {opts.log_dir}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return run_main(_amain(opts, trainer_args))
+    try:
+        return run_main(_amain(opts, trainer_args))
+    except ConfigError as exc:  # found while planning (an absolute --save-dir that cannot be made)
+        print(f"aps-local: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import structlog
 
 from ..client import PSClient
+from ..client.roots import check_checkpoint_path
 from ..cluster import ClusterSpec
 from ..errors import ApsError, ConfigError
 from ..metrics import merged_auc
@@ -43,7 +44,7 @@ from .monitor import Monitor
 from .reader import Chunk
 from .shared import STAT, Attached, SharedArrays
 from .strategy import Strategy
-from .trainer import TrainOptions, check_options, check_trainer, create_tables, make_monitor, open_client
+from .trainer import TrainOptions, check_options, check_trainer, create_tables, make_monitor, open_client, save_roots
 from .worker import Worker, WorkerSpec
 
 log = structlog.get_logger("aps.trainer")
@@ -91,6 +92,7 @@ class StepTrainer:
         self._thread: threading.Thread | None = None
         self._shared: SharedArrays | None = None
         self._ps: PSClient | None = None
+        self._roots: dict[str, str | None] = {}  # the pservers' checkpoint roots, by address
         self._comm: Communicator | None = None
         self._monitor: Monitor | None = None
         self._metrics: MetricsEndpoint | None = None
@@ -151,6 +153,7 @@ class StepTrainer:
         loop = asyncio.get_running_loop()
         self._ps = ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
         await create_tables(ps, self.model, self.options.wait_pservers)
+        self._roots = await save_roots(ps, self.options.save_dir, "save_dir")
         attached = Attached(self._shared.layout)
         self.probe.stats, self.probe.auc = attached.stats, attached.auc
         self._comm = Communicator(
@@ -311,9 +314,11 @@ class StepTrainer:
     def save(self, path: str) -> None:
         """Every pserver writes its shard of every table under ``path`` (relative paths: to the
         pservers' checkpoint root), after this trainer's pending pushes reached them. Call it on
-        one trainer (``fleet.is_first_worker()``)."""
+        one trainer (``fleet.is_first_worker()``). A path outside the root is a ConfigError here,
+        before anything is sent; ``TrainOptions.save_dir`` has it checked at :meth:`start`."""
         self._running()
         self._check()
+        check_checkpoint_path(path, self._roots, "save path")
         self._call(self._save(path))
 
     async def _save(self, path: str) -> None:

@@ -17,6 +17,7 @@ import structlog
 
 from ..client import PSClient
 from ..client.probe import wait_listening
+from ..client.roots import check_checkpoint_path
 from ..cluster import ClusterSpec
 from ..errors import ConfigError
 from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
@@ -135,6 +136,16 @@ async def create_tables(ps: PSClient, model: Model, wait: float = 0.0) -> None:
     await ps.open()
     for spec in model.tables():
         await ps.create_table(spec)
+
+
+async def save_roots(ps: PSClient, save_dir: str | None, what: str) -> dict[str, str | None]:
+    """The pservers' checkpoint roots, learned once connected. A ``save_dir`` outside them is
+    refused now (ConfigError, naming the root and ``what`` the path came from): the pservers
+    would refuse it only at the first save, after a whole epoch of training."""
+    roots = await ps.checkpoint_roots()
+    if save_dir:
+        check_checkpoint_path(save_dir, roots, what)
+    return roots
 
 
 class Trainer:
@@ -257,6 +268,8 @@ class Trainer:
             started = time.monotonic()
             pool.launch()
             await pool.watch(create_tables(ps, self.model, self.options.wait_pservers))
+            if self.trainer_id == 0:  # the one that saves
+                await save_roots(ps, self.options.save_dir, "save_dir (aps-trainer --save-dir)")
             attached = Attached(shared.layout)
             self.probe.stats, self.probe.auc = attached.stats, attached.auc
             comm = Communicator(
