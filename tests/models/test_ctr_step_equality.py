@@ -1,0 +1,187 @@
+"""Step-for-step equality of the CTR models against a numpy reference.
+
+One trainer, one worker, sync mode, a real pserver process: the reference starts from the
+parameters the pserver created (pulled after table creation), takes the same batches, computes
+the gradients of the batch-mean loss in float64 (tests/models/test_ctr_models.py's references,
+themselves checked by finite differences) and applies the optimizer in float64 with float32
+storage, as the pserver does. After 20 steps every table equals the reference's.
+
+Both sparse Adam semantics are pinned: aps's lazy Adam (each row corrects its bias with its own
+count of updates) and PyTorch's ``SparseAdam`` (one step count for the whole table, epsilon added
+to the uncorrected ``sqrt(v)``). Rare ids make the two visibly different, so each reference
+matches one of them and not the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aps
+from aps.models.ctr_dnn.model import CtrDnn
+from aps.models.wide_deep.model import WideDeep
+from aps.trainer.stepwise import StepTrainer
+from tests.conftest import Processes
+from tests.models.test_ctr_models import ctr_dnn_ref, wide_deep_ref
+
+pytestmark = pytest.mark.timeout(120)
+
+SLOTS, DENSE, BUCKETS = 3, 2, 60
+STEPS, BATCH = 20, 8
+BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
+
+
+def write_meta(path: Path) -> str:
+    path.write_text(json.dumps({"dense": DENSE, "slots": SLOTS, "cont_min": [0, 0], "cont_diff": [10, 4],
+                                "buckets": BUCKETS}))
+    return str(path)
+
+
+def make_lines(seed: int) -> list[str]:
+    """STEPS * BATCH Criteo-format lines: frequent values, rare ones (seen in one or two
+    batches, so a row's own update count falls behind the step count) and missing fields."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS * BATCH):
+        dense = [str(int(rng.integers(0, 10))) if rng.random() < 0.8 else "" for _ in range(DENSE)]
+        cats = []
+        for _ in range(SLOTS):
+            u = rng.random()
+            cats.append("" if u < 0.1 else f"{int(rng.integers(0, 4)):x}" if u < 0.7 else f"r{int(rng.integers(0, 40))}")
+        out.append("\t".join([str(int(rng.random() < 0.3)), *dense, *cats]))
+    return out
+
+
+# ------------------------------------------------------------ reference optimizers
+
+
+class Reference:
+    """The optimizer over float32 tables, arithmetic in float64, one application per step.
+
+    ``adam``: None (SGD), ``"row"`` (lazy Adam: a touched row's bias correction uses its own
+    update count; epsilon scaled by ``sqrt(1 - beta2^t)``, i.e. added to the corrected
+    ``sqrt(v_hat)`` as torch.optim.Adam does) or ``"step"`` (PyTorch's SparseAdam: every touched
+    row corrected with the table's step count; epsilon added to the raw ``sqrt(v)``). Dense
+    tables use torch.optim.Adam's form with the step count in every case.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], sparse: set[str], lr: float, adam: str | None) -> None:
+        self.p = {k: v.astype(np.float32) for k, v in params.items()}
+        self.sparse, self.lr, self.adam = sparse, lr, adam
+        self.m = {k: np.zeros_like(v) for k, v in self.p.items()}
+        self.v = {k: np.zeros_like(v) for k, v in self.p.items()}
+        self.t_row = {k: np.zeros(len(self.p[k]), np.int64) for k in sparse}
+        self.step = 0
+
+    def apply(self, grads: dict[str, np.ndarray], touched: dict[str, np.ndarray]) -> None:
+        self.step += 1
+        for name, g in grads.items():
+            rows = touched[name] if name in self.sparse else slice(None)
+            self._update(name, rows, np.asarray(g, np.float64)[rows])
+
+    def _update(self, name: str, rows: np.ndarray | slice, g: np.ndarray) -> None:
+        p = self.p[name]
+        if self.adam is None:
+            p[rows] = p[rows] - self.lr * g
+            return
+        m = BETA1 * self.m[name][rows].astype(np.float64) + (1 - BETA1) * g
+        v = BETA2 * self.v[name][rows].astype(np.float64) + (1 - BETA2) * g * g
+        self.m[name][rows], self.v[name][rows] = m, v
+        if name in self.sparse and self.adam == "row":
+            self.t_row[name][rows] += 1
+            t = self.t_row[name][rows].astype(np.float64)[:, None]
+        else:
+            t = float(self.step)
+        corr2 = np.sqrt(1 - BETA2**t)
+        eps = EPS if (name in self.sparse and self.adam == "step") else EPS * corr2
+        p[rows] = p[rows] - self.lr * corr2 / (1 - BETA1**t) * m / (np.sqrt(v) + eps)
+
+
+# ------------------------------------------------------------ the runs
+
+
+async def pull_all(servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
+    async with aps.connect(servers) as ps:
+        out = {t.name: await ps.pull_sparse(t.name, np.arange(t.rows, dtype=np.int64)) for t in model.sparse_tables()}
+        for t in model.dense_tables():
+            out[t.name] = await ps.pull_dense(t.name)
+    return out
+
+
+def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Processes,
+               adam: tuple[str | None, ...]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Reference], int]:
+    """20 sync steps on a real pserver and on a reference per entry of ``adam``; returns the
+    pserver's tables before and after, the references, and how many rows were touched fewer
+    times than the step count (rows where the two Adam semantics part)."""
+    servers = processes.start_servers(1, trainers=1)
+    st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
+    try:
+        initial = asyncio.run(pull_all(servers, model))
+        sparse = {t.name for t in model.sparse_tables()}
+        refs = [Reference(initial, sparse, model.lr, a) for a in adam]
+        batches = list(st.batches(lines))
+        assert [b.examples for b in batches] == [BATCH] * STEPS
+        seen: dict[str, np.ndarray] = {}
+        for batch in batches:
+            st.step(batch)
+            d = batch.data
+            for ref in refs:
+                p64 = {k: v.astype(np.float64) for k, v in ref.p.items()}
+                _, g, _ = ref_grads(p64, d.ids, d.dense.astype(np.float64), d.labels.astype(np.float64), len(model.layers))
+                ref.apply(g, batch.sparse_ids)
+            for name, ids in batch.sparse_ids.items():
+                seen[name] = np.concatenate([seen.get(name, ids[:0]), ids])
+        final = asyncio.run(pull_all(servers, model))
+        st.stop()
+    finally:
+        if not st._stopped:
+            st.close()
+    assert processes.procs[0].wait(timeout=15) == 0
+    counts = np.bincount(seen[sorted(sparse)[0]], minlength=BUCKETS)
+    lagging = int(((counts > 0) & (counts < STEPS)).sum())
+    return initial, final, refs, lagging
+
+
+def max_rel_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> float:
+    """The largest |got - want| over all tables, relative to each table's largest |want|."""
+    return max(float(np.abs(got[k] - want[k].reshape(got[k].shape)).max() / max(np.abs(want[k]).max(), 1e-3))
+               for k in got)
+
+
+def assert_tables_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for name, value in got.items():
+        np.testing.assert_allclose(value, want[name].reshape(value.shape), rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+MODELS = {
+    "ctr_dnn": (CtrDnn, ctr_dnn_ref),
+    "wide_deep": (WideDeep, wide_deep_ref),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_sgd_steps_equal_the_reference(name: str, tmp_path: Path, processes: Processes) -> None:
+    cls, ref_grads = MODELS[name]
+    model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=BATCH,
+                optimizer="sgd", lr=0.5, init_range=0.5)
+    initial, final, (ref,), _ = train_both(model, ref_grads, make_lines(1), processes, (None,))
+    assert max_rel_error(final, initial) > 1e-2  # the steps moved the tables
+    assert_tables_equal(final, ref.p)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_adam_steps_equal_lazy_adam_not_sparse_adam(name: str, tmp_path: Path, processes: Processes) -> None:
+    """aps's sparse Adam is lazy Adam with a per-row step count; PyTorch's SparseAdam (one
+    count per table) ends elsewhere on the same batches."""
+    cls, ref_grads = MODELS[name]
+    model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=BATCH,
+                optimizer="adam", lr=0.05, init_range=0.5)
+    initial, final, (row, step), lagging = train_both(model, ref_grads, make_lines(2), processes, ("row", "step"))
+    assert lagging >= 10  # many rows were updated fewer times than the table
+    assert max_rel_error(final, initial) > 1e-2
+    assert_tables_equal(final, row.p)
+    assert max_rel_error(final, step.p) > 1e-2
