@@ -58,6 +58,10 @@ def _mix(z: np.uint64) -> np.uint64:
     return z ^ (z >> _S31)
 
 
+#: the 64-bit mixer under public name, for hash tables' probe start and admission draws
+mix64 = _mix
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _row_key(seed: np.uint64, row: np.uint64) -> np.uint64:
     """The hash state after absorbing (seed, row): computed once per row, shared by its columns."""
@@ -71,6 +75,13 @@ def _uniform(row_key: np.uint64, col: np.uint64, stream: np.uint64) -> float:
     h = _mix(row_key ^ (col * _COL_SALT + _GOLDEN))
     h = _mix(h ^ (stream * _STREAM_SALT + _GOLDEN))
     return (h >> _S11) * _INV_2_53
+
+
+@njit(cache=True, nogil=True)
+def key_uniform(seed: np.uint64, key: np.int64, counter: np.uint64) -> float:
+    """A uniform float64 in [0, 1) that depends only on (seed, key, counter): a stateless draw
+    per key and occasion (a hash table's admission), from a stream no initial value uses."""
+    return _uniform(_row_key(seed, np.uint64(key)), counter, np.uint64(2))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -94,23 +105,36 @@ def _normal_pair(a: float, b: float, row_key: np.uint64, pair: int) -> tuple[flo
     return a + radius * np.cos(angle), a + radius * np.sin(angle)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _init_row(kind: int, a: float, b: float, top: np.float32, seed: np.uint64, key: np.int64, out: np.ndarray, i: int) -> None:
+    """Write the initial value of row ``key`` (any int64, taken by bit pattern) into ``out[i]``:
+    the one body behind fixed tables' row ids and hash tables' keys."""
+    dim = out.shape[1]
+    if kind == _CONSTANT:
+        out[i, :] = a
+        return
+    h = _row_key(seed, np.uint64(key))
+    if kind == _UNIFORM:
+        for c in range(dim):
+            out[i, c] = _uniform_value(a, b, top, h, c)
+    else:
+        for p in range((dim + 1) // 2):
+            z0, z1 = _normal_pair(a, b, h, p)
+            out[i, 2 * p] = z0
+            if 2 * p + 1 < dim:
+                out[i, 2 * p + 1] = z1
+
+
 @njit(cache=True, nogil=True)
 def _init_rows(kind: int, a: float, b: float, top: np.float32, seed: np.uint64, ids: np.ndarray, out: np.ndarray) -> None:
-    n, dim = out.shape
-    if kind == _CONSTANT:
-        out[:, :] = a
-        return
-    for i in range(n):
-        key = _row_key(seed, np.uint64(ids[i]))
-        if kind == _UNIFORM:
-            for c in range(dim):
-                out[i, c] = _uniform_value(a, b, top, key, c)
-        else:
-            for p in range((dim + 1) // 2):
-                z0, z1 = _normal_pair(a, b, key, p)
-                out[i, 2 * p] = z0
-                if 2 * p + 1 < dim:
-                    out[i, 2 * p + 1] = z1
+    for i in range(ids.shape[0]):
+        _init_row(kind, a, b, top, seed, ids[i], out, i)
+
+
+@njit(cache=True, nogil=True)
+def _init_rows_at(kind: int, a: float, b: float, top: np.float32, seed: np.uint64, keys: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    for i in range(keys.shape[0]):
+        _init_row(kind, a, b, top, seed, keys[i], out, rows[i])
 
 
 @njit(cache=True, nogil=True)
@@ -159,6 +183,17 @@ def init_sparse_rows(init: Initializer, seed: int, global_ids: np.ndarray, dim: 
         kind, a, b, top = _params(init)
         _init_rows(kind, a, b, top, np.uint64(seed), ids, out)
     return out
+
+
+def init_key_rows(init: Initializer, seed: int, keys: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """Write the initial value of each key ``keys[i]`` into ``out[rows[i]]`` (a hash table's slab).
+
+    A key's row is the row a fixed table would give id ``key`` (negative keys by bit pattern),
+    so a key evicted and admitted again, or held by another pserver, starts from the same values.
+    Written in place: no temporary the size of the batch."""
+    if keys.shape[0]:
+        kind, a, b, top = _params(init)
+        _init_rows_at(kind, a, b, top, np.uint64(seed), keys, rows, out)
 
 
 def init_dense(init: Initializer, seed: int, start: int, stop: int) -> np.ndarray:
