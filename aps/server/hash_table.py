@@ -1,0 +1,330 @@
+"""One pserver's shard of a hash-keyed sparse table: any int64 key, admitted on push, evicted by
+score (Paddle's CtrCommonAccessor), rows in a slab behind a :class:`HashIndex`.
+
+Why this shape:
+
+* Rows live in slab arrays (values, each optimizer state, statistics) indexed by the row the
+  index gives a key, so the optimizer is :func:`optim.apply_sparse` over slab rows: the very
+  kernels of fixed tables, never a copy of them. A slab row is reset when a key takes it
+  (initial value from (table seed, key), optimizer state from :func:`optim.new_sparse_state`'s
+  fill, statistics zero), so arrays are made with ``np.zeros`` and the OS maps them lazily: a
+  table reserved for ``max_keys`` rows costs memory only for rows keys have used.
+* A pull never creates a key: an unknown key reads its initial row, computed again each time
+  (the same row it gets when a push admits it, on any pserver).
+* Admission is decided per push for the keys not held yet: with probability ``p`` per occurrence
+  (a stateless draw from (seed, key, push counter) against ``1 - (1 - p)^count``: Monolith's
+  rule) and/or once a key was pushed ``admit_count`` times (an exact counter per pending key, in
+  a second bounded index; when it is full it starts over, and :attr:`pending_resets` counts
+  that). A gradient for a key not admitted is dropped, as Monolith and Paddle drop it.
+* Statistics per key follow Paddle's CTR accessor: ``show``, ``click`` (pushed with the
+  gradient; one show and no click per occurrence when not given), ``delta_score`` (the pushed
+  score since the last delta save) and ``last_step`` (the shard's step at the key's last push).
+  The score is ``0.1 (show - click) + click``. :meth:`shrink` decays show and click, then deletes
+  keys whose score is under a threshold or that were not pushed for ``ttl`` steps.
+* ``max_keys`` is a hard cap per shard: admitting past it first evicts the lowest-score keys
+  (never a key in the push being applied), 1/16 of the cap at a time so the walk that finds them
+  is paid once per many admissions; new keys that still do not fit are rejected.
+
+Without ``max_keys`` the slab grows by doubling (one copy per doubling, like a list); the index
+resizes in pieces (see :mod:`.hash_index`). Nothing here touches sockets or the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..errors import ErrorCode
+from ..hash_specs import HashTable
+from . import optim
+from .hash_index import MAX_ROWS, HashIndex
+from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
+from .tables import _bad, _check_scale, _check_values
+
+#: Paddle's CtrCommonAccessor defaults
+NONCLK_COEFF = 0.1
+CLICK_COEFF = 1.0
+SHOW_CLICK_DECAY = 0.98
+DELETE_THRESHOLD = 0.8
+#: a max_keys cap evicts this share of the cap at once
+EVICT_SHARE = 1 / 16
+_MIN_ROWS = 1024
+_ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
+
+
+@njit(cache=True, nogil=True)
+def _gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    """``out[i] = values[rows[i]]`` for held rows; returns how many rows are -1 (unknown keys)."""
+    unknown = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            unknown += 1
+            continue
+        for c in range(values.shape[1]):
+            out[i, c] = values[r, c]
+    return unknown
+
+
+@njit(cache=True, nogil=True)
+def _add_stats(show, click, delta, last, rows, shows, clicks, step, nonclk, clk):
+    """Add each pushed occurrence's show and click (1 and 0 when not given) to its row."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = shows[i] if shows.shape[0] else 1.0
+        c = clicks[i] if clicks.shape[0] else 0.0
+        show[r] += s
+        click[r] += c
+        delta[r] += nonclk * (s - c) + clk * c
+        last[r] = step
+
+
+@njit(cache=True, nogil=True)
+def _admit_draws(seed: np.uint64, keys: np.ndarray, counts: np.ndarray, counter: np.uint64, p: float, out: np.ndarray) -> None:
+    """``out[i]``: key i wins its draw, with probability ``1 - (1 - p)^counts[i]``."""
+    miss = 1.0 - p
+    for i in range(keys.shape[0]):
+        out[i] = key_uniform(seed, keys[i], counter) < 1.0 - miss ** counts[i]
+
+
+def show_click_score(show: np.ndarray, click: np.ndarray) -> np.ndarray:
+    """Paddle's ``(show - click) * nonclk_coeff + click * click_coeff`` in float64."""
+    show = show.astype(np.float64)
+    click = click.astype(np.float64)
+    return NONCLK_COEFF * (show - click) + CLICK_COEFF * click
+
+
+def _check_keys(table: str, keys: object) -> np.ndarray:
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.int64:
+        kind = keys.dtype if isinstance(keys, np.ndarray) else type(keys).__name__
+        raise _bad(ErrorCode.BAD_REQUEST, table, f"keys must be an int64 array, got {kind}")
+    if keys.ndim != 1:
+        raise _bad(ErrorCode.SHAPE_MISMATCH, table, f"keys must be 1-D, got shape {keys.shape}")
+    return np.ascontiguousarray(keys)
+
+
+_NONE = np.empty(0, np.float32)
+
+
+class HashSparseStore:
+    """The keys one pserver holds of a :class:`~aps.specs.HashTable`, with their rows, optimizer
+    state and statistics. ``rows``: slab rows to reserve (default ``max_keys``, else 1024)."""
+
+    def __init__(self, spec: HashTable, rows: int | None = None) -> None:
+        self.spec = spec
+        capacity = int(rows or spec.max_keys or _MIN_ROWS)
+        self.index = HashIndex(capacity)
+        self._template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
+        self.values = np.zeros((capacity, spec.dim), np.float32)
+        self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self._template.items()}
+        self.show = np.zeros(capacity, np.float32)
+        self.click = np.zeros(capacity, np.float32)
+        self.delta_score = np.zeros(capacity, np.float32)
+        self.last_step = np.zeros(capacity, np.int64)
+        self.step = 0  # completed optimizer applications (lr decay, last_step)
+        self.pushes = 0  # push calls: the admission draws' counter
+        self.admitted = self.rejected = self.evicted = 0
+        self.pending_resets = 0
+        self._seed = table_seed(spec.name, spec.seed)
+        self._admit_seed = np.uint64(mix64(np.uint64(self._seed) ^ _ADMIT_SALT))
+        self._pending = HashIndex(spec.pending_keys) if spec.admit_count > 1 else None
+        self._pending_counts = np.zeros(spec.pending_keys if self._pending is not None else 0, np.int64)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __len__(self) -> int:
+        """Keys held."""
+        return len(self.index)
+
+    @property
+    def capacity(self) -> int:
+        return self.index.row_capacity
+
+    # ------------------------------------------------------------ data path
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys``, float32[n, dim]; an unknown key reads its initial row and stays
+        unknown."""
+        keys = _check_keys(self.name, keys)
+        rows = self.index.lookup(keys)
+        out = np.empty((keys.shape[0], self.spec.dim), np.float32)
+        if _gather(self.values, rows, out):
+            at = np.flatnonzero(rows < 0)
+            init_key_rows(self.spec.init, self._seed, keys[at], at, out)
+        return out
+
+    def push_grad(
+        self,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        *,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+        scale: float = 1.0,
+        advance_step: bool = True,
+    ) -> int:
+        """Admit what the table's rules admit of the unknown keys, then apply the optimizer to
+        ``grads * scale`` on the held ones (repeats summed) and add their statistics.
+
+        Returns how many keys were admitted. Occurrences of keys not admitted are dropped and
+        counted in :attr:`rejected`. ``advance_step`` as for fixed tables (chunked pushes)."""
+        keys = _check_keys(self.name, keys)
+        n = keys.shape[0]
+        g = _check_values(self.name, grads, (n, self.spec.dim), "grads")
+        shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
+        clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
+        scale = _check_scale(self.name, scale)
+        rows = self.index.lookup(keys)
+        absent = np.flatnonzero(rows < 0)
+        new = self._admit(keys, rows, absent) if absent.size else 0
+        self.pushes += 1
+        if absent.size and (rows[absent] < 0).any():
+            held = np.flatnonzero(rows >= 0)
+            self.rejected += n - held.size
+            rows, g = rows[held], g[held]
+            shows = shows[held] if shows.size else shows
+            clicks = clicks[held] if clicks.size else clicks
+        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step)
+        _add_stats(self.show, self.click, self.delta_score, self.last_step, rows, shows, clicks,
+                   self.step, NONCLK_COEFF, CLICK_COEFF)
+        if advance_step:
+            self.step += 1
+        return new
+
+    # ------------------------------------------------------------ admission and capacity
+
+    def _admit(self, keys: np.ndarray, rows: np.ndarray, absent: np.ndarray) -> int:
+        """Insert the unknown keys that pass admission and write their rows into ``rows``."""
+        cand, inverse, counts = np.unique(keys[absent], return_inverse=True, return_counts=True)
+        ok = np.ones(cand.shape[0], np.bool_)
+        if self._pending is not None:
+            ok &= self._count(cand, counts) >= self.spec.admit_count
+        if self.spec.admit_probability < 1.0:
+            draws = np.empty(cand.shape[0], np.bool_)
+            _admit_draws(self._admit_seed, cand, counts, np.uint64(self.pushes), self.spec.admit_probability, draws)
+            ok &= draws
+        chosen = np.flatnonzero(ok)
+        chosen = chosen[: self._make_room(chosen.size, rows[rows >= 0])]
+        if self._pending is not None and chosen.size:
+            self._pending_counts[self._pending.delete(cand[chosen])] = 0
+        if not chosen.size:
+            return 0
+        cand_rows = np.full(cand.shape[0], -1, np.int64)
+        cand_rows[chosen] = self._allocate(cand[chosen])
+        rows[absent] = cand_rows[inverse]
+        self.admitted += chosen.size
+        return int(chosen.size)
+
+    def _count(self, cand: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Add this push's occurrences to each pending key's counter; the counts so far."""
+        pending = self._pending
+        assert pending is not None
+        if int((pending.lookup(cand) < 0).sum()) > pending.free_rows:
+            self._pending = pending = HashIndex(pending.row_capacity)
+            self._pending_counts[:] = 0
+            self.pending_resets += 1
+        fit = min(cand.shape[0], pending.free_rows)  # more new keys than the bound: count a prefix
+        totals = counts.astype(np.int64)
+        at = pending.insert(cand[:fit])
+        np.add.at(self._pending_counts, at, counts[:fit])
+        totals[:fit] = self._pending_counts[at]
+        return totals
+
+    def _make_room(self, wanted: int, protected_rows: np.ndarray) -> int:
+        """Evict low-score keys so ``wanted`` new keys fit under ``max_keys`` (never a row in
+        ``protected_rows``); returns how many new keys fit."""
+        cap = self.spec.max_keys
+        if cap is None or len(self) + wanted <= cap:
+            return wanted
+        over = len(self) + min(wanted, cap) - cap
+        keys, rows = self.index.items()
+        score = show_click_score(self.show[rows], self.click[rows])
+        score[np.isin(rows, protected_rows)] = math.inf
+        k = min(over + int(cap * EVICT_SHARE), int(np.isfinite(score).sum()))
+        if k > 0:
+            victims = np.argpartition(score, k - 1)[:k]
+            self.index.delete(keys[victims])
+            self.evicted += k
+        return min(wanted, cap - len(self))
+
+    def _allocate(self, keys: np.ndarray) -> np.ndarray:
+        """Rows for new ``keys``, reset to their initial value, state and statistics."""
+        if self.index.free_rows < keys.shape[0]:
+            self._grow(len(self) + keys.shape[0])
+        rows = self.index.insert(keys)
+        init_key_rows(self.spec.init, self._seed, keys, rows, self.values)
+        for name, arr in self.state.items():
+            arr[rows] = self._template[name][0]
+        for arr in (self.show, self.click, self.delta_score):
+            arr[rows] = 0.0
+        self.last_step[rows] = self.step
+        return rows
+
+    def _grow(self, needed: int) -> None:
+        """Double the slab (at least to ``needed`` rows): lazily mapped zeros, used rows copied."""
+        capacity = min(MAX_ROWS, max(needed, 2 * self.capacity))
+        if capacity < needed:
+            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys exceed the {MAX_ROWS} rows one shard can hold")
+        used = self.index.rows_used
+
+        def grown(arr: np.ndarray) -> np.ndarray:
+            out = np.zeros((capacity, *arr.shape[1:]), arr.dtype)
+            out[:used] = arr[:used]
+            return out
+
+        self.values = grown(self.values)
+        self.state = {n: grown(a) for n, a in self.state.items()}
+        self.show, self.click = grown(self.show), grown(self.click)
+        self.delta_score, self.last_step = grown(self.delta_score), grown(self.last_step)
+        self.index.grow_rows(capacity)
+
+    # ------------------------------------------------------------ eviction
+
+    def shrink(self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None) -> int:
+        """Decay every key's show and click by ``decay``, then delete the keys whose score is
+        under ``threshold`` or that no push reached in more than ``ttl`` steps (None: no TTL).
+
+        Returns how many keys were deleted. O(keys held); the caller runs it off the event loop."""
+        keys, rows = self.index.items()
+        used = self.index.rows_used
+        for arr in (self.show, self.click):
+            arr[:used] = (arr[:used] * np.float64(decay)).astype(np.float32)
+        dead = show_click_score(self.show[rows], self.click[rows]) < threshold
+        if ttl is not None:
+            dead |= self.step - self.last_step[rows] > ttl
+        self.index.delete(keys[dead])
+        count = int(dead.sum())
+        self.evicted += count
+        return count
+
+    # ------------------------------------------------------------ bookkeeping
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
+        slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
+        stats = self.show.nbytes + self.click.nbytes + self.delta_score.nbytes + self.last_step.nbytes
+        pending = self._pending.nbytes + self._pending_counts.nbytes if self._pending is not None else 0
+        return int(slab + stats + self.index.nbytes + pending)
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one key's row: value, optimizer state and statistics."""
+        arrays = [self.values, *self.state.values(), self.show, self.click, self.delta_score, self.last_step]
+        return int(sum(a.itemsize * math.prod(a.shape[1:]) for a in arrays))
+
+    def rows_of(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of held keys' rows by name (``values``, optimizer state, statistics); for
+        checkpoints and tests. Unknown keys are an error."""
+        keys = _check_keys(self.name, keys)
+        rows = self.index.lookup(keys)
+        if (rows < 0).any():
+            raise _bad(ErrorCode.BAD_REQUEST, self.name, f"key {int(keys[np.argmax(rows < 0)])} is not held")
+        arrays = {"values": self.values, **self.state, "show": self.show, "click": self.click,
+                  "delta_score": self.delta_score, "last_step": self.last_step}
+        return {name: arr[rows] for name, arr in arrays.items()}
+

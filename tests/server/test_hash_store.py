@@ -1,0 +1,189 @@
+"""The hash-keyed sparse store: admission, statistics, eviction, and the fixed tables' optimizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aps.errors import ErrorCode, ServerError
+from aps.hash_specs import HashTable
+from aps.server.hash_table import HashSparseStore, show_click_score
+from aps.server.init_kernels import init_sparse_rows, table_seed
+from aps.server.tables import SparseShard
+from aps.specs import SGD, Adagrad, Adam, ExponentialDecay, Normal, SparseTable, Uniform
+
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def grads(rng, n, dim):
+    return rng.standard_normal((n, dim)).astype(np.float32)
+
+
+def test_pull_of_unknown_keys_reads_the_initial_row_and_inserts_nothing():
+    spec = HashTable("emb", dim=5, init=Normal(0.0, 0.1), seed=3)
+    store = HashSparseStore(spec)
+    keys = np.array([7, -7, 0, I64_MIN, I64_MAX, 7], np.int64)
+    first = store.pull(keys)
+    assert len(store) == 0 and store.index.rows_used == 0
+    expected = init_sparse_rows(spec.init, table_seed("emb", 3), keys, 5)
+    np.testing.assert_array_equal(first, expected)
+    np.testing.assert_array_equal(first[0], first[5])
+    store.push_grad(keys[:1], np.zeros((1, 5), np.float32))  # admit key 7 only
+    assert len(store) == 1
+    np.testing.assert_array_equal(store.pull(keys), first)  # zero grad: 7 still reads its initial row
+    assert len(store) == 1
+    # a key admitted after an eviction starts from its initial row again, whatever it learned
+    store.push_grad(keys[:1], np.ones((1, 5), np.float32))
+    assert not np.array_equal(store.pull(keys[:1]), first[:1])
+    assert store.shrink(threshold=1e9) == 1 and len(store) == 0
+    store.push_grad(keys[:1], np.zeros((1, 5), np.float32))
+    np.testing.assert_array_equal(store.pull(keys[:1]), first[:1])
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        SGD(lr=0.1, decay=ExponentialDecay(2, 0.5)),
+        Adagrad(lr=0.05, initial_accumulator=0.1),
+        Adam(lr=0.01),
+    ],
+    ids=["sgd", "adagrad", "adam"],
+)
+def test_the_optimizer_over_the_store_equals_the_fixed_tables(opt):
+    """Keys equal to the fixed table's row ids start from the same rows, and the same pushes
+    (repeats, unsorted, chunks sharing a step) leave values and state bit for bit equal."""
+    rows, dim = 300, 6
+    fixed = SparseShard(SparseTable("t", rows=rows, dim=dim, optimizer=opt, init=Uniform(-0.5, 0.5)), 0, 1)
+    store = HashSparseStore(HashTable("t", dim=dim, optimizer=opt, init=Uniform(-0.5, 0.5)), rows=64)
+    rng = np.random.default_rng(11)
+    for step in range(12):
+        ids = rng.integers(0, rows, 400).astype(np.int64)
+        g = grads(rng, 400, dim)
+        advance = step % 3 != 1
+        fixed.push_grad(ids, g, scale=0.5, advance_step=advance)
+        store.push_grad(ids, g, scale=0.5, advance_step=advance)
+    held = np.sort(store.index.items()[0])
+    assert len(held) > 64  # the slab grew on the way
+    got = store.rows_of(held)
+    np.testing.assert_array_equal(got["values"], fixed.values[held])
+    for name, arr in fixed.state.items():
+        np.testing.assert_array_equal(got[name], arr[held])
+    np.testing.assert_array_equal(store.pull(held), fixed.values[held])
+    assert store.step == fixed.step
+
+
+def test_admission_probability_within_statistical_bounds():
+    p = 0.2
+    store = HashSparseStore(HashTable("emb", dim=2, admit_probability=p))
+    n = 20_000
+    keys = np.arange(n, dtype=np.int64) * 7919 - 10**12
+    g = np.ones((n, 2), np.float32)
+    admitted = store.push_grad(keys, g)
+    sd = np.sqrt(n * p * (1 - p))
+    assert abs(admitted - n * p) < 5 * sd, admitted
+    assert store.rejected == n - admitted and store.admitted == admitted == len(store)
+    held = store.index.lookup(keys) >= 0
+    # the gradient reached the admitted keys only (SGD lr 0.01, grad 1)
+    init = init_sparse_rows(store.spec.init, table_seed("emb", 0), keys, 2)
+    np.testing.assert_allclose(store.pull(keys[held]), init[held] - 0.01, atol=1e-7)
+    np.testing.assert_array_equal(store.pull(keys[~held]), init[~held])
+    # three occurrences in one push: admitted with probability 1 - (1 - p)^3
+    fresh = np.repeat(np.arange(n, dtype=np.int64) + (1 << 40), 3)
+    rate3 = 1 - (1 - p) ** 3
+    got = store.push_grad(fresh, np.ones((3 * n, 2), np.float32))
+    assert abs(got - n * rate3) < 5 * np.sqrt(n * rate3 * (1 - rate3)), got
+    # one occurrence in each of three pushes: the same rate overall (a new draw per push)
+    store3 = HashSparseStore(HashTable("emb", dim=2, admit_probability=p))
+    total = sum(store3.push_grad(keys, g) for _ in range(3))
+    assert abs(total - n * rate3) < 5 * np.sqrt(n * rate3 * (1 - rate3)), total
+    # stateless and deterministic: the same pushes admit the same keys
+    again = HashSparseStore(HashTable("emb", dim=2, admit_probability=p))
+    again.push_grad(keys, g)
+    assert sorted(again.index.items()[0].tolist()) == sorted(keys[held].tolist())
+
+
+def test_admission_by_count_admits_at_the_nth_occurrence():
+    store = HashSparseStore(HashTable("emb", dim=1, admit_count=3, optimizer=SGD(lr=1.0), init=Uniform(0, 0)))
+    one = np.ones((1, 1), np.float32)
+    a, b = np.array([-1], np.int64), np.array([1 << 62], np.int64)
+    assert store.push_grad(a, one) == 0 and store.push_grad(a, one) == 0
+    assert len(store) == 0
+    assert store.push_grad(a, one) == 1  # third occurrence
+    np.testing.assert_array_equal(store.pull(a), [[-1.0]])  # only the admitting push's gradient
+    assert store.push_grad(np.repeat(b, 3), np.ones((3, 1), np.float32)) == 1  # three at once
+    np.testing.assert_array_equal(store.pull(b), [[-3.0]])
+    assert store.rejected == 2 and store.admitted == 2
+    # the counter is bounded: pending_keys full starts it over
+    small = HashSparseStore(HashTable("emb", dim=1, admit_count=2, pending_keys=4))
+    small.push_grad(np.arange(4, dtype=np.int64), np.ones((4, 1), np.float32))
+    small.push_grad(np.arange(10, 13, dtype=np.int64), np.ones((3, 1), np.float32))  # 3 new > 0 free
+    assert small.pending_resets == 1
+    assert small.push_grad(np.array([10], np.int64), np.ones((1, 1), np.float32)) == 1  # counted since
+    assert small.push_grad(np.arange(4, dtype=np.int64), np.ones((4, 1), np.float32)) == 0  # forgotten
+
+
+def test_shrink_deletes_exactly_what_the_rule_says():
+    store = HashSparseStore(HashTable("emb", dim=2))
+    rng = np.random.default_rng(5)
+    keys = rng.integers(I64_MIN, I64_MAX, 3000, dtype=np.int64, endpoint=True)
+    keys = np.unique(keys)
+    for step in range(10):  # keys pushed at different steps with various shows and clicks
+        part = keys[rng.random(len(keys)) < 0.3]
+        shows = rng.integers(0, 12, len(part)).astype(np.float32)
+        clicks = np.minimum(shows, rng.integers(0, 3, len(part))).astype(np.float32)
+        store.push_grad(part, np.zeros((len(part), 2), np.float32), shows=shows, clicks=clicks)
+    held = np.sort(store.index.items()[0])
+    before = store.rows_of(held)
+    decay, threshold, ttl = 0.9, 1.2, 6
+    show = (before["show"] * np.float64(decay)).astype(np.float32)
+    click = (before["click"] * np.float64(decay)).astype(np.float32)
+    dead = (0.1 * (show.astype(np.float64) - click) + click < threshold) | (store.step - before["last_step"] > ttl)
+    assert 0 < dead.sum() < len(held)
+    assert store.shrink(decay=decay, threshold=threshold, ttl=ttl) == dead.sum()
+    assert sorted(store.index.items()[0].tolist()) == held[~dead].tolist()
+    after = store.rows_of(held[~dead])
+    np.testing.assert_array_equal(after["show"], show[~dead])
+    np.testing.assert_array_equal(after["click"], click[~dead])
+    np.testing.assert_array_equal(after["values"], before["values"][~dead])
+    assert store.evicted == dead.sum()
+
+
+def test_max_keys_evicts_the_lowest_scores_first():
+    cap = 160
+    store = HashSparseStore(HashTable("emb", dim=2, max_keys=cap))
+    keys = np.arange(cap, dtype=np.int64) * -3
+    shows = np.arange(cap, dtype=np.float32)  # key i has score 0.1 i
+    store.push_grad(keys, np.zeros((cap, 2), np.float32), shows=shows)
+    assert len(store) == cap and store.evicted == 0
+    new = np.arange(5, dtype=np.int64) + 10**15
+    low = keys[:3]  # low scores, but in the push: kept
+    admitted = store.push_grad(np.concatenate([low, new]), np.zeros((8, 2), np.float32))
+    assert admitted == 5
+    evicted = 5 + cap // 16
+    assert store.evicted == evicted and len(store) == cap + 5 - evicted
+    gone = keys[3 : 3 + evicted]
+    assert (store.index.lookup(gone) == -1).all()
+    assert (store.index.lookup(np.concatenate([low, new, keys[3 + evicted :]])) >= 0).all()
+    # a flood of new keys never takes the table past the cap
+    flood = np.arange(10 * cap, dtype=np.int64) + (1 << 50)
+    store.push_grad(flood, np.zeros((len(flood), 2), np.float32))
+    assert len(store) == cap and store.capacity == cap
+    assert store.rejected == len(flood) - cap
+
+
+def test_bad_pushes_change_nothing():
+    store = HashSparseStore(HashTable("emb", dim=3))
+    with pytest.raises(ServerError) as err:
+        store.push_grad(np.array([1.0]), np.zeros((1, 3), np.float32))
+    assert err.value.code == ErrorCode.BAD_REQUEST
+    with pytest.raises(ServerError) as err:
+        store.push_grad(np.array([1, 2], np.int64), np.zeros((2, 4), np.float32))
+    assert err.value.code == ErrorCode.SHAPE_MISMATCH
+    with pytest.raises(ServerError) as err:
+        store.push_grad(np.array([1], np.int64), np.zeros((1, 3), np.float32), shows=np.ones(2, np.float32))
+    assert err.value.code == ErrorCode.SHAPE_MISMATCH
+    assert len(store) == 0 and store.pushes == 0 and store.step == 0
+
+
+def test_score_is_paddles():
+    np.testing.assert_allclose(show_click_score(np.array([10.0, 3.0]), np.array([2.0, 3.0])), [2.8, 3.0])
