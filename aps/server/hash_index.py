@@ -1,20 +1,20 @@
 """An open-addressing hash index from int64 keys to rows of a slab, in numba arrays.
 
 Why not a dict: a hash table shard holds tens of millions of keys, and a push looks up thousands
-per request; a Python dict costs ~100 bytes and a bytecode round trip per key. Here a key costs
-12 bytes per slot (int64 key + int32 row), and every bulk operation is one compiled loop.
+per request; a Python dict costs ~100 bytes and a bytecode round trip per key. Here a slot is
+16 bytes, and every bulk operation is one compiled loop.
 
-Layout. Slots live in two parallel arrays, ``slot_key`` (int64) and ``slot_row`` (int32):
-``slot_row == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a slot holding slab row ``r``.
-The state lives in the row array, never in the key, so every int64 bit pattern (0, -1, the
-extremes) is a valid key; and empty is 0 so a fresh slot array is ``np.zeros``, which the OS maps
-lazily: creating a large table touches no memory. The probe starts at splitmix64(key) masked to
+Layout. A slot array is int64[slots, 2]: (key, state) side by side, so a probe that finds its key
+reads one cache line, not two. ``state == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a slot holding slab
+row ``r``. The state is never in the key, so every int64 bit pattern (0, -1, the extremes) is a
+valid key; and empty is 0 so a fresh slot array is ``np.zeros``, which the OS maps lazily:
+creating a large table touches no memory. The probe starts at splitmix64(key) masked to
 the power-of-two slot count and goes on linearly; a delete leaves a tombstone so later keys of
 the same run stay reachable. Slab rows come from a free list (rows deleted) and then from a
 high-water mark (rows never used), so the slab itself never moves when keys come and go.
 
-Resizing in pieces. When slots in use (keys + tombstones) pass half the slots, a new slot array
-is made (sized for 4x the live keys, so tombstone-heavy tables shrink back) and the old one is
+Resizing in pieces. When slots in use (keys + tombstones) pass 70% of the slots, a new slot
+array is made (sized for 2x the live keys, so tombstone-heavy tables shrink back) and the old one is
 drained into it *incrementally*, as Redis does: every key lives in exactly one of the two, a
 lookup tries the new one then the old, an insert goes to the new one, and each call moves
 ``RESIZE_PACE`` old slots per key it inserts, which ends the drain long before the new array
@@ -34,11 +34,13 @@ from .init_kernels import mix64
 _EMPTY = 0
 _TOMB = -1
 #: keys + tombstones may fill at most this share of the slots before a resize starts
-MAX_LOAD = 0.5
+MAX_LOAD = 0.7
 #: old slots moved per inserted key while a resize drains (>= 4 ends the drain in time)
 RESIZE_PACE = 8
-#: rows are int32 in a slot (stored + 1)
+#: rows are int32 on the free list
 MAX_ROWS = (1 << 31) - 2
+_KEY = 0  # slot columns
+_ROW = 1
 _MIN_SLOTS = 1024
 
 # meta: counters the kernels update in place
@@ -55,90 +57,90 @@ def _start(key: np.int64, mask: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _find(sk: np.ndarray, sr: np.ndarray, key: np.int64) -> int:
-    """The slot holding ``key``, or -1."""
-    size = sk.shape[0]
+def _find(t: np.ndarray, key: np.int64) -> int:
+    """The slot of ``t`` holding ``key``, or -1."""
+    size = t.shape[0]
     if size == 0:
         return -1
     mask = size - 1
     s = _start(key, mask)
     while True:
-        r = sr[s]
+        r = t[s, _ROW]
         if r == _EMPTY:
             return -1
-        if r > 0 and sk[s] == key:
+        if r > 0 and t[s, _KEY] == key:
             return s
         s = (s + 1) & mask
 
 
 @njit(cache=True, nogil=True)
-def _place(sk: np.ndarray, sr: np.ndarray, key: np.int64, row: int) -> int:
+def _place(t: np.ndarray, key: np.int64, row: int) -> int:
     """Put ``key`` (known to be absent) in its first free slot; returns 1 if that slot was empty
     (one more slot in use), 0 if it was a tombstone."""
-    mask = sk.shape[0] - 1
+    mask = t.shape[0] - 1
     s = _start(key, mask)
-    while sr[s] > 0:
+    while t[s, _ROW] > 0:
         s = (s + 1) & mask
-    fresh = 1 if sr[s] == _EMPTY else 0
-    sk[s] = key
-    sr[s] = row + 1
+    fresh = 1 if t[s, _ROW] == _EMPTY else 0
+    t[s, _KEY] = key
+    t[s, _ROW] = row + 1
     return fresh
 
 
 @njit(cache=True, nogil=True)
-def _lookup(sk, sr, ok, orr, keys, out):
+def _lookup(t, old, keys, out):
     for i in range(keys.shape[0]):
-        s = _find(sk, sr, keys[i])
+        s = _find(t, keys[i])
         if s >= 0:
-            out[i] = sr[s] - 1
+            out[i] = t[s, _ROW] - 1
             continue
-        s = _find(ok, orr, keys[i])
-        out[i] = orr[s] - 1 if s >= 0 else -1
+        s = _find(old, keys[i])
+        out[i] = old[s, _ROW] - 1 if s >= 0 else -1
 
 
 @njit(cache=True, nogil=True)
-def _insert(sk, sr, ok, orr, free, meta, max_used, keys, start, out):
+def _insert(t, old, free, meta, max_used, keys, start, out):
     """Insert ``keys[start:]`` until done or the new slot array is full; returns where it stopped.
     The caller made sure there are enough free rows."""
     for i in range(start, keys.shape[0]):
         key = keys[i]
-        s = _find(sk, sr, key)
+        s = _find(t, key)
         if s >= 0:
-            out[i] = sr[s] - 1
+            out[i] = t[s, _ROW] - 1
             continue
-        s = _find(ok, orr, key)
+        s = _find(old, key)
         if s >= 0:
-            out[i] = orr[s] - 1
+            out[i] = old[s, _ROW] - 1
             continue
         if meta[_USED] >= max_used:
             return i
         if meta[_NFREE] > 0:
             meta[_NFREE] -= 1
-            row = free[meta[_NFREE]]
+            row = np.int64(free[meta[_NFREE]])
         else:
             row = meta[_HIGH]
             meta[_HIGH] += 1
-        meta[_USED] += _place(sk, sr, key, row)
+        meta[_USED] += _place(t, key, row)
         meta[_LIVE] += 1
         out[i] = row
     return keys.shape[0]
 
 
 @njit(cache=True, nogil=True)
-def _delete(sk, sr, ok, orr, free, meta, keys, out):
+def _delete(t, old, free, meta, keys, out):
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _find(sk, sr, key)
+        s = _find(t, key)
         if s >= 0:
-            row = sr[s] - 1
-            sr[s] = _TOMB
+            row = t[s, _ROW] - 1
+            t[s, _ROW] = _TOMB
         else:
-            s = _find(ok, orr, key)
+            s = _find(old, key)
             if s < 0:
                 out[i] = -1
                 continue
-            row = orr[s] - 1
-            orr[s] = _TOMB
+            row = old[s, _ROW] - 1
+            old[s, _ROW] = _TOMB
             meta[_OLD_LIVE] -= 1
         free[meta[_NFREE]] = row
         meta[_NFREE] += 1
@@ -147,26 +149,26 @@ def _delete(sk, sr, ok, orr, free, meta, keys, out):
 
 
 @njit(cache=True, nogil=True)
-def _migrate(sk, sr, ok, orr, meta, cursor, budget):
-    """Move the keys of old slots ``[cursor, cursor + budget)`` into the new array; returns the
-    new cursor. Moved slots become tombstones so the old array's probe runs stay intact."""
-    stop = min(ok.shape[0], cursor + budget)
+def _migrate(t, old, meta, cursor, budget):
+    """Move the keys of old slots ``[cursor, cursor + budget)`` into ``t``; returns the new
+    cursor. Moved slots become tombstones so the old array's probe runs stay intact."""
+    stop = min(old.shape[0], cursor + budget)
     for s in range(cursor, stop):
-        r = orr[s]
+        r = old[s, _ROW]
         if r > 0:
-            meta[_USED] += _place(sk, sr, ok[s], r - 1)
-            orr[s] = _TOMB
+            meta[_USED] += _place(t, old[s, _KEY], r - 1)
+            old[s, _ROW] = _TOMB
             meta[_OLD_LIVE] -= 1
     return stop
 
 
 @njit(cache=True, nogil=True)
-def _collect(sk, sr, keys, rows, n):
+def _collect(t, keys, rows, n):
     """Append the (key, row) pairs of one slot array to ``keys``/``rows`` from ``n``; new n."""
-    for s in range(sk.shape[0]):
-        if sr[s] > 0:
-            keys[n] = sk[s]
-            rows[n] = sr[s] - 1
+    for s in range(t.shape[0]):
+        if t[s, _ROW] > 0:
+            keys[n] = t[s, _KEY]
+            rows[n] = t[s, _ROW] - 1
             n += 1
     return n
 
@@ -179,8 +181,13 @@ def _keys_array(keys: np.ndarray) -> np.ndarray:
 
 
 def _slot_count(live: int) -> int:
-    """Slots for ``live`` keys: a power of two with load <= 1/4 right after a resize."""
-    return max(_MIN_SLOTS, 1 << max(0, (4 * live - 1).bit_length()))
+    """Slots for ``live`` keys: a power of two with load <= 1/2 right after a resize."""
+    return max(_MIN_SLOTS, 1 << max(0, (2 * live - 1).bit_length()))
+
+
+def _slots(size: int) -> np.ndarray:
+    """An empty slot array: ``np.zeros``, so the OS maps its pages only as keys land in them."""
+    return np.zeros((size, 2), np.int64)
 
 
 class HashIndex:
@@ -195,10 +202,8 @@ class HashIndex:
         size = _slot_count(0)
         while size < slots:
             size *= 2
-        self._sk = np.zeros(size, np.int64)
-        self._sr = np.zeros(size, np.int32)
-        self._ok = np.zeros(0, np.int64)
-        self._or = np.zeros(0, np.int32)
+        self._t = _slots(size)
+        self._old = _slots(0)
         self._cursor = 0
         self._free = np.zeros(row_capacity, np.int32)
         self._meta = np.zeros(5, np.int64)
@@ -224,17 +229,17 @@ class HashIndex:
 
     @property
     def slots(self) -> int:
-        return int(self._sk.shape[0] + self._ok.shape[0])
+        return int(self._t.shape[0] + self._old.shape[0])
 
     @property
     def nbytes(self) -> int:
         """Bytes held: both slot arrays and the free list."""
-        return int(self._sk.nbytes + self._sr.nbytes + self._ok.nbytes + self._or.nbytes + self._free.nbytes + self._meta.nbytes)
+        return int(self._t.nbytes + self._old.nbytes + self._free.nbytes + self._meta.nbytes)
 
     @property
     def resizing(self) -> bool:
         """True while an old slot array is still being drained (see :meth:`rehash_step`)."""
-        return self._ok.shape[0] > 0
+        return self._old.shape[0] > 0
 
     # ------------------------------------------------------------ bulk operations
 
@@ -242,7 +247,7 @@ class HashIndex:
         """The row of each key, -1 where absent."""
         keys = _keys_array(keys)
         out = np.empty(keys.shape[0], np.int64)
-        _lookup(self._sk, self._sr, self._ok, self._or, keys, out)
+        _lookup(self._t, self._old, keys, out)
         return out
 
     def insert(self, keys: np.ndarray) -> np.ndarray:
@@ -259,18 +264,18 @@ class HashIndex:
             self.rehash_step(RESIZE_PACE * n)
         done = 0
         while True:
-            done = _insert(self._sk, self._sr, self._ok, self._or, self._free, self._meta, self._max_used(), keys, done, out)
+            done = _insert(self._t, self._old, self._free, self._meta, self._max_used(), keys, done, out)
             if done == n:
                 return out
             if self.resizing:  # a drain that did not keep pace: finish it (bounded by the old array)
-                self.rehash_step(self._ok.shape[0])
+                self.rehash_step(self._old.shape[0])
             self._start_resize(len(self) + (n - done))
 
     def delete(self, keys: np.ndarray) -> np.ndarray:
         """Remove keys; returns the row each held (now free), -1 where absent. Repeats are fine."""
         keys = _keys_array(keys)
         out = np.empty(keys.shape[0], np.int64)
-        _delete(self._sk, self._sr, self._ok, self._or, self._free, self._meta, keys, out)
+        _delete(self._t, self._old, self._free, self._meta, keys, out)
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +283,7 @@ class HashIndex:
         n = len(self)
         keys = np.empty(n, np.int64)
         rows = np.empty(n, np.int64)
-        got = _collect(self._ok, self._or, keys, rows, _collect(self._sk, self._sr, keys, rows, 0))
+        got = _collect(self._old, keys, rows, _collect(self._t, keys, rows, 0))
         assert got == n, (got, n)
         return keys, rows
 
@@ -294,23 +299,22 @@ class HashIndex:
     # ------------------------------------------------------------ resizing
 
     def _max_used(self) -> int:
-        return int(self._sk.shape[0] * MAX_LOAD)
+        return int(self._t.shape[0] * MAX_LOAD)
 
     def _start_resize(self, live: int) -> None:
         """Begin draining into a slot array sized for ``live`` keys (allocated lazily: zeros)."""
-        self._ok, self._or = self._sk, self._sr
+        self._old = self._t
         self._meta[_OLD_LIVE] = len(self)
         self._cursor = 0
         size = _slot_count(live)
-        self._sk = np.zeros(size, np.int64)
-        self._sr = np.zeros(size, np.int32)
+        self._t = _slots(size)
         self._meta[_USED] = 0
 
     def rehash(self, slots: int | None = None) -> None:
         """Start a resize now (to hold ``slots`` keys at load 1/4; default: the keys held), e.g.
         to drop tombstones after a large delete. Finish it with :meth:`rehash_step`."""
         if self.resizing:
-            self.rehash_step(self._ok.shape[0])
+            self.rehash_step(self._old.shape[0])
         self._start_resize(len(self) if slots is None else int(slots))
 
     def rehash_step(self, budget: int) -> bool:
@@ -319,11 +323,10 @@ class HashIndex:
         O(budget) work, so a caller can spread a resize over many short calls."""
         if not self.resizing:
             return True
-        self._cursor = _migrate(self._sk, self._sr, self._ok, self._or, self._meta, self._cursor, max(0, int(budget)))
-        if self._cursor >= self._ok.shape[0]:
+        self._cursor = _migrate(self._t, self._old, self._meta, self._cursor, max(0, int(budget)))
+        if self._cursor >= self._old.shape[0]:
             assert self._meta[_OLD_LIVE] == 0
-            self._ok = np.zeros(0, np.int64)
-            self._or = np.zeros(0, np.int32)
+            self._old = _slots(0)
             self._cursor = 0
             return True
         return False
