@@ -166,20 +166,30 @@ class Adagrad:
         _check_optimizer(self, epsilon="real", initial_accumulator="real")
 
 
+#: how a sparse table's Adam corrects its bias (docs/modes.md, "Sparse Adam")
+BIAS_CORRECTIONS = ("row", "step")
+
+
 @dataclass(frozen=True)
 class Adam:
-    """Adam with bias correction; sparse tables keep a step count per row (lazy Adam)."""
+    """Adam with bias correction. Dense tables count steps per block. Sparse tables update only
+    the pushed rows (lazy), and ``bias_correction`` says with which count: ``"row"`` (each row's
+    own count of updates, eps added to the corrected ``sqrt(v_hat)``) or ``"step"`` (the table's
+    count of applications for every row, eps added to the raw ``sqrt(v)``: PyTorch's SparseAdam)."""
 
     lr: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
     decay: ExponentialDecay | None = None
+    bias_correction: str = "row"
 
     def __post_init__(self) -> None:
         _check_optimizer(self, beta1="real", beta2="real", epsilon="real")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError(f"Adam betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if self.bias_correction not in BIAS_CORRECTIONS:
+            raise ConfigError(f"Adam bias_correction must be one of {', '.join(BIAS_CORRECTIONS)}, got {self.bias_correction!r}")
 
 
 Optimizer = Union[SGD, Adagrad, Adam]

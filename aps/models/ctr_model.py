@@ -44,10 +44,14 @@ def positive_float(model: str, name: str, value: Any) -> float:
     return out
 
 
-def make_optimizer(model: str, name: str, lr: float) -> Optimizer:
-    """``adam`` (the reference), ``sgd`` (needed by geo mode) or ``adagrad``, all at ``lr``."""
+def make_optimizer(model: str, name: str, lr: float, bias_correction: str = "row") -> Optimizer:
+    """``adam`` (the reference; sparse rows corrected per ``bias_correction``), ``sgd`` (needed
+    by geo mode) or ``adagrad``, all at ``lr``."""
     if name == "adam":
-        return Adam(lr)
+        try:
+            return Adam(lr, bias_correction=bias_correction)
+        except ConfigError as exc:
+            raise ConfigError(f"{model} {exc}") from None
     if name == "sgd":
         return SGD(lr)
     if name == "adagrad":
@@ -69,7 +73,7 @@ class CriteoModel(Model):
 
     def __init__(
         self, *, embedding_size: int, hidden: str, batch_size: int, lr: float, optimizer: str,
-        init_range: float, meta: str | None, seed: int,
+        init_range: float, meta: str | None, seed: int, bias_correction: str = "row",
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -82,7 +86,8 @@ class CriteoModel(Model):
         self.optimizer = str(optimizer)
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
-        self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr))
+        self.bias_correction = str(bias_correction)
+        self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr, self.bias_correction))
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         raise NotImplementedError
@@ -100,6 +105,7 @@ class CriteoModel(Model):
             "model": self.name, "slots": self.format.slots, "dense": self.format.dense,
             "embedding_size": self.embedding_size, "hidden": ",".join(map(str, self.hidden)),
             "batch_size": self.batch_size, "optimizer": self.optimizer, "lr": self.lr,
+            **({"bias_correction": self.bias_correction} if self.optimizer == "adam" else {}),
         }
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:

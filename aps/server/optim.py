@@ -16,8 +16,11 @@ Adam follows Paddle's form::
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t))
 
-with ``t`` per row for sparse tables (lazy Adam: only touched rows advance) and ``t = step + 1``
-for a dense block, ``step`` being that block's count of completed applications.
+with ``t = step + 1`` for a dense block, ``step`` being that block's count of completed
+applications. Sparse tables update only the pushed rows (lazy Adam); with
+``bias_correction="row"`` each row has its own ``t`` (only touched rows advance), with ``"step"``
+every row takes ``t = step + 1`` of the shard and epsilon is added to the raw ``sqrt(v)``, which
+is PyTorch's ``SparseAdam`` exactly.
 """
 
 from __future__ import annotations
@@ -50,13 +53,18 @@ def state_names(opt: Optimizer) -> tuple[str, ...]:
     raise TypeError(f"unknown optimizer {opt!r}")
 
 
+def row_steps(opt: Optimizer) -> bool:
+    """Whether a sparse table keeps an int64 step count per row (Adam with per-row correction)."""
+    return isinstance(opt, Adam) and opt.bias_correction == "row"
+
+
 def new_sparse_state(opt: Optimizer, rows: int, dim: int) -> dict[str, np.ndarray]:
-    """Fresh optimizer state for ``rows`` x ``dim`` sparse rows (Adam adds a per-row ``t``)."""
+    """Fresh optimizer state for ``rows`` x ``dim`` sparse rows (per-row Adam adds ``t``)."""
     state: dict[str, np.ndarray] = {}
     for name in state_names(opt):
         fill = opt.initial_accumulator if isinstance(opt, Adagrad) else 0.0
         state[name] = np.full((rows, dim), fill, dtype=np.float32)
-    if isinstance(opt, Adam):
+    if row_steps(opt):
         state["t"] = np.zeros(rows, dtype=np.int64)
     return state
 
@@ -165,23 +173,30 @@ def _adagrad_rows(values, accum, ids, grads, scale, lr, eps, ordered):
 
 
 @njit(cache=True, nogil=True)
-def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps, ordered):
+def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps, table_t, ordered):
+    """Lazy Adam on the pushed rows: with per-row counts ``t`` (an empty ``t``: every row takes
+    the shard's ``table_t`` and eps goes on the raw ``sqrt(v)``, as PyTorch's SparseAdam)."""
     order = np.empty(0, np.int64) if ordered else _push_order(ids)
     g = np.empty(values.shape[1], np.float64)
+    per_row = t.shape[0] > 0
+    lr_t = lr * np.sqrt(1.0 - beta2**table_t) / (1.0 - beta1**table_t)
+    eps_t = eps
     i = 0
     while i < ids.shape[0]:
         row = ids[_at(order, i)]
         i = _segment_sum(ids, order, i, grads, g)
-        t[row] += 1
-        corr2 = np.sqrt(1.0 - beta2 ** t[row])
-        lr_t = lr * corr2 / (1.0 - beta1 ** t[row])
+        if per_row:
+            t[row] += 1
+            corr2 = np.sqrt(1.0 - beta2 ** t[row])
+            lr_t = lr * corr2 / (1.0 - beta1 ** t[row])
+            eps_t = eps * corr2
         for c in range(g.shape[0]):
             gc = g[c] * scale
             mc = beta1 * m[row, c] + (1.0 - beta1) * gc
             vc = beta2 * v[row, c] + (1.0 - beta2) * gc * gc
             m[row, c] = mc
             v[row, c] = vc
-            values[row, c] = values[row, c] - lr_t * mc / (np.sqrt(vc) + eps * corr2)
+            values[row, c] = values[row, c] - lr_t * mc / (np.sqrt(vc) + eps_t)
 
 
 @njit(cache=True, nogil=True)
@@ -194,6 +209,9 @@ def _add_rows(values, ids, deltas, ordered):
         i = _segment_sum(ids, order, i, deltas, d)
         for c in range(d.shape[0]):
             values[row, c] = values[row, c] + d[c]
+
+
+_NO_ROW_STEPS = np.empty(0, np.int64)  # read-only by use: the kernel writes t only when it has rows
 
 
 def apply_sparse(
@@ -220,8 +238,8 @@ def apply_sparse(
         _adagrad_rows(values, state["acc"], local_ids, grads, float(scale), lr, float(opt.epsilon), ordered)
     elif isinstance(opt, Adam):
         _adam_rows(
-            values, state["m"], state["v"], state["t"], local_ids, grads, float(scale), lr,
-            float(opt.beta1), float(opt.beta2), float(opt.epsilon), ordered,
+            values, state["m"], state["v"], state.get("t", _NO_ROW_STEPS), local_ids, grads, float(scale), lr,
+            float(opt.beta1), float(opt.beta2), float(opt.epsilon), step + 1, ordered,
         )
     else:
         raise TypeError(f"unknown optimizer {opt!r}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ErrorCode, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
-from ..specs import Adam, DenseTable, SparseTable, TableSpec
+from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
 from .tracking import bitmap_bytes, mark_rows, take_marked
@@ -362,12 +362,12 @@ Shard = Union[SparseShard, DenseShard]
 
 def shard_nbytes(spec: TableSpec, shard: int, num_shards: int) -> int:
     """Bytes that :func:`make_shard` would allocate for server ``shard``'s part of ``spec``:
-    float32 values plus the optimizer's state arrays, plus Adam's int64 step per sparse row.
+    float32 values plus the optimizer's state arrays, plus per-row Adam's int64 step per sparse row.
     Computed from the spec alone, so a table can be refused before anything is allocated."""
     arrays = 1 + len(optim.state_names(spec.optimizer))
     if isinstance(spec, SparseTable):
         rows = sparse_local_rows(spec.rows, shard, num_shards)
-        steps = rows * 8 if isinstance(spec.optimizer, Adam) else 0
+        steps = rows * 8 if optim.row_steps(spec.optimizer) else 0
         return rows * spec.dim * 4 * arrays + steps
     if isinstance(spec, DenseTable):
         elements = sum(b.size for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard)

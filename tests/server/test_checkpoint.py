@@ -20,6 +20,7 @@ DECAY = ExponentialDecay(decay_steps=2, decay_rate=0.8)
 SPECS = [
     SparseTable("emb/user:v1", rows=53, dim=4, init=Uniform(-0.1, 0.1), optimizer=Adam(lr=0.01, decay=DECAY), seed=5),
     SparseTable("emb_item", rows=7, dim=3, optimizer=Adagrad(lr=0.1, initial_accumulator=0.1)),
+    SparseTable("emb_step", rows=11, dim=2, optimizer=Adam(lr=0.01, bias_correction="step")),  # no per-row t
     DenseTable("fc/w", shape=(4, 5000), init=Normal(0.0, 0.1), optimizer=Adam(lr=0.01, decay=DECAY)),
     DenseTable("fc/b", shape=(10,), optimizer=SGD(lr=0.1)),
 ]

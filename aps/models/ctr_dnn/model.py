@@ -40,7 +40,8 @@ EMBEDDING = "SparseFeatFactors"
 
 class CtrDnn(CriteoModel):
     """The reference CTR-DNN; every argument has a default and accepts text (``--model-arg``).
-    ``init_range`` is the embedding's uniform init half-width (the reference's 1.0)."""
+    ``init_range`` is the embedding's uniform init half-width (the reference's 1.0);
+    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam")."""
 
     name = "ctr_dnn"
     slot_tables = (EMBEDDING,)
@@ -55,10 +56,11 @@ class CtrDnn(CriteoModel):
         init_range: float = 1.0,
         meta: str | None = None,
         seed: int = 0,
+        bias_correction: str = "row",
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
-            init_range=init_range, meta=meta, seed=seed,
+            init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:

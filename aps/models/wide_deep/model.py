@@ -30,7 +30,8 @@ DEEP_EMB = "deep.emb"
 
 class WideDeep(CriteoModel):
     """wide&deep; every argument has a default and accepts text (``--model-arg``).
-    ``init_range`` is the deep embedding's uniform init half-width; wide weights start at 0."""
+    ``init_range`` is the deep embedding's uniform init half-width; wide weights start at 0;
+    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam")."""
 
     name = "wide_deep"
     slot_tables = (WIDE_SLOT, DEEP_EMB)
@@ -45,10 +46,11 @@ class WideDeep(CriteoModel):
         init_range: float = 0.1,
         meta: str | None = None,
         seed: int = 0,
+        bias_correction: str = "row",
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
-            init_range=init_range, meta=meta, seed=seed,
+            init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
