@@ -37,8 +37,7 @@ from .errors import ConfigError, RequestTimeout
 from .launcher_restart import Restarts
 from .launcher_roles import Role, child_options, describe_exit, free_ports, last_lines, program
 from .launcher_run import Quiet, Reporter, Supervisor
-
-MODES = ("sync", "async", "half_async", "geo")
+from .trainer.strategy import MODES
 
 
 # ------------------------------------------------------------------------------------ helpers

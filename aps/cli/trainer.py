@@ -27,11 +27,12 @@ of compute worker processes, and exchange parameters with the pservers in the ch
   async       gradients are merged and pushed as they come; params pulled per batch
   half_async  workers of one trainer step together; trainers are asynchronous
   geo         workers train locally (SGD); every --k-steps the deltas are exchanged
+  hybrid      dense parameters as sync (one averaged update per step), sparse as async
 
 Settings come from flags or the environment (flags win): APS_PSERVERS /
 PADDLE_PSERVERS_IP_PORT_LIST, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TRAINER_ID /
-PADDLE_TRAINER_ID, APS_TOKEN, APS_MODE, APS_WORKERS / CPU_NUM, APS_K_STEPS, and Paddle's
-FLAGS_communicator_* names for the communicator knobs.
+PADDLE_TRAINER_ID, APS_TOKEN, APS_MODE, APS_WORKERS / CPU_NUM, APS_K_STEPS, APS_MAX_STALENESS,
+and Paddle's FLAGS_communicator_* names for the communicator knobs.
 
 With --metrics-port the trainer serves Prometheus metrics (text format) at
 http://127.0.0.1:PORT/metrics while it trains (--metrics-host 0.0.0.0 to reach it from other
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-send-grad-num-before-recv", type=int, help="async: pull dense params every N pushes (default workers)")
     s.add_argument("--thread-pool-size", type=int, help="concurrent table pushes (default 5)")
     s.add_argument("--merge", choices=MERGES, help="how gradients are merged (default auto: see docs/modes.md)")
+    s.add_argument("--max-staleness", type=int, metavar="N",
+                   help="compute only with sparse rows that lack the gradients of at most N of this trainer's "
+                   "batches; a worker waits for pushes otherwise (default: no bound; 0: always fresh)")
     s.add_argument("--no-prefetch", action="store_true", help="async: do not pull the next batch's rows during compute (to measure it)")
     s.add_argument("--rpc-retry-times", type=int, help="retries of a request the pservers refused as retriable (default 3); "
                    "a lost pserver is retried, reconnecting, until --rpc-deadline instead")
@@ -126,6 +130,7 @@ def _strategy(args: argparse.Namespace) -> Strategy:
         rpc_timeout=args.rpc_timeout,
         rpc_deadline=args.rpc_deadline,
         prefetch=False if args.no_prefetch else None,
+        max_staleness=args.max_staleness,
     )
 
 

@@ -143,6 +143,17 @@ class GradAccumulator:
         self.batches = 0
         self.examples = 0
 
+    @property
+    def has_sparse(self) -> bool:
+        """Whether this accumulator carries sparse gradients (hybrid mode keeps them apart from
+        the dense ones: its dense accumulator has none)."""
+        return bool(self._sparse)
+
+    @property
+    def has_dense(self) -> bool:
+        """Whether this accumulator carries dense gradients."""
+        return bool(self._dense)
+
     def fits(self, ids: list[np.ndarray]) -> bool:
         """Whether one more batch with these ids (one array per sparse table) can be added."""
         return self.batches < self.max_batches and all(buf.fits(i) for buf, i in zip(self._sparse, ids))

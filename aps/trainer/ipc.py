@@ -2,7 +2,7 @@
 
 Only small fixed records cross the pipe; bulk data (ids, gradients, rows) goes through the
 shared arrays. A record is ``kind:u8, answers:u8, step:i64, epoch:i64, examples:i64, steps:i64,
-counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
+clock:i64, counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
 one meaning in every kind that uses it; the others stay 0.
 """
 
@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-_HEAD = struct.Struct("<BBqqqqI")
+_HEAD = struct.Struct("<BBqqqqqI")
 
 
 class Kind(IntEnum):
@@ -43,6 +43,9 @@ class Record:
     steps: int = 0
     #: OK: the kind of request it answers (PULL or GRADS); 0 otherwise
     answers: int = 0
+    #: OK answering a PULL: how many of this trainer's batches had their sparse gradients
+    #: applied on the pservers before the rows were pulled (what a worker's staleness counts from)
+    clock: int = 0
     #: PULL, GRADS: ids written to the mailbox, one count per sparse table in the model's order
     counts: list[int] = field(default_factory=list)
     #: ERROR: what went wrong
@@ -50,12 +53,14 @@ class Record:
 
     def encode(self) -> bytes:
         text = self.text.encode("utf-8")
-        head = _HEAD.pack(int(self.kind), self.answers, self.step, self.epoch, self.examples, self.steps, len(self.counts))
+        head = _HEAD.pack(
+            int(self.kind), self.answers, self.step, self.epoch, self.examples, self.steps, self.clock, len(self.counts)
+        )
         return head + struct.pack(f"<{len(self.counts)}q", *self.counts) + text
 
     @classmethod
     def decode(cls, data: bytes) -> Record:
-        kind, answers, step, epoch, examples, steps, n = _HEAD.unpack_from(data, 0)
+        kind, answers, step, epoch, examples, steps, clock, n = _HEAD.unpack_from(data, 0)
         counts = list(struct.unpack_from(f"<{n}q", data, _HEAD.size))
         text = data[_HEAD.size + 8 * n :].decode("utf-8", errors="replace")
-        return cls(Kind(kind), step, epoch, examples, steps, answers, counts, text)
+        return cls(Kind(kind), step, epoch, examples, steps, answers, clock, counts, text)

@@ -30,9 +30,12 @@ class Snapshot:
     compute_s: float
     wait_s: float
     bad_lines: float
+    stale_sum: float = 0.0
+    #: every worker's steps by the staleness of their sparse rows, summed over workers
+    stale_steps: np.ndarray | None = None
 
     @classmethod
-    def take(cls, stats: np.ndarray) -> Snapshot:
+    def take(cls, stats: np.ndarray, staleness: np.ndarray | None = None) -> Snapshot:
         total = stats.sum(axis=0)
         return cls(
             time.monotonic(),
@@ -42,6 +45,8 @@ class Snapshot:
             float(total[STAT["compute_s"]]),
             float(total[STAT["wait_s"]]),
             float(total[STAT["bad_lines"]]),
+            float(total[STAT["stale_sum"]]),
+            None if staleness is None else staleness.sum(axis=0),
         )
 
 
@@ -84,6 +89,8 @@ class Monitor:
     record_period: float | None = None
     #: receive every record too, and are closed by :meth:`close`
     sinks: list[RecordSink] = field(default_factory=list)
+    #: the workers' steps by staleness ([workers, STALE_BUCKETS]); reported where workers pull
+    staleness: np.ndarray | None = None
     _last: Snapshot | None = None  # at the last record
     _shown: Snapshot | None = None  # at the last line shown
     _epoch_start: Snapshot | None = None
@@ -98,7 +105,7 @@ class Monitor:
         return self.history[-1] if self.history else None
 
     def start_epoch(self) -> None:
-        self._epoch_start = self._last = self._shown = Snapshot.take(self.stats)
+        self._epoch_start = self._last = self._shown = Snapshot.take(self.stats, self.staleness)
         if self._began is None:
             self._began = self._epoch_start.time
 
@@ -121,7 +128,7 @@ class Monitor:
     def tick(self, epoch: int) -> dict[str, Any] | None:
         """Write a progress record (numbers since the previous one) if one is due, and show a
         line (numbers since the previous line) if one is due; returns the record written."""
-        now = Snapshot.take(self.stats)
+        now = Snapshot.take(self.stats, self.staleness)
         last, shown = self._last or now, self._shown or now
         record = None
         if now.time - last.time >= self.record_gap(now.time) - _SLACK:
@@ -135,7 +142,7 @@ class Monitor:
 
     def end_epoch(self, epoch: int, extra: dict[str, Any]) -> dict[str, Any]:
         """Numbers of the whole epoch; always logged as a line."""
-        now = Snapshot.take(self.stats)
+        now = Snapshot.take(self.stats, self.staleness)
         record = self._between(self._epoch_start or now, now, "epoch", epoch)
         record["seconds"] = round(now.time - (self._epoch_start or now).time, 3)
         record["bad_lines"] = int(now.bad_lines)
@@ -167,6 +174,7 @@ class Monitor:
             "loss": (now.loss_sum - start.loss_sum) / examples if examples else None,
             "examples_per_s": examples / elapsed,
             "wait_share": (now.wait_s - start.wait_s) / busy,
+            **_staleness(start, now),
             **self._auc(),
         }
 
@@ -193,6 +201,18 @@ class Monitor:
             self.line.flush()
         else:
             log.info(record["event"], **shown)
+
+
+def _staleness(start: Snapshot, now: Snapshot) -> dict[str, float]:
+    """Mean and max staleness (in the trainer's batches) of the sparse rows the steps between
+    two snapshots computed with; nothing when no step pulled rows (geo, or no step yet)."""
+    if now.stale_steps is None or start.stale_steps is None:
+        return {}
+    steps = now.stale_steps - start.stale_steps
+    seen = np.flatnonzero(steps > 0)
+    if not len(seen):
+        return {}
+    return {"staleness": (now.stale_sum - start.stale_sum) / float(steps.sum()), "staleness_max": int(seen[-1])}
 
 
 def terminal() -> TextIO | None:

@@ -36,9 +36,16 @@ from ..metrics import auc_state_shape
 from ..specs import DenseTable, SparseTable
 from .model import Model
 
-#: per-worker counters, one row each; only that worker writes its row
-STAT_FIELDS = ("loss_sum", "examples", "steps", "compute_s", "wait_s", "bad_lines", "epoch", "heartbeat")
+#: per-worker counters, one row each; only that worker writes its row (``stale_sum``: the
+#: staleness of every step's sparse rows, summed; docs/modes.md, "Staleness")
+STAT_FIELDS = ("loss_sum", "examples", "steps", "compute_s", "wait_s", "bad_lines", "epoch", "heartbeat", "stale_sum")
 STAT = {name: i for i, name in enumerate(STAT_FIELDS)}
+#: a worker's steps counted by the staleness of their sparse rows: 0 .. STALE_BUCKETS - 2 steps,
+#: and the last bucket for anything older (what a progress record's ``staleness_max`` is read from)
+STALE_BUCKETS = 65
+#: the trainer's counters the workers read: CLOCK_MERGED is how many of this trainer's batches
+#: have had their gradients taken from the mailboxes so far (only the trainer writes them)
+CLOCK_MERGED = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,10 @@ class SharedLayout:
     mailbox_dense: list[dict[str, ArraySpec]]
     stats: ArraySpec
     auc: ArraySpec
+    #: per worker, its steps by the staleness of their sparse rows (STALE_BUCKETS)
+    staleness: ArraySpec
+    #: the trainer's counters (CLOCK_MERGED)
+    clock: ArraySpec
     #: processes that will attach (the trainer and its workers); the last removes the files
     attachers: int
 
@@ -176,7 +187,11 @@ class SharedArrays:
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))
         auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
-        self.layout = SharedLayout(self.root, params, dirty, ids, sparse, dense, stats, auc, num_workers + 1)
+        staleness = self._create("staleness", "float64", (num_workers, STALE_BUCKETS))
+        clock = self._create("clock", "int64", (1,))
+        self.layout = SharedLayout(
+            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1
+        )
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
         path = os.path.join(self.root, name)
@@ -206,6 +221,8 @@ class Attached:
             self.dirty = {name: spec.attach() for name, spec in layout.dirty.items()}
             self.stats = layout.stats.attach()
             self.auc = layout.auc.attach()
+            self.staleness = layout.staleness.attach()
+            self.clock = layout.clock.attach()
             self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
             self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
             self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]

@@ -137,6 +137,7 @@ class StepTrainer:
                 skip_bad_lines=self.options.skip_bad_lines,
                 seed=self.options.seed,
                 prefetch=False,  # the caller hands over one batch at a time: nothing to look ahead at
+                max_staleness=self.strategy.max_staleness,
             )
             self._worker = Worker(spec, worker_end)
             self._call(self._open())

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-MODES = ("sync", "async", "half_async", "geo")
+MODES = ("sync", "async", "half_async", "geo", "hybrid")
 MERGES = ("auto", "sum", "average")
 
 #: environment variables accepted for each field (aps name first, then Paddle's FLAGS_* name)
@@ -25,6 +25,7 @@ ENV: dict[str, tuple[str, ...]] = {
     "min_send_grad_num_before_recv": ("APS_MIN_SEND_GRAD_NUM_BEFORE_RECV", "FLAGS_communicator_min_send_grad_num_before_recv"),
     "thread_pool_size": ("APS_THREAD_POOL_SIZE", "FLAGS_communicator_thread_pool_size"),
     "merge": ("APS_MERGE",),
+    "max_staleness": ("APS_MAX_STALENESS",),  # Paddle has no such bound, so no FLAGS_* name
     "rpc_retry_times": ("APS_RPC_RETRY_TIMES", "FLAGS_rpc_retry_times"),
     "rpc_timeout": ("APS_RPC_TIMEOUT",),
     "rpc_deadline": ("APS_RPC_DEADLINE",),
@@ -51,6 +52,9 @@ class Strategy:
     workers: int | None = None
     #: async: ask for the next batch's rows while the current one computes (off only to measure)
     prefetch: bool = True
+    #: a worker computes only with sparse rows that lack the gradients of at most this many of
+    #: this trainer's batches (docs/modes.md, "Staleness"); None: no bound
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +65,8 @@ class Strategy:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0 (or None: no bound), got {self.max_staleness}")
         if self.rpc_retry_times < 0 or self.rpc_timeout <= 0 or self.rpc_deadline <= 0:
             raise ConfigError("rpc_retry_times must be >= 0, rpc_timeout and rpc_deadline > 0")
 

@@ -100,6 +100,7 @@ def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, lin
         attached.auc,
         options.record_period,
         sinks,
+        attached.staleness,
     )
 
 
@@ -253,6 +254,7 @@ class Trainer:
                     skip_bad_lines=self.options.skip_bad_lines,
                     seed=self.options.seed,
                     prefetch=kind.prefetch and self.strategy.prefetch,
+                    max_staleness=self.strategy.max_staleness,
                 )
                 for w in range(self.strategy.workers)
             ]

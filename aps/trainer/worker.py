@@ -33,7 +33,7 @@ from .kernels import sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
 from .reader import feed_queue, iter_queue
-from .shared import STAT, Attached, SharedLayout
+from .shared import CLOCK_MERGED, STALE_BUCKETS, STAT, Attached, SharedLayout
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class WorkerSpec:
     seed: int = 0
     #: ask for the next batch's rows while this one computes (async mode)
     prefetch: bool = False
+    #: compute only with sparse rows at most this many of the trainer's batches old (None: any)
+    max_staleness: int | None = None
 
 
 class Worker:
@@ -69,6 +71,7 @@ class Worker:
             dense={t.name: self.shared.params[t.name] for t in self.model.dense_tables()},
         )
         self.stats = self.shared.stats[spec.worker_id]
+        self.stale_steps = self.shared.staleness[spec.worker_id]
         self.ctx = WorkerContext(
             trainer_id=spec.trainer_id,
             worker_id=spec.worker_id,
@@ -81,7 +84,7 @@ class Worker:
         self.local_sgd = spec.local_sgd
         self.prefetch = spec.prefetch and not spec.local_sgd
         self._prefetched = -1  # step whose rows were requested ahead of time
-        self._replies: set[tuple[int, int]] = set()  # (kind, step) replies received early
+        self._replies: dict[tuple[int, int], int] = {}  # (kind, step) -> clock of replies received early
         self.auc = Auc(state=self.shared.auc[spec.worker_id])
         if not self.local_sgd:
             w = spec.worker_id
@@ -224,11 +227,10 @@ class Worker:
         step = self.step
         if self._prefetched == step:
             counts = [len(batch.sparse_ids.get(t.name, ())) for t in self.model.sparse_tables()]
-            self._await(Kind.PULL, step)
         else:
             counts = self._publish(batch, step)
             self._send(Record(Kind.PULL, step=step, counts=counts))
-            self._await(Kind.PULL, step)
+        self._count_staleness(self._fresh_rows(self._await(Kind.PULL, step), step, counts))
         if self.prefetch and upcoming is not None:
             # the next batch's rows travel while this one computes
             self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
@@ -246,16 +248,34 @@ class Worker:
         self._await(Kind.GRADS, step)
         return float(loss)
 
+    def _fresh_rows(self, clock: int, step: int, counts: list[int]) -> int:
+        """The staleness of the rows about to be computed with, pulled when ``clock`` of the
+        trainer's batches were pushed: how many batches it has merged (the ones computed by now,
+        this worker's previous one included) whose gradients those rows lack. Over
+        ``max_staleness`` the worker asks again and waits: the trainer pulls once enough pushes
+        are done (a prefetched pull was made before the batch computing meanwhile was merged)."""
+        bound = self.spec.max_staleness
+        while True:
+            stale = int(self.shared.clock[CLOCK_MERGED]) - clock
+            if bound is None or stale <= bound:
+                return max(stale, 0)
+            self._send(Record(Kind.PULL, step=step, counts=counts))
+            clock = self._await(Kind.PULL, step)
+
+    def _count_staleness(self, stale: int) -> None:
+        self.stats[STAT["stale_sum"]] += stale
+        self.stale_steps[min(stale, STALE_BUCKETS - 1)] += 1
+
     def _send(self, rec: Record) -> None:
         self.conn.send_bytes(rec.encode())
 
-    def _await(self, kind: Kind, step: int) -> None:
+    def _await(self, kind: Kind, step: int) -> int:
         """Block until the trainer says the ``kind`` request of ``step`` is done (replies to
-        other outstanding requests that arrive meanwhile are remembered)."""
+        other outstanding requests that arrive meanwhile are remembered); returns the reply's
+        clock."""
         key = (int(kind), step)
         if key in self._replies:
-            self._replies.discard(key)
-            return
+            return self._replies.pop(key)
         t0 = time.perf_counter()
         while True:
             reply = Record.decode(self.conn.recv_bytes())
@@ -268,8 +288,9 @@ class Worker:
             got = (reply.answers, reply.step)
             if got == key:
                 break
-            self._replies.add(got)
+            self._replies[got] = reply.clock
         self.stats[STAT["wait_s"]] += time.perf_counter() - t0
+        return reply.clock
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:

@@ -1,6 +1,6 @@
 """Step-for-step equality of the CTR models against a numpy reference.
 
-One trainer, one worker, sync mode, a real pserver process: the reference starts from the
+One trainer, one worker, sync mode (and hybrid mode with ``max_staleness=0``), a real pserver process: the reference starts from the
 parameters the pserver created (pulled after table creation), takes the same batches, computes
 the gradients of the batch-mean loss in float64 (tests/models/test_ctr_models.py's references,
 themselves checked by finite differences) and applies the optimizer in float64 with float32
@@ -112,13 +112,20 @@ async def pull_all(servers: list[str], model: aps.Model) -> dict[str, np.ndarray
     return out
 
 
+#: sync, and hybrid with fresh sparse rows: with one trainer and one worker both are the
+#: reference's steps (hybrid's dense part is synchronous; max_staleness=0 makes each pull wait
+#: for the previous batch's sparse push)
+STRATEGIES = {"sync": aps.Strategy(mode="sync"), "hybrid": aps.Strategy(mode="hybrid", max_staleness=0)}
+
+
 def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Processes,
-               adam: tuple[str | None, ...]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Reference], int]:
-    """20 sync steps on a real pserver and on a reference per entry of ``adam``; returns the
-    pserver's tables before and after, the references, and how many rows were touched fewer
+               adam: tuple[str | None, ...], mode: str = "sync",
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Reference], int]:
+    """20 steps in ``mode`` on a real pserver and on a reference per entry of ``adam``; returns
+    the pserver's tables before and after, the references, and how many rows were touched fewer
     times than the step count (rows where the two Adam semantics part)."""
     servers = processes.start_servers(1, trainers=1)
-    st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
+    st = StepTrainer(model, STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
     try:
         initial = asyncio.run(pull_all(servers, model))
         sparse = {t.name for t in model.sparse_tables()}
@@ -163,27 +170,29 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("mode", sorted(STRATEGIES))
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_sgd_steps_equal_the_reference(name: str, tmp_path: Path, processes: Processes) -> None:
+def test_sgd_steps_equal_the_reference(name: str, mode: str, tmp_path: Path, processes: Processes) -> None:
     cls, ref_grads = MODELS[name]
     model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=BATCH,
                 optimizer="sgd", lr=0.5, init_range=0.5)
-    initial, final, (ref,), _ = train_both(model, ref_grads, make_lines(1), processes, (None,))
+    initial, final, (ref,), _ = train_both(model, ref_grads, make_lines(1), processes, (None,), mode)
     assert max_rel_error(final, initial) > 1e-2  # the steps moved the tables
     assert_tables_equal(final, ref.p)
 
 
+@pytest.mark.parametrize("mode", sorted(STRATEGIES))
 @pytest.mark.parametrize("bias_correction", ["row", "step"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_adam_steps_equal_the_reference_of_their_bias_correction(name: str, bias_correction: str, tmp_path: Path,
-                                                                   processes: Processes) -> None:
+def test_adam_steps_equal_the_reference_of_their_bias_correction(name: str, bias_correction: str, mode: str,
+                                                                   tmp_path: Path, processes: Processes) -> None:
     """``bias_correction="row"``: lazy Adam with a per-row step count; ``"step"``: PyTorch's
     SparseAdam (one count per table). Each ends where its reference does and away from the
     other's on the same batches."""
     cls, ref_grads = MODELS[name]
     model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=BATCH,
                 optimizer="adam", lr=0.05, init_range=0.5, bias_correction=bias_correction)
-    initial, final, refs, lagging = train_both(model, ref_grads, make_lines(2), processes, ("row", "step"))
+    initial, final, refs, lagging = train_both(model, ref_grads, make_lines(2), processes, ("row", "step"), mode)
     assert lagging >= 10  # many rows were updated fewer times than the table
     assert max_rel_error(final, initial) > 1e-2
     same, other = refs if bias_correction == "row" else refs[::-1]

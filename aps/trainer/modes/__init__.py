@@ -2,7 +2,8 @@
 
 * ``sync`` and ``half_async``: :mod:`.step_group` (:class:`SyncStepGroup`, :class:`HalfAsyncStepGroup`);
 * ``async``: :mod:`.async_sender` (:class:`AsyncSender`);
-* ``geo``: :mod:`.geo` (:class:`GeoExchange`).
+* ``geo``: :mod:`.geo` (:class:`GeoExchange`);
+* ``hybrid``: :mod:`.hybrid` (:class:`HybridRounds`).
 
 :func:`mode_class` is the one place where a mode's name is read; everything else asks the class
 (its flags) or the object built from it.
@@ -14,6 +15,7 @@ from ...errors import ConfigError
 from .async_sender import AsyncSender
 from .base import Link, Mode
 from .geo import GeoExchange
+from .hybrid import HybridRounds
 from .step_group import HalfAsyncStepGroup, StepGroup, SyncStepGroup
 
 _CLASSES: dict[str, type[Mode]] = {
@@ -21,6 +23,7 @@ _CLASSES: dict[str, type[Mode]] = {
     "half_async": HalfAsyncStepGroup,
     "async": AsyncSender,
     "geo": GeoExchange,
+    "hybrid": HybridRounds,
 }
 
 
@@ -36,6 +39,7 @@ __all__ = [
     "AsyncSender",
     "GeoExchange",
     "HalfAsyncStepGroup",
+    "HybridRounds",
     "Link",
     "Mode",
     "StepGroup",

@@ -26,7 +26,9 @@ class AsyncSender(Mode):
 
     prefetch = True
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, dense: bool = True) -> None:
+        """``dense=False``: push and pull the sparse tables only (hybrid mode steps the dense
+        ones together)."""
         super().__init__(link)
         s = link.strategy
         assert s.max_merge_var_num is not None and s.send_queue_size is not None
@@ -37,7 +39,8 @@ class AsyncSender(Mode):
         self._average = link.average(across_workers=False)
         # enough accumulators for send_queue_size waiting batches, plus the one being pushed
         count = -(-self._queue_size // self._merge) + 1
-        self._free: list[GradAccumulator] = [link.accumulator(self._merge) for _ in range(count)]
+        self._free: list[GradAccumulator] = [link.accumulator(self._merge, dense=dense) for _ in range(count)]
+        self._pull_dense = dense
         self._ready: deque[GradAccumulator] = deque()  # oldest first; the newest may still fill
         self._waiting = 0  # batches merged and not yet taken by the sender
         self._sending = False
@@ -46,6 +49,10 @@ class AsyncSender(Mode):
 
     async def start(self) -> None:
         await super().start()
+        self.start_sending()
+
+    def start_sending(self) -> None:
+        """Start the task that pushes the merged batches."""
         self._sender = asyncio.ensure_future(self._send_loop())
 
     async def stop(self) -> None:
@@ -74,6 +81,12 @@ class AsyncSender(Mode):
         return None
 
     async def on_grads(self, worker: int, rec: Record) -> None:
+        await self.merge(worker, rec)
+        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.GRADS))
+
+    async def merge(self, worker: int, rec: Record) -> None:
+        """Take the worker's gradients of ``rec.step`` into an accumulator, waiting while none
+        has room."""
         ids = self.link.mailbox_ids(worker, rec.counts, rec.step)
         async with self._changed:
             while True:
@@ -85,7 +98,6 @@ class AsyncSender(Mode):
             self.link.take(acc, worker, rec.counts, rec.step, rec.examples)
             self._waiting += 1
             self._changed.notify_all()
-        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.GRADS))
 
     async def flush(self) -> None:
         """Wait until every merged batch was pushed."""
@@ -127,6 +139,5 @@ class AsyncSender(Mode):
         if self._average:
             acc.scale(1.0 / acc.batches)
         await self.link.push(acc, sync=False)
-        self.link.pushed_batches += acc.batches
-        if self.link.sends % self._recv_every == 0:
+        if self._pull_dense and self.link.sends % self._recv_every == 0:
             await self.link.pull_dense()

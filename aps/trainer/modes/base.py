@@ -21,7 +21,7 @@ from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
 from ..kernels import scatter_rows
 from ..model import Model
-from ..shared import Attached
+from ..shared import CLOCK_MERGED, Attached
 from ..strategy import Strategy
 
 #: rows per request when a whole sparse table is pulled (initial replica fill)
@@ -43,10 +43,15 @@ class Link:
     sparse_tables: list[SparseTable] = field(init=False)
     dense_tables: list[DenseTable] = field(init=False)
     push_slots: asyncio.Semaphore = field(init=False)
+    #: notified whenever ``pushed_batches`` grows (pulls waiting for fresh enough rows)
+    pushed_changed: asyncio.Condition = field(init=False)
     #: merged gradient pushes sent
     sends: int = 0
-    #: worker batches those pushes carried
+    #: worker batches whose sparse gradients were pushed (all gradients, for a model without
+    #: sparse tables): the "applied" end of a worker's staleness
     pushed_batches: int = 0
+    #: worker batches whose sparse gradients were taken from the mailboxes (the "merged" end)
+    merged_batches: int = 0
     #: geo delta exchanges done
     geo_syncs: int = 0
 
@@ -55,11 +60,18 @@ class Link:
         self.dense_tables = self.model.dense_tables()
         assert self.strategy.thread_pool_size is not None
         self.push_slots = asyncio.Semaphore(self.strategy.thread_pool_size)
+        self.pushed_changed = asyncio.Condition()
 
-    def accumulator(self, max_batches: int) -> GradAccumulator:
-        """A pre-sized accumulator for ``max_batches`` worker batches of this model."""
+    def accumulator(self, max_batches: int, sparse: bool = True, dense: bool = True) -> GradAccumulator:
+        """A pre-sized accumulator for ``max_batches`` worker batches of this model (of its
+        sparse tables, its dense ones, or both)."""
         sizes = {t.name: self.model.max_batch_ids(t.name) for t in self.sparse_tables}
-        return GradAccumulator(self.sparse_tables, self.dense_tables, sizes, max_batches)
+        return GradAccumulator(self.sparse_tables if sparse else [], self.dense_tables if dense else [], sizes, max_batches)
+
+    def _counts(self, acc: GradAccumulator) -> bool:
+        """Whether ``acc``'s batches count in the staleness clock: the one carrying sparse
+        gradients (the dense one, for a model without sparse tables)."""
+        return acc.has_sparse if self.sparse_tables else acc.has_dense
 
     def average(self, across_workers: bool) -> bool:
         """Whether merged gradients are averaged (else summed), per ``--merge``."""
@@ -75,6 +87,9 @@ class Link:
         grads = self.shared.all_mailbox_sparse[worker]
         rows = [grads[t.name][:n] for t, n in zip(self.sparse_tables, counts)]
         acc.add(self.mailbox_ids(worker, counts, step), rows, self.shared.all_mailbox_dense[worker], examples)
+        if self._counts(acc):
+            self.merged_batches += 1
+            self.shared.clock[CLOCK_MERGED] = self.merged_batches
 
     def mailbox_ids(self, worker: int, counts: list[int], step: int) -> list[np.ndarray]:
         """Views of the ids ``worker`` wrote for ``step``, one array per sparse table."""
@@ -99,6 +114,20 @@ class Link:
             *(dense(name, grad) for name, grad in acc.dense().items()),
         )
         self.sends += 1
+        if self._counts(acc) and acc.batches:
+            async with self.pushed_changed:
+                self.pushed_batches += acc.batches
+                self.pushed_changed.notify_all()
+
+    async def fresh_enough(self) -> int:
+        """Wait until at most ``max_staleness`` of the batches merged so far are not yet pushed
+        (at once without a bound); returns how many are pushed: rows pulled from now on have
+        those batches' gradients."""
+        bound = self.strategy.max_staleness
+        if bound is not None:
+            async with self.pushed_changed:
+                await self.pushed_changed.wait_for(lambda: self.merged_batches - self.pushed_batches <= bound)
+        return self.pushed_batches
 
     async def pull_rows(self, worker: int, counts: list[int], step: int) -> None:
         """Pull the rows whose ids the worker wrote in the id mailbox half of ``step``."""
@@ -163,9 +192,11 @@ class Mode:
         self.epoch = epoch
 
     async def on_pull(self, worker: int, rec: Record) -> None:
-        """A worker asks for fresh rows of its batch: pull them into the replica, say OK."""
+        """A worker asks for fresh rows of its batch: pull them into the replica (once they can
+        be fresh enough for ``max_staleness``), say OK with how many batches they have."""
+        applied = await self.link.fresh_enough()
         await self.link.pull_rows(worker, rec.counts, rec.step)
-        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.PULL))
+        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.PULL, clock=applied))
 
     async def on_grads(self, worker: int, rec: Record) -> None:
         """A worker's gradients of ``rec.step`` are in its mailbox; reply OK once they are taken."""

@@ -24,10 +24,12 @@ class StepGroup(Mode):
     #: trainers wait for each other each step (sync) or not (half_async)
     across_trainers: ClassVar[bool] = False
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, sparse: bool = True) -> None:
+        """``sparse=False``: the steps carry the dense gradients only (hybrid mode pushes the
+        sparse ones as async does)."""
         super().__init__(link)
         assert link.strategy.workers is not None
-        self._acc = link.accumulator(max_batches=link.strategy.workers)
+        self._acc = link.accumulator(max_batches=link.strategy.workers, sparse=sparse)
         self._average = link.average(across_workers=True)
         self._active: set[int] = set()
         self._pending: dict[int, int] = {}  # worker -> the step its merged gradients belong to
@@ -64,7 +66,6 @@ class StepGroup(Mode):
                 if self.across_trainers:
                     await self._vote(has_data=True)
                 await self.link.push(self._acc, sync=self.across_trainers)
-                self.link.pushed_batches += self._acc.batches
             finally:
                 self._acc.clear()
             await self.link.pull_dense()

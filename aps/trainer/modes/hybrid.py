@@ -1,0 +1,49 @@
+"""hybrid: dense parameters synchronous, sparse asynchronous (docs/modes.md, "hybrid").
+
+A CTR model's dense part (the fully connected stack) is small and touched by every example; its
+sparse part (the embeddings) is large and each row is touched by few. Staleness costs accuracy
+where many gradients pile onto the same parameters, so the dense part steps as in sync mode and
+only the sparse part runs ahead, as Persia does:
+
+* **sparse**: each batch's sparse gradients go to the async sender (merged into bounded
+  accumulators, pushed as they fill, the next batch's rows prefetched), as in async mode;
+* **dense**: the workers of a trainer step together: when every still-active worker has handed
+  in its batch, their dense gradients are averaged and pushed with the SYNC flag (each pserver
+  applies one update per step, the average over every trainer), the dense parameters are pulled,
+  and only then are the workers released. A worker computing step s+1 therefore sees the dense
+  update of step s: dense staleness 0. Trainers vote each step whether anyone still has data, as
+  in sync mode, so unequal data never hangs a dense round.
+"""
+
+from __future__ import annotations
+
+from ..ipc import Record
+from .async_sender import AsyncSender
+from .base import Link
+from .step_group import SyncStepGroup
+
+
+class HybridRounds(AsyncSender):
+    """Sparse gradients through the async sender, dense ones in sync steps across trainers."""
+
+    #: a restarted shard would miss the dense rounds the others applied
+    resumes_one_shard = False
+
+    def __init__(self, link: Link) -> None:
+        super().__init__(link, dense=False)
+        self._dense = SyncStepGroup(link, sparse=False)
+
+    def begin_epoch(self, epoch: int, workers: set[int]) -> None:
+        super().begin_epoch(epoch, workers)
+        self._dense.begin_epoch(epoch, workers)
+
+    async def on_grads(self, worker: int, rec: Record) -> None:
+        await self.merge(worker, rec)  # sparse: queued for the sender, the worker is not held
+        await self._dense.on_grads(worker, rec)  # dense: replies once this step's update is pulled
+
+    async def on_worker_done(self, worker: int) -> None:
+        await self._dense.on_worker_done(worker)
+
+    async def end_epoch(self) -> None:
+        await self.flush()
+        await self._dense.end_epoch()  # join dense rounds until every trainer ran out
