@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .fleet import DistributedStrategy, Fleet
     from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
     from .server import PServer, ServerConfig, serve
-    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
+    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, HashTable, Normal, SparseTable, Uniform
     from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
 
 __version__ = "0.1.0"
@@ -43,7 +43,7 @@ _LAZY = {
     **dict.fromkeys(("connect", "PSClient"), "client"),
     "ClusterSpec": "cluster",
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
-    **dict.fromkeys(("SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
+    **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
                      "ExponentialDecay"), "specs"),
     **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),
                     "trainer"),
@@ -55,7 +55,7 @@ __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
     "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
     "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
-    "SparseTable", "DenseTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
+    "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
     "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
     "ServerError", "ConfigError", "TokenMissing", "DataError", "WorkerFailed", "ErrorCode",
 ]

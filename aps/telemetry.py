@@ -190,9 +190,21 @@ class ServerCollector(Collector):
         nbytes = GaugeMetricFamily(
             "aps_server_table_bytes", "Bytes of a table held by this pserver: values and optimizer state.", labels=["table"]
         )
+        keys = GaugeMetricFamily("aps_server_table_keys", "Keys of a hash table held by this pserver.", labels=["table"])
+        admission = CounterMetricFamily(
+            "aps_server_table_key_events", "Keys of a hash table admitted or evicted, and pushed occurrences rejected, by "
+            "this pserver.", labels=["table", "event"]
+        )
         for name, shard in sorted(tables.items()):
             local_rows = getattr(shard, "local_rows", None)  # duck-typed: the server package imports this module
-            if local_rows is not None:  # sparse
+            counts = getattr(shard, "counts", None)
+            if counts is not None:  # a hash table
+                held = counts()
+                keys.add_metric([name], held["keys"])
+                values.add_metric([name], held["keys"] * shard.spec.dim)  # type: ignore[union-attr]
+                for event in ("admitted", "rejected", "evicted"):
+                    admission.add_metric([name, event], held[event])
+            elif local_rows is not None:  # sparse
                 rows.add_metric([name], local_rows)
                 values.add_metric([name], shard.values.size)  # type: ignore[union-attr]
             else:
@@ -200,7 +212,7 @@ class ServerCollector(Collector):
             size = _table_bytes(shard)
             if size is not None:
                 nbytes.add_metric([name], size)
-        yield from (rows, values, nbytes)
+        yield from (rows, values, nbytes, keys, admission)
 
 
 def _port_metrics(ports: list[PortStats]) -> Iterator[Metric]:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from aps.hash_specs import HashTable  # noqa: E402
+from aps.specs import HashTable  # noqa: E402
 from aps.server.hash_table import HashSparseStore  # noqa: E402
 from aps.server.tables import SparseShard  # noqa: E402
 from aps.specs import Adagrad, SparseTable  # noqa: E402

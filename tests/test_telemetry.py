@@ -311,3 +311,23 @@ async def test_trainer_metrics_while_training(tmp_path: Path) -> None:
     assert value(final, "aps_trainer_loss", trainer="0") == pytest.approx(result.final_loss)
     assert value(final, "aps_trainer_examples_per_second", trainer="0") > 0
     assert value(final, "aps_trainer_wait_share", trainer="0") >= 0
+
+
+async def test_hash_table_keys_and_admission_counts_are_exported() -> None:
+    srv = await aps.serve(port=0, metrics_port=0)
+    try:
+        async with aps.connect([srv.address]) as ps:
+            await ps.create_table(aps.HashTable("h", dim=4, max_keys=100))
+            keys = np.arange(-60, 90, dtype=np.int64) * 1_000_003
+            await ps.push_sparse_grad("h", keys, np.ones((150, 4), np.float32))
+            while srv.core._upkeep:  # the eviction that makes room for the next push, off the loop
+                await asyncio.sleep(0.01)
+            info = await ps.table_info("h")
+            m = await ascrape(srv.metrics_port)  # type: ignore[arg-type]
+            assert value(m, "aps_server_table_keys", table="h") == info.keys <= 100
+            assert value(m, "aps_server_table_values", table="h") == info.keys * 4
+            assert value(m, "aps_server_table_key_events_total", table="h", event="admitted") == info.admitted
+            assert value(m, "aps_server_table_key_events_total", table="h", event="rejected") == info.rejected > 0
+            assert value(m, "aps_server_table_key_events_total", table="h", event="evicted") == info.evicted
+    finally:
+        await srv.aclose()

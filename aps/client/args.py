@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..sharding import first_bad_id
-from ..specs import DenseTable, SparseTable
+from ..specs import DenseTable, HashTable, SparseTable
 from ..validate import count, seconds
 
 
@@ -44,15 +44,18 @@ def check_timing(*, timeout: float | None, retries: int, backoff: float, deadlin
 _INT64 = np.dtype(np.int64)
 
 
-def sparse_ids(spec: SparseTable, ids: Any) -> np.ndarray:
-    """``ids`` as contiguous int64, each in the table's range."""
+def sparse_ids(spec: SparseTable | HashTable, ids: Any) -> np.ndarray:
+    """``ids`` as contiguous int64, each in the table's range (a hash table's keys: any int64;
+    unsigned 64-bit feature signs keep their bit pattern)."""
     if type(ids) is np.ndarray and ids.dtype == _INT64 and ids.ndim == 1 and ids.flags.c_contiguous:
         arr = ids  # already the wire's form (the usual case): nothing to convert
     else:
         arr = np.asarray(ids)
         if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
             raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
-        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        arr = np.ascontiguousarray(arr.view(np.int64) if arr.dtype == np.uint64 else arr, dtype=np.int64)
+    if isinstance(spec, HashTable):
+        return arr
     bad = first_bad_id(arr, spec.rows)
     if bad >= 0:
         raise ConfigError(f"table {spec.name!r}: id {int(arr[bad])} not in [0, {spec.rows})")
@@ -64,7 +67,21 @@ def _floats(table: str, arr: np.ndarray) -> None:
         raise ConfigError(f"table {table!r}: values must be floating point, got {arr.dtype}")
 
 
-def sparse_rows(spec: SparseTable, ids: np.ndarray, values: Any) -> np.ndarray:
+def occurrence_counts(spec: SparseTable | HashTable, ids: np.ndarray, what: str, values: Any) -> np.ndarray | None:
+    """A hash table push's ``shows`` or ``clicks``: None, or float32, one per id."""
+    if values is None:
+        return None
+    if not isinstance(spec, HashTable):
+        raise ConfigError(f"table {spec.name!r}: {what} are for hash tables (aps.HashTable) only")
+    arr = np.asarray(values)
+    if arr.shape != (len(ids),):
+        raise ConfigError(f"table {spec.name!r}: {what} must have shape ({len(ids)},), got {arr.shape}")
+    if arr.dtype.kind not in "fiu":
+        raise ConfigError(f"table {spec.name!r}: {what} must be numbers, got {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def sparse_rows(spec: SparseTable | HashTable, ids: np.ndarray, values: Any) -> np.ndarray:
     """``values`` as contiguous float32, one row of the table's width per id."""
     arr = np.asarray(values)
     if arr.shape != (len(ids), spec.dim):

@@ -1,8 +1,9 @@
 """Sharded fan-out: how one call's ids and tensors are split over the pservers and their frames,
 and how the replies are put back together in the caller's order.
 
-Sparse rows belong to server ``id % num_servers``; the client sends global ids (each server
-validates and maps them to its rows once, at its edge). Dense tables are split in blocks
+Sparse ids belong to the server their table's :class:`~aps.sharding.SparseSharding` names
+(fixed tables ``id % num_servers``, hash tables by logical shard of the mixed key); the client
+sends global ids (each server validates and maps them to its rows once, at its edge). Dense tables are split in blocks
 (aps/sharding.py), and anything larger than a frame goes in several chunks. The parts of one
 call run concurrently; the first failure cancels the rest (:func:`gather`).
 """
@@ -16,7 +17,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 
 from .. import wire
-from ..sharding import DenseBlock, dense_blocks
+from ..sharding import DenseBlock, SparseSharding, dense_blocks
 from ..specs import DenseTable
 from .lanes import PortPlan
 
@@ -57,11 +58,12 @@ class Share(NamedTuple):
     ids: np.ndarray
 
 
-def shares(ids: np.ndarray, num_servers: int) -> list[Share]:
+def shares(ids: np.ndarray, sharding: SparseSharding) -> list[Share]:
     """The part of ``ids`` each server owns, one :class:`Share` per server (empty ones too)."""
+    num_servers = sharding.num_servers
     if num_servers == 1:
         return [Share(0, slice(None), ids)]
-    owner = ids % num_servers
+    owner = sharding.owners(ids)
     order = np.argsort(owner, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=num_servers))))
     out = []

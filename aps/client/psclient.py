@@ -30,18 +30,23 @@ import numpy as np
 
 from .. import wire
 from ..errors import ConfigError
-from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..sharding import SparseSharding
+from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
 from ..validate import seconds
-from .args import addresses_of, check_timing, dense_values, sparse_ids, sparse_rows
+from .args import addresses_of, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
 from .fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
+from .info import TableInfo, merge_info
 from .lanes import PortPlan
 from .link import Link
 from .pool import LinkPool
 from .retry import DEFAULT_DEADLINE, DEFAULT_HEARTBEAT, RetryPolicy, Timeout, call_deadline, call_limit, within
 
 T = TypeVar("T")
+Sparse = SparseTable | HashTable
+#: save modes a client may name; only "full" is written so far
+SAVE_MODES = ("full", "base", "delta")
 #: sends one request: (server, message, flags, lane, deadline, limit) -> reply (LinkPool.call)
 Call = Callable[..., Awaitable[wire.Message]]
 
@@ -93,6 +98,8 @@ class PSClient:
         self._specs: dict[str, TableSpec] = {}
         #: per sparse table, the small pulls in flight and those queued behind them
         self._coalescers: dict[str, PullCoalescer] = {}
+        #: who owns which ids: fixed tables by id, hash tables by mixed key (aps/sharding.py)
+        self._shardings = {False: SparseSharding(len(addresses)), True: SparseSharding(len(addresses), hashed=True)}
 
     @property
     def num_servers(self) -> int:
@@ -142,8 +149,8 @@ class PSClient:
 
         A table with this name but a different spec raises :class:`ServerError` (TABLE_EXISTS).
         """
-        if not isinstance(spec, (SparseTable, DenseTable)):
-            raise ConfigError(f"create_table needs a SparseTable or DenseTable, got {spec!r}")
+        if not isinstance(spec, (SparseTable, DenseTable, HashTable)):
+            raise ConfigError(f"create_table needs a SparseTable, HashTable or DenseTable, got {spec!r}")
         await self._all(wire.CreateTable(spec_json=json.dumps(spec_to_dict(spec))), timeout)
         self._specs[spec.name] = spec
 
@@ -157,11 +164,20 @@ class PSClient:
             self._specs[name] = spec
         return spec
 
-    async def _sparse_spec(self, name: str) -> SparseTable:
+    async def table_info(self, name: str, timeout: Timeout = True) -> TableInfo:
+        """Table ``name``'s spec and contents summed over every pserver: ``.keys`` held (a hash
+        table's keys), ``.bytes``, and a hash table's ``.admitted``, ``.rejected``, ``.evicted``."""
+        replies = await self._all(wire.TableInfo(table=name, detail=1), timeout)
+        return merge_info([r.text for r in replies])  # type: ignore[attr-defined]
+
+    async def _sparse_spec(self, name: str) -> Sparse:
         spec = await self.table_spec(name)
-        if not isinstance(spec, SparseTable):
+        if not isinstance(spec, (SparseTable, HashTable)):
             raise ConfigError(f"table {name!r} is dense; use the dense calls")
         return spec
+
+    def _sharding(self, spec: Sparse) -> SparseSharding:
+        return self._shardings[type(spec) is HashTable]
 
     async def _dense_spec(self, name: str) -> DenseTable:
         spec = await self.table_spec(name)
@@ -172,9 +188,11 @@ class PSClient:
     # ----------------------------------------------------------------- sparse
 
     async def pull_sparse(self, table: str, ids: Any, timeout: Timeout = True) -> np.ndarray:
-        """Rows for ``ids`` as float32 [len(ids), dim], in the caller's order (repeats allowed)."""
+        """Rows for ``ids`` as float32 [len(ids), dim], in the caller's order (repeats allowed).
+        A hash table's keys are any int64 (or uint64 feature signs); an unknown key reads its
+        initial row and is not inserted."""
         spec = self._specs.get(table)
-        if not isinstance(spec, SparseTable):
+        if not isinstance(spec, (SparseTable, HashTable)):
             spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
         if self.num_servers == 1 and len(ids):
@@ -198,7 +216,7 @@ class PSClient:
         coalescer = self._coalescers.get(table)
         return (coalescer.requests, coalescer.pulls) if coalescer is not None else (0, 0)
 
-    async def _pull_one(self, spec: SparseTable, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
+    async def _pull_one(self, spec: Sparse, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
         """One PULL_SPARSE to the only server (``ids`` validated, fitting one frame)."""
         msg = wire.PullSparse(table=spec.name, ids=ids)
         reply = await self._call(0, msg, lane=self.ports.sparse_lane(0), deadline=deadline, limit=limit)
@@ -206,10 +224,10 @@ class PSClient:
         self._versions.read(0, spec.name, reply.version)
         return reply.values
 
-    async def _pull_sparse(self, spec: SparseTable, ids: np.ndarray) -> np.ndarray:
+    async def _pull_sparse(self, spec: Sparse, ids: np.ndarray) -> np.ndarray:
         per = self._rows_per_frame(row_bytes(spec.dim))
         calls, targets, servers = [], [], []
-        for share in shares(ids, self.num_servers):
+        for share in shares(ids, self._sharding(spec)):
             lane = self.ports.sparse_lane(share.server)
             for chunk in chunks(len(share.ids), per):
                 if chunk.stop > chunk.start:
@@ -225,22 +243,32 @@ class PSClient:
             out[rows] = reply.values  # type: ignore[attr-defined]
         return out
 
-    async def _push_rows(self, table: str, ids: Any, values: Any, delta: bool, flags: int, timeout: Timeout) -> None:
+    async def _push_rows(
+        self, table: str, ids: Any, values: Any, delta: bool, flags: int, timeout: Timeout, shows: Any = None, clicks: Any = None
+    ) -> None:
         spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
         values = sparse_rows(spec, ids, values)
-        per = self._rows_per_frame(row_bytes(spec.dim))
+        counts = _counts(spec, ids, shows, clicks)
+        per = self._rows_per_frame(row_bytes(spec.dim) + (8 if counts is not None else 0))
         if flags & wire.Flag.SORTED:
             pass  # unique already; each server's share and each chunk of it stays ascending
         elif not delta and len(ids) > per:
             # it will be chunked: a repeated id must still get one optimizer update with the summed
-            # gradient, not one per chunk (which differs for Adagrad / Adam)
-            ids, values = sum_duplicates(ids, values)
+            # gradient, not one per chunk (which differs for Adagrad / Adam); a hash table's
+            # occurrences then travel as shows (and clicks), summed with them
+            if isinstance(spec, HashTable) and counts is None:
+                counts = _counts(spec, ids, np.ones(len(ids), np.float32), None)
+                per = self._rows_per_frame(row_bytes(spec.dim) + 8)
+            merged = values if counts is None else np.hstack([values, counts])
+            ids, merged = sum_duplicates(ids, merged)
+            values, counts = (merged, None) if counts is None else (merged[:, : spec.dim], merged[:, spec.dim :])
         calls = []
-        for k, rows, shard_ids in shares(ids, self.num_servers):
+        for k, rows, shard_ids in shares(ids, self._sharding(spec)):
             if delta and len(shard_ids) == 0:
                 continue
             shard_values = values[rows]
+            shard_counts = counts[rows] if counts is not None else None
             parts = chunks(len(shard_ids), per)
             lane = self.ports.sparse_lane(k)
             based_on = self._versions.based_on(k, spec.name)
@@ -251,11 +279,23 @@ class PSClient:
                     msg = wire.PushSparseDelta(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk])
                 else:
                     msg = wire.PushSparseGrad(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk], based_on=based_on)
+                    if shard_counts is not None:
+                        msg.shows = np.ascontiguousarray(shard_counts[chunk, 0])
+                        msg.clicks = np.ascontiguousarray(shard_counts[chunk, 1]) if shard_counts.shape[1] > 1 else None
                 calls.append(self._call(k, msg, flags | last, lane))
         await self._budget(gather(calls), timeout)
 
     async def push_sparse_grad(
-        self, table: str, ids: Any, grads: Any, *, sync: bool = False, sorted_unique: bool = False, timeout: Timeout = True
+        self,
+        table: str,
+        ids: Any,
+        grads: Any,
+        *,
+        shows: Any = None,
+        clicks: Any = None,
+        sync: bool = False,
+        sorted_unique: bool = False,
+        timeout: Timeout = True,
     ) -> None:
         """Push gradients; each pserver applies the table's optimizer to its rows.
 
@@ -264,8 +304,13 @@ class PSClient:
         gradient was applied (sync mode). ``sorted_unique=True`` promises the ids are unique
         and ascending (a trainer's merged push): the servers then skip their sort, and refuse
         the push (BAD_REQUEST, nothing applied) if the promise is broken.
+
+        Hash tables: unknown keys are admitted by the table's rules first (the gradients of keys
+        not admitted are dropped); ``shows`` and ``clicks`` (one number per id; default one
+        show and no click per occurrence) feed the keys' statistics that ``shrink`` and a
+        ``max_keys`` cap evict by.
         """
-        await self._push_rows(table, ids, grads, False, _push_flags(sync, sorted_unique), timeout)
+        await self._push_rows(table, ids, grads, False, _push_flags(sync, sorted_unique), timeout, shows, clicks)
 
     async def push_sparse_delta(self, table: str, ids: Any, deltas: Any, *, sorted_unique: bool = False, timeout: Timeout = True) -> None:
         """``param += delta`` for each row (GEO-SGD); repeated ids are summed.
@@ -351,10 +396,36 @@ class PSClient:
         assert isinstance(reply, wire.BarrierReply)
         return reply.total
 
-    async def save(self, path: str, timeout: Timeout = None) -> None:
+    async def save(self, path: str, mode: str = "full", timeout: Timeout = None) -> None:
         """Every pserver writes its shard under ``path`` (a directory on the pservers' disks), all
-        tagged with one new save id: a later load refuses shards of different saves."""
+        tagged with one new save id: a later load refuses shards of different saves.
+
+        ``mode``: "full" (every table). "base" and "delta" (a hash table's keys above the score
+        threshold, or changed since the last base or delta) are not supported yet, and the
+        pservers refuse to save hash tables (ServerError BAD_REQUEST naming them) rather than
+        write a checkpoint without them."""
+        if mode not in SAVE_MODES:
+            raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+        if mode != "full":
+            raise ConfigError(f"save mode {mode!r} is not supported yet (only 'full')")
         await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex), timeout)
+
+    async def shrink(
+        self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, timeout: Timeout = None
+    ) -> int:
+        """Evict a hash table's keys on every pserver; returns how many keys were deleted in all.
+
+        Each key's show and click decay by ``decay``, then keys whose score ``0.1 (show - click)
+        + click`` is under ``threshold``, or that no push reached in more than ``ttl`` of their
+        shard's steps (None: no TTL), are deleted (Paddle's CtrCommonAccessor rule and defaults).
+        A retried call is not applied twice. Runs off each pserver's event loop."""
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
+            raise ConfigError(f"shrink ttl must be None or a non-negative int, got {ttl!r}")
+        if not 0.0 < decay <= 1.0 or not np.isfinite(threshold):
+            raise ConfigError(f"shrink needs decay in (0, 1] and a finite threshold, got {decay}, {threshold}")
+        msg = wire.Shrink(table=table, decay=float(decay), threshold=float(threshold), ttl=-1 if ttl is None else ttl)
+        replies = await self._all(msg, timeout)
+        return sum(r.evicted for r in replies)  # type: ignore[attr-defined]
 
     async def load(self, path: str, timeout: Timeout = None) -> None:
         """Every pserver replaces its tables with those of a checkpoint (re-sharded as needed)."""
@@ -384,6 +455,18 @@ class PSClient:
         if tid < 0:
             raise ConfigError("worker_done needs a trainer id (connect(..., trainer_id=i))")
         await self._all(wire.WorkerDone(trainer_id=tid), timeout)
+
+
+def _counts(spec: Sparse, ids: np.ndarray, shows: Any, clicks: Any) -> np.ndarray | None:
+    """A push's shows and clicks as float32 columns [n, 1] (shows) or [n, 2]; None when neither
+    is given. Clicks without shows get one show per occurrence (the server's default)."""
+    s = occurrence_counts(spec, ids, "shows", shows)
+    c = occurrence_counts(spec, ids, "clicks", clicks)
+    if s is None and c is None:
+        return None
+    if s is None:
+        s = np.ones(len(ids), np.float32)
+    return s[:, None] if c is None else np.column_stack([s, c])
 
 
 def _push_flags(sync: bool, sorted_unique: bool) -> int:

@@ -18,12 +18,14 @@ import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..specs import DenseTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
 from .config import ServerConfig
 from .core_checkpoints import CheckpointHandlers, checkpoint_root
+from .core_hash import HashHandlers
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
+from .hash_table import HashSparseStore, budget_keys, planned_nbytes
 from .lag import SPARSE, UpdateVersions
 from .optim import scan_ids
 from .liveness import TrainerLeases
@@ -39,10 +41,12 @@ _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 _SORTED = int(wire.Flag.SORTED)
 _STRICTLY_ASCENDING = 2  # scan_ids' order for unique, ascending ids
-Shard = SparseShard | DenseShard
+Shard = SparseShard | DenseShard | HashSparseStore
+#: slab rows a hash table without max_keys starts with (it doubles as keys come)
+_HASH_START_ROWS = 1024
 
 
-class ServerCore(CheckpointHandlers):
+class ServerCore(CheckpointHandlers, HashHandlers):
     """State and request handlers of one pserver."""
 
     def __init__(self, config: ServerConfig, on_all_done: Callable[[], None]) -> None:
@@ -67,6 +71,8 @@ class ServerCore(CheckpointHandlers):
         #: pushes, creates, saves and loads wait here while a save or load runs off the loop
         self.gate = WriteGate()
         self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
+        #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
+        self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
         self.resumed = None
         if config.init_model:
@@ -148,6 +154,7 @@ class ServerCore(CheckpointHandlers):
         """The server is stopping: fail every waiting request (and keep nothing for later)."""
         self._stopping = True
         self.leases.stop()
+        self.stop_upkeep()
         self.barriers.fail_all(error)
         self.sync_rounds.fail_all(error)
         for timer in self._forget_timers.values():
@@ -224,7 +231,7 @@ class ServerCore(CheckpointHandlers):
             spec = spec_from_dict(json.loads(msg.spec_json))
         except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
-        if not isinstance(spec, (SparseTable, DenseTable)):
+        if not isinstance(spec, (SparseTable, DenseTable, HashTable)):
             raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
         existing = self.specs.get(spec.name)
         if existing is not None:
@@ -235,18 +242,36 @@ class ServerCore(CheckpointHandlers):
             self._same_spec(creating[0], spec)
             return _after(asyncio.shield(creating[1]), wire.Ok(op=wire.Op.CREATE_TABLE))
         index, servers = self.config.server_index, self.config.num_servers
-        need = shard_nbytes(spec, index, servers)
+        need = self._table_nbytes(spec)
         limit = self.config.max_table_bytes
         if limit and need > limit:
+            what = (
+                f"{spec.max_keys or _HASH_START_ROWS} keys x (row, optimizer state, statistics and index)" if isinstance(spec, HashTable)
+                else "values and optimizer state"
+            )
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
                 f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
-                f"(values and optimizer state), over this server's limit of {limit} bytes ({_gib(limit)}; "
-                "aps-server --max-table-bytes)",
+                f"({what}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
             )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[spec.name] = (spec, done)
         return self._build_table(spec, need, done)
+
+    def _table_nbytes(self, spec: TableSpec) -> int:
+        """Bytes a new shard of ``spec`` takes, for the --max-table-bytes budget: a hash table
+        with ``max_keys`` counts that many keys (hash_table.planned_nbytes); one without counts
+        its first slab, and is then held to the keys that fit the budget (:meth:`_new_shard`)."""
+        if isinstance(spec, HashTable):
+            return planned_nbytes(spec, spec.max_keys or _HASH_START_ROWS)
+        return shard_nbytes(spec, self.config.server_index, self.config.num_servers)
+
+    def _new_shard(self, spec: TableSpec) -> Shard:
+        """This server's part of a new table (run in a thread: a big one takes seconds)."""
+        if isinstance(spec, HashTable):
+            limit = self.config.max_table_bytes
+            return HashSparseStore(spec, key_limit=budget_keys(spec, limit) if limit else None)
+        return make_shard(spec, self.config.server_index, self.config.num_servers)
 
     @staticmethod
     def _same_spec(existing: TableSpec, spec: TableSpec) -> None:
@@ -261,7 +286,7 @@ class ServerCore(CheckpointHandlers):
         index, servers = self.config.server_index, self.config.num_servers
         try:
             try:
-                shard = await asyncio.to_thread(make_shard, spec, index, servers)
+                shard = await asyncio.to_thread(self._new_shard, spec)
             except MemoryError:
                 raise ServerError(
                     ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
@@ -285,7 +310,10 @@ class ServerCore(CheckpointHandlers):
 
     def _table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:
         spec = self._spec(msg.table)
-        return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(spec_to_dict(spec)).encode())
+        body: dict[str, Any] = spec_to_dict(spec)
+        if msg.detail:
+            body = {"spec": body, **_contents(self.tables[msg.table])}
+        return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(body).encode())
 
     def _spec(self, name: str) -> TableSpec:
         spec = self.specs.get(name)
@@ -294,19 +322,28 @@ class ServerCore(CheckpointHandlers):
         return spec
 
     def _sparse(self, name: str) -> SparseShard:
-        shard = self.tables.get(name)
-        if shard is None:
-            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
-        if not isinstance(shard, SparseShard):
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is dense, not sparse")
+        shard = self._sparse_or_hash(name)
+        if isinstance(shard, HashSparseStore):
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"table {name!r} is a hash table: deltas and changed-row reads (GEO) are not supported on hash tables yet",
+            )
         return shard
 
+    def _sparse_or_hash(self, name: str) -> SparseShard | HashSparseStore:
+        return self._shard(name, (SparseShard, HashSparseStore), "is dense, not sparse")  # type: ignore[no-any-return]
+
     def _dense(self, name: str) -> DenseShard:
+        return self._shard(name, DenseShard, "is sparse, not dense")  # type: ignore[no-any-return]
+
+    def _shard(self, name: str, kinds: type | tuple[type, ...], refusal: str) -> Any:
+        """Table ``name``'s shard, refused (UNKNOWN_TABLE) when there is none and (BAD_REQUEST,
+        "table 'name' <refusal>") when it is not of ``kinds``."""
         shard = self.tables.get(name)
         if shard is None:
             raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
-        if not isinstance(shard, DenseShard):
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is sparse, not dense")
+        if not isinstance(shard, kinds):
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} {refusal}")
         return shard
 
     def _local_ids(self, shard: SparseShard, ids: np.ndarray) -> np.ndarray:
@@ -361,17 +398,28 @@ class ServerCore(CheckpointHandlers):
     # ----------------------------------------------------------------- sparse
 
     def _pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
-        shard = self._sparse(msg.table)
-        if msg.ids.ndim == 1:  # else _local_ids refuses it
+        shard = self.tables.get(msg.table)
+        if type(shard) is not SparseShard:
+            shard = self._sparse_or_hash(msg.table)
+        if msg.ids.ndim == 1:  # else _local_ids / _hash_keys refuses it
             n, dim = len(msg.ids), shard.spec.dim
             size = _array_bytes(0, (n, dim), 4)
             if size > self.config.max_frame:  # the message is built only for the refusal
                 self._reply_fits(size, msg.table, f"{n} rows of {dim} float32")
+        if type(shard) is HashSparseStore:
+            return self._pull_hash(shard, msg)
         values = shard.pull(self._local_ids(shard, msg.ids), checked=True)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
     def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
-        shard = self._sparse(msg.table)
+        shard = self.tables.get(msg.table)
+        if type(shard) is not SparseShard:
+            hashed = self._sparse_or_hash(msg.table)
+            if type(hashed) is HashSparseStore:
+                return self._push_hash(client_id, hashed, msg, flags)
+            shard = hashed
+        if msg.shows is not None or msg.clicks is not None:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r}: shows and clicks are for hash tables only")
         local, ordered = self._push_ids(shard, msg.ids, flags)
         self._check_rows(shard, msg.ids, msg.values)
         final = bool(flags & _FINAL)
@@ -529,7 +577,7 @@ class ServerCore(CheckpointHandlers):
             # where SAVE and LOAD paths must lie: a trainer checks its save path at start
             "checkpoint_root": self.checkpoint_root,
             "tables": {
-                name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec)}
+                name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec), **_hash_counts(self.tables[name])}
                 for name, spec in self.specs.items()
             },
             **self.stats.as_dict(),
@@ -552,6 +600,7 @@ class ServerCore(CheckpointHandlers):
         wire.Stats: _stats,
         wire.Save: CheckpointHandlers._save,
         wire.Load: CheckpointHandlers._load_msg,
+        wire.Shrink: HashHandlers._shrink,
     }
 
 
@@ -559,7 +608,7 @@ class ServerCore(CheckpointHandlers):
 _WRITES = frozenset(
     {
         wire.CreateTable, wire.PushSparseGrad, wire.PushSparseDelta, wire.PushDenseGrad, wire.PushDenseDelta,
-        wire.Save, wire.Load,
+        wire.Save, wire.Load, wire.Shrink,
     }
 )
 
@@ -585,4 +634,23 @@ def _gib(n: int) -> str:
 def _size(spec: TableSpec) -> dict[str, Any]:
     if isinstance(spec, SparseTable):
         return {"rows": spec.rows, "dim": spec.dim}
+    if isinstance(spec, HashTable):
+        return {"dim": spec.dim, "max_keys": spec.max_keys}
     return {"shape": list(spec.shape), "size": spec.size}
+
+
+def _hash_counts(shard: Shard) -> dict[str, int]:
+    """A hash table shard's keys held, admitted, rejected and evicted (STATS); nothing for others."""
+    if isinstance(shard, HashSparseStore):
+        return {k: v for k, v in shard.counts().items() if k != "bytes"}
+    return {}
+
+
+def _contents(shard: Shard) -> dict[str, int]:
+    """What a detailed TABLE_INFO reports of a shard beside its spec: ``keys`` (rows held, for
+    a fixed table; dense tables: values held), ``bytes``, and for hash tables ``admitted``,
+    ``rejected`` and ``evicted``."""
+    if isinstance(shard, HashSparseStore):
+        return shard.counts()
+    keys = shard.local_rows if isinstance(shard, SparseShard) else sum(b.size for b in shard.blocks.values())
+    return {"keys": keys, "bytes": shard.nbytes, "admitted": 0, "rejected": 0, "evicted": 0}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .init_kernels import mix64
+from ..mixer import mix64
 
 _EMPTY = 0
 _TOMB = -1
@@ -183,6 +183,13 @@ def _keys_array(keys: np.ndarray) -> np.ndarray:
 def _slot_count(live: int) -> int:
     """Slots for ``live`` keys: a power of two with load <= 1/2 right after a resize."""
     return max(_MIN_SLOTS, 1 << max(0, (2 * live - 1).bit_length()))
+
+
+def index_nbytes(keys: int) -> int:
+    """Bytes of an index holding ``keys`` keys right after a resize to them: its slot array and
+    its free list of ``keys`` rows. Between resizes the slots are up to twice that; a size
+    budget (a pserver's --max-table-bytes) counts this figure per key."""
+    return _slot_count(keys) * 16 + 4 * keys
 
 
 def _slots(size: int) -> np.ndarray:

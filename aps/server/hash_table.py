@@ -24,9 +24,15 @@ Why this shape:
 * ``max_keys`` is a hard cap per shard: admitting past it first evicts the lowest-score keys
   (never a key in the push being applied), 1/16 of the cap at a time so the walk that finds them
   is paid once per many admissions; new keys that still do not fit are rejected.
+* ``key_limit`` (from a pserver's size budget, :func:`budget_keys`) bounds an unbounded table:
+  new keys past it are rejected, never evicted (the table asked for no eviction).
 
 Without ``max_keys`` the slab grows by doubling (one copy per doubling, like a list); the index
-resizes in pieces (see :mod:`.hash_index`). Nothing here touches sockets or the event loop.
+resizes in pieces (see :mod:`.hash_index`). Nothing here touches sockets or the event loop; what
+walks the whole table comes in two halves for a server that must keep answering meanwhile: a
+plan that only reads the index (:meth:`shrink_plan`, :meth:`evict_plan`, and :meth:`reserve`,
+which copies the slab) and may run in a thread while pulls read, and :meth:`delete_keys`, which
+a caller runs in slices between requests.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ import numpy as np
 from numba import njit
 
 from ..errors import ErrorCode
-from ..hash_specs import HashTable
+from ..specs import HashTable
 from . import optim
-from .hash_index import MAX_ROWS, HashIndex
+from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from .tables import _bad, _check_scale, _check_values
 
@@ -106,15 +112,45 @@ def _check_keys(table: str, keys: object) -> np.ndarray:
 
 
 _NONE = np.empty(0, np.float32)
+#: statistics bytes per key: show, click, delta_score (float32) and last_step (int64)
+_STATS_NBYTES = 4 + 4 + 4 + 8
+
+
+def row_nbytes(spec: HashTable) -> int:
+    """Bytes of one key's slab row: value, optimizer state and statistics."""
+    template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
+    return 4 * spec.dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + _STATS_NBYTES
+
+
+def planned_nbytes(spec: HashTable, keys: int) -> int:
+    """Bytes a shard holding ``keys`` keys takes by the size rule of ``--max-table-bytes``: the
+    slab rows, the index right after a resize, and the admission counters when ``admit_count``
+    needs them (``pending_keys`` of them, with their own index)."""
+    pending = spec.pending_keys * 8 + index_nbytes(spec.pending_keys) if spec.admit_count > 1 else 0
+    return keys * row_nbytes(spec) + index_nbytes(keys) + pending
+
+
+def budget_keys(spec: HashTable, budget: int) -> int:
+    """The most keys whose :func:`planned_nbytes` fits in ``budget`` bytes (0 if none)."""
+    low, high = 0, MAX_ROWS
+    while low < high:  # planned_nbytes grows with keys
+        mid = (low + high + 1) // 2
+        if planned_nbytes(spec, mid) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class HashSparseStore:
     """The keys one pserver holds of a :class:`~aps.specs.HashTable`, with their rows, optimizer
-    state and statistics. ``rows``: slab rows to reserve (default ``max_keys``, else 1024)."""
+    state and statistics. ``rows``: slab rows to reserve (default ``max_keys``, else 1024);
+    ``key_limit``: keys past it are rejected (a size budget; None: only ``max_keys`` bounds)."""
 
-    def __init__(self, spec: HashTable, rows: int | None = None) -> None:
+    def __init__(self, spec: HashTable, rows: int | None = None, *, key_limit: int | None = None) -> None:
         self.spec = spec
-        capacity = int(rows or spec.max_keys or _MIN_ROWS)
+        self.key_limit = min(MAX_ROWS, spec.max_keys or MAX_ROWS, MAX_ROWS if key_limit is None else key_limit)
+        capacity = min(int(rows or spec.max_keys or _MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
         self._template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
         self.values = np.zeros((capacity, spec.dim), np.float32)
@@ -127,6 +163,7 @@ class HashSparseStore:
         self.pushes = 0  # push calls: the admission draws' counter
         self.admitted = self.rejected = self.evicted = 0
         self.pending_resets = 0
+        self._wanted = 0  # keys the last push wanted admitted (eviction_due keeps room for as many)
         self._seed = table_seed(spec.name, spec.seed)
         self._admit_seed = np.uint64(mix64(np.uint64(self._seed) ^ _ADMIT_SALT))
         self._pending = HashIndex(spec.pending_keys) if spec.admit_count > 1 else None
@@ -208,6 +245,7 @@ class HashSparseStore:
             _admit_draws(self._admit_seed, cand, counts, np.uint64(self.pushes), self.spec.admit_probability, draws)
             ok &= draws
         chosen = np.flatnonzero(ok)
+        self._wanted = int(chosen.size)
         chosen = chosen[: self._make_room(chosen.size, rows[rows >= 0])]
         if self._pending is not None and chosen.size:
             self._pending_counts[self._pending.delete(cand[chosen])] = 0
@@ -238,18 +276,49 @@ class HashSparseStore:
         """Evict low-score keys so ``wanted`` new keys fit under ``max_keys`` (never a row in
         ``protected_rows``); returns how many new keys fit."""
         cap = self.spec.max_keys
-        if cap is None or len(self) + wanted <= cap:
-            return wanted
-        over = len(self) + min(wanted, cap) - cap
+        if cap is not None and len(self) + wanted > cap:
+            over = len(self) + min(wanted, cap) - cap
+            self.delete_keys(self.evict_plan(over + int(cap * EVICT_SHARE), protected_rows))
+        return max(0, min(wanted, self.key_limit - len(self)))
+
+    def evict_plan(self, count: int, protected_rows: np.ndarray | None = None) -> np.ndarray:
+        """The ``count`` (at most) held keys of lowest score, never one whose row is in
+        ``protected_rows``. Reads the index and statistics only (see the module's note)."""
         keys, rows = self.index.items()
+        # slot order is hash order: shuffled, so that keys of equal score (often most of them)
+        # go at random and not from the low slots, whose tombstones would then pile up into one
+        # run that every probe crossing it walks to its end
+        shuffle = np.random.default_rng((self._seed, self.evicted)).permutation(keys.shape[0])
+        keys, rows = keys[shuffle], rows[shuffle]
         score = show_click_score(self.show[rows], self.click[rows])
-        score[np.isin(rows, protected_rows)] = math.inf
-        k = min(over + int(cap * EVICT_SHARE), int(np.isfinite(score).sum()))
-        if k > 0:
-            victims = np.argpartition(score, k - 1)[:k]
-            self.index.delete(keys[victims])
-            self.evicted += k
-        return min(wanted, cap - len(self))
+        if protected_rows is not None and protected_rows.size:
+            score[np.isin(rows, protected_rows)] = math.inf
+        k = min(int(count), int(np.isfinite(score).sum()))
+        if k <= 0:
+            return np.empty(0, np.int64)
+        return keys[np.argpartition(score, k - 1)[:k]]
+
+    @property
+    def eviction_due(self) -> int:
+        """Keys a server should evict ahead of pushes (off its event loop) so that admissions
+        under ``max_keys`` seldom evict inline: 0 while the room under the cap is at least
+        1/16 of it and what the last push wanted admitted (at most a quarter of the cap); else
+        enough to make that room, and 1/32 of the cap more."""
+        cap = self.spec.max_keys
+        if cap is None:
+            return 0
+        want = max(int(cap * EVICT_SHARE), min(self._wanted, cap // 4))
+        room = cap - len(self)
+        if room >= want:
+            return 0
+        return min(len(self), want - room + int(cap * EVICT_SHARE / 2))
+
+    def delete_keys(self, keys: np.ndarray) -> int:
+        """Delete held ``keys`` (unknown ones are skipped); returns how many went, counted as
+        evicted. O(len(keys)): a caller that must stay responsive passes slices."""
+        count = int((self.index.delete(_check_keys(self.name, keys)) >= 0).sum())
+        self.evicted += count
+        return count
 
     def _allocate(self, keys: np.ndarray) -> np.ndarray:
         """Rows for new ``keys``, reset to their initial value, state and statistics."""
@@ -264,11 +333,25 @@ class HashSparseStore:
         self.last_step[rows] = self.step
         return rows
 
+    @property
+    def growth_due(self) -> bool:
+        """True when fewer than a quarter of the slab's rows are free and it may still grow: a
+        server then runs :meth:`reserve` off its event loop before a push has to grow it."""
+        return self.capacity < self.key_limit and self.index.free_rows < self.capacity // 4
+
+    def reserve(self) -> None:
+        """Double the slab now (up to ``key_limit`` rows). Copies every used row: a server runs
+        it in a thread while pushes wait (pulls may read meanwhile: the rows do not change)."""
+        self._grow(min(self.key_limit, 2 * self.capacity))
+
     def _grow(self, needed: int) -> None:
-        """Double the slab (at least to ``needed`` rows): lazily mapped zeros, used rows copied."""
-        capacity = min(MAX_ROWS, max(needed, 2 * self.capacity))
+        """Double the slab (at least to ``needed`` rows, at most to ``key_limit``): lazily mapped
+        zeros, used rows copied."""
+        capacity = min(MAX_ROWS, self.key_limit, max(needed, 2 * self.capacity))
         if capacity < needed:
-            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys exceed the {MAX_ROWS} rows one shard can hold")
+            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys exceed the {capacity} rows this shard may hold")
+        if capacity <= self.capacity:
+            return
         used = self.index.rows_used
 
         def grown(arr: np.ndarray) -> np.ndarray:
@@ -288,7 +371,13 @@ class HashSparseStore:
         """Decay every key's show and click by ``decay``, then delete the keys whose score is
         under ``threshold`` or that no push reached in more than ``ttl`` steps (None: no TTL).
 
-        Returns how many keys were deleted. O(keys held); the caller runs it off the event loop."""
+        Returns how many keys were deleted. O(keys held): :meth:`shrink_plan` then
+        :meth:`delete_keys`, which a server runs apart (the module's note)."""
+        return self.delete_keys(self.shrink_plan(decay, threshold, ttl))
+
+    def shrink_plan(self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None) -> np.ndarray:
+        """Decay every key's show and click, and return the keys :meth:`shrink` deletes. Writes
+        only the statistics (which pulls never read), so it may run while pulls are served."""
         keys, rows = self.index.items()
         used = self.index.rows_used
         for arr in (self.show, self.click):
@@ -296,10 +385,7 @@ class HashSparseStore:
         dead = show_click_score(self.show[rows], self.click[rows]) < threshold
         if ttl is not None:
             dead |= self.step - self.last_step[rows] > ttl
-        self.index.delete(keys[dead])
-        count = int(dead.sum())
-        self.evicted += count
-        return count
+        return keys[dead]
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -314,8 +400,13 @@ class HashSparseStore:
     @property
     def row_nbytes(self) -> int:
         """Bytes of one key's row: value, optimizer state and statistics."""
-        arrays = [self.values, *self.state.values(), self.show, self.click, self.delta_score, self.last_step]
-        return int(sum(a.itemsize * math.prod(a.shape[1:]) for a in arrays))
+        return row_nbytes(self.spec)
+
+    def counts(self) -> dict[str, int]:
+        """What TABLE_INFO and STATS report of this shard: keys held, bytes reserved, and keys
+        admitted, occurrences rejected and keys evicted since it was created."""
+        return {"keys": len(self), "bytes": self.nbytes, "admitted": self.admitted, "rejected": self.rejected,
+                "evicted": self.evicted}
 
     def rows_of(self, keys: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of held keys' rows by name (``values``, optimizer state, statistics); for

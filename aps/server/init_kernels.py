@@ -19,6 +19,7 @@ import hashlib
 import numpy as np
 from numba import njit
 
+from ..mixer import mix64
 from ..specs import Constant, Initializer, Normal, Uniform
 
 # initializer kinds understood by the kernels
@@ -27,14 +28,9 @@ _NORMAL = 1
 _CONSTANT = 2
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _ROW_SALT = np.uint64(0xD1B54A32D192ED03)
 _COL_SALT = np.uint64(0x8CB92BA72F3D8DD7)
 _STREAM_SALT = np.uint64(0xA0761D6478BD642F)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _INV_2_53 = 1.0 / 9007199254740992.0
 _TWO_PI = 6.283185307179586
@@ -50,16 +46,8 @@ def table_seed(name: str, seed: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _mix(z: np.uint64) -> np.uint64:
-    """splitmix64's finaliser: a bijection on 64 bits with full avalanche."""
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
-
-
-#: the 64-bit mixer under public name, for hash tables' probe start and admission draws
-mix64 = _mix
+#: splitmix64's finaliser (aps/mixer.py), also hash tables' probe start and admission draws
+_mix = mix64
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -213,23 +213,51 @@ _READERS.update({"str": (PayloadReader.string, None), "bytes": (PayloadReader.bl
 class FieldPlan:
     """A message's fields compiled once: the writer and reader method of each field, so that
     encoding and decoding a message is a loop over prepared calls instead of a dispatch on
-    kind names per field (the fixed cost that dominated a one-id request)."""
+    kind names per field (the fixed cost that dominated a one-id request).
 
-    __slots__ = ("names", "writers", "readers")
+    A kind ending in ``?`` (``"arr?"``) is an optional trailing field: new within a protocol
+    version, so frames without it keep their meaning. It is written only when its value is not
+    None, and read as None when the payload ends before it; only optional fields may follow an
+    optional one, and a present one after an absent one cannot be sent."""
+
+    __slots__ = ("names", "writers", "readers", "required")
 
     def __init__(self, fields: tuple[tuple[str, str], ...]) -> None:
-        for _, kind in fields:
+        kinds = [kind.rstrip("?") for _, kind in fields]
+        for kind in kinds:
             if kind not in _WRITERS:
                 raise LocalProtocolError(f"unknown field kind {kind}")
+        optional = [kind.endswith("?") for _, kind in fields]
+        self.required = optional.index(True) if True in optional else len(fields)
+        if not all(optional[self.required :]):
+            raise LocalProtocolError("only optional fields may follow an optional field")
         self.names = tuple(name for name, _ in fields)
-        self.writers = tuple((name, *_WRITERS[kind]) for name, kind in fields)
-        self.readers = tuple((name, *_READERS[kind]) for name, kind in fields)
+        self.writers = tuple((name, *_WRITERS[kind]) for (name, _), kind in zip(fields, kinds))
+        self.readers = tuple((name, *_READERS[kind]) for (name, _), kind in zip(fields, kinds))
 
     def write(self, writer: PayloadWriter, msg: Any) -> None:
-        for name, method, arg in self.writers:
-            method(writer, getattr(msg, name), arg)
+        required = self.required
+        if required == len(self.writers):  # no optional field: the hot path
+            for name, method, arg in self.writers:
+                method(writer, getattr(msg, name), arg)
+            return
+        for i, (name, method, arg) in enumerate(self.writers):
+            value = getattr(msg, name)
+            if i >= required and value is None:
+                for later, _, _ in self.writers[i + 1 :]:
+                    if getattr(msg, later) is not None:
+                        raise LocalProtocolError(f"optional field {later!r} is set but {name!r} before it is not")
+                return
+            method(writer, value, arg)
 
     def read(self, reader: PayloadReader) -> dict[str, Any]:
-        values = {name: method(reader, arg) for name, method, arg in self.readers}
+        required = self.required
+        if required == len(self.readers):  # no optional field: the hot path
+            values = {name: method(reader, arg) for name, method, arg in self.readers}
+            reader.done()
+            return values
+        values = {}
+        for i, (name, method, arg) in enumerate(self.readers):
+            values[name] = None if i >= required and reader.pos == reader.end else method(reader, arg)
         reader.done()
         return values

@@ -40,6 +40,7 @@ class Op(IntEnum):
     STATS = 15
     WORKER_DONE = 16
     PING = 17
+    SHRINK = 18
     ERROR = 255
 
 
@@ -79,9 +80,13 @@ class CreateTable(Message):
 
 @dataclass(slots=True)
 class TableInfo(Message):
+    """``detail`` 1 (optional, new in version 3): the reply is ``{"spec": ..., "keys": ...,
+    "bytes": ..., ...}``, the shard's contents beside its spec; absent: the spec alone."""
+
     OP = Op.TABLE_INFO
-    FIELDS = (("table", "str"),)
+    FIELDS = (("table", "str"), ("detail", "u8?"))
     table: str = ""
+    detail: int | None = None
 
 
 @dataclass(slots=True)
@@ -95,7 +100,7 @@ class PullSparse(Message):
 @dataclass(slots=True)
 class PushSparseGrad(Message):
     OP = Op.PUSH_SPARSE_GRAD
-    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"), ("based_on", "i64"))
+    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"), ("based_on", "i64"), ("shows", "arr?"), ("clicks", "arr?"))
     MUTATES = True
     table: str = ""
     ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
@@ -103,6 +108,10 @@ class PushSparseGrad(Message):
     #: the table version (of this server's shard) the gradient was computed from, as a
     #: PULL_SPARSE reply gave it; -1: not stated (never discarded as lagged)
     based_on: int = -1
+    #: hash tables only (optional, new in version 3): float32[n] shows and clicks of each
+    #: occurrence, for the keys' statistics; absent: one show and no click per occurrence
+    shows: np.ndarray | None = None
+    clicks: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -203,6 +212,21 @@ class Ping(Message):
     OP = Op.PING
 
 
+@dataclass(slots=True)
+class Shrink(Message):
+    """Evict a hash table's keys by score (new in version 3): decay every key's show and click
+    by ``decay``, then delete the keys whose score ``0.1 (show - click) + click`` is under
+    ``threshold`` or that no push reached in more than ``ttl`` of the shard's steps (-1: no TTL)."""
+
+    OP = Op.SHRINK
+    FIELDS = (("table", "str"), ("decay", "f64"), ("threshold", "f64"), ("ttl", "i64"))
+    MUTATES = True
+    table: str = ""
+    decay: float = 0.98
+    threshold: float = 0.8
+    ttl: int = -1
+
+
 # ----------------------------------------------------------------------------- replies
 
 
@@ -272,6 +296,14 @@ class BarrierReply(Message):
 
 
 @dataclass(slots=True)
+class ShrinkReply(Message):
+    OP = Op.SHRINK
+    FIELDS = (("evicted", "u64"), ("keys", "u64"))
+    evicted: int = 0
+    keys: int = 0  # keys the shard holds after the shrink
+
+
+@dataclass(slots=True)
 class Error(Message):
     OP = Op.ERROR
     FIELDS = (("code", "u16"), ("retriable", "u8"), ("message", "str"))
@@ -285,7 +317,7 @@ REQUESTS: dict[int, type[Message]] = {
     for cls in (
         Hello, Auth, CreateTable, TableInfo, PullSparse, PushSparseGrad, PushSparseDelta,
         PullSparseChanged, PullDense, PushDenseGrad, PushDenseDelta, Barrier, Save, Load, Stats,
-        WorkerDone, Ping,
+        WorkerDone, Ping, Shrink,
     )
 }
 
@@ -300,11 +332,12 @@ REPLIES.update(
         Op.PULL_DENSE: ArrayReply,
         Op.PULL_SPARSE_CHANGED: ChangedReply,
         Op.BARRIER: BarrierReply,
+        Op.SHRINK: ShrinkReply,
     }
 )
 
 
-_REPLY_CLASSES = (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierReply)
+_REPLY_CLASSES = (Ok, TextReply, ArrayReply, HelloReply, ChangedReply, BarrierReply, ShrinkReply)
 _REPLY_BIT = int(Flag.REPLY)  # a plain int: IntFlag arithmetic costs a microsecond a time
 
 
@@ -411,4 +444,4 @@ def decode_generic(frame: Frame) -> Message:
 __all__ = [
     "HEADER_SIZE", "Op", "Message", "REQUESTS", "REPLIES", "encode", "encode_bytes", "decode",
     "payload_size", "LocalProtocolError",
-] + [cls.__name__ for cls in REQUESTS.values()] + ["Ok", "HelloReply", "TextReply", "ArrayReply", "ChangedReply", "BarrierReply", "Error"]
+] + [cls.__name__ for cls in REQUESTS.values()] + ["Ok", "HelloReply", "TextReply", "ArrayReply", "ChangedReply", "BarrierReply", "ShrinkReply", "Error"]

@@ -12,6 +12,7 @@ import aps
 from aps import wire
 from aps.client.fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
 from aps.client.lanes import PortPlan
+from aps.sharding import SparseSharding
 
 
 def test_chunks_cover_every_row_once_and_an_empty_call_still_has_one_piece() -> None:
@@ -24,7 +25,7 @@ def test_chunks_cover_every_row_once_and_an_empty_call_still_has_one_piece() -> 
 @pytest.mark.parametrize("num_servers", [2, 3, 7])
 def test_shares_give_each_server_exactly_its_ids_in_the_callers_order(num_servers: int) -> None:
     ids = np.random.default_rng(1).integers(0, 1000, 500).astype(np.int64)
-    parts = shares(ids, num_servers)
+    parts = shares(ids, SparseSharding(num_servers))
     assert [p.server for p in parts] == list(range(num_servers))
     seen = np.concatenate([p.rows for p in parts])  # type: ignore[misc]
     np.testing.assert_array_equal(np.sort(seen), np.arange(len(ids)))  # every row once
@@ -37,7 +38,7 @@ def test_shares_give_each_server_exactly_its_ids_in_the_callers_order(num_server
 
 def test_one_server_share_is_the_callers_array_itself() -> None:
     ids = np.arange(10, dtype=np.int64)
-    [share] = shares(ids, 1)
+    [share] = shares(ids, SparseSharding(1))
     assert share.server == 0 and share.rows == slice(None) and share.ids is ids
     assert caller_rows(share.rows, slice(2, 5)) == slice(2, 5)
     np.testing.assert_array_equal(caller_rows(np.array([9, 4, 7, 1]), slice(1, 3)), [4, 7])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aps.errors import ErrorCode, ServerError
-from aps.hash_specs import HashTable
+from aps.specs import HashTable
 from aps.server.hash_table import HashSparseStore, show_click_score
 from aps.server.init_kernels import init_sparse_rows, table_seed
 from aps.server.tables import SparseShard
@@ -187,3 +187,21 @@ def test_bad_pushes_change_nothing():
 
 def test_score_is_paddles():
     np.testing.assert_allclose(show_click_score(np.array([10.0, 3.0]), np.array([2.0, 3.0])), [2.8, 3.0])
+
+
+def test_a_cap_evicting_keys_of_equal_score_spreads_its_tombstones_over_the_slots():
+    """Keys of one score (each pushed once) are evicted at random, not in slot order: evicting
+    the lowest slots first piled their tombstones into one run without an empty slot, which every
+    probe that entered it walked to its end (a 10k-key push took a second after 30 pushes)."""
+    store = HashSparseStore(HashTable("capped", dim=2, max_keys=20_000))
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        keys = rng.integers(I64_MIN, I64_MAX, 2_000, dtype=np.int64)
+        store.push_grad(keys, np.ones((2_000, 2), np.float32))
+        due = store.eviction_due
+        if due:
+            store.delete_keys(store.evict_plan(due))
+    assert len(store) <= 20_000 and store.evicted >= 50_000
+    slots = store.index._t[:, 1]
+    runs = np.diff(np.flatnonzero(np.concatenate([[True], slots == 0, [True]])))
+    assert runs.max() < 200, f"a run of {runs.max()} slots without an empty one"

@@ -3,7 +3,7 @@ raise RemoteProtocolError, unsendable values raise LocalProtocolError (no socket
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -69,8 +69,11 @@ SAMPLES: list[wire.Message] = [
     wire.Auth(mac=bytes(range(32))),
     wire.CreateTable(spec_json='{"type": "SparseTable", "name": "emb", "rows": 10, "dim": 4}'),
     wire.TableInfo(table="fc/w:0"),
+    wire.TableInfo(table="emb", detail=1),
     wire.PullSparse(table="emb", ids=i64(17)),
     wire.PushSparseGrad(table="e", ids=i64(5), values=f32(5, 3)),
+    wire.PushSparseGrad(table="h", ids=np.array([-1, 0, -(1 << 63)], np.int64), values=f32(3, 2), based_on=4, shows=f32(3), clicks=f32(3)),
+    wire.PushSparseGrad(table="h", ids=i64(2), values=f32(2, 2), shows=f32(2)),
     wire.PushSparseDelta(table="emb.delta", ids=i64(1), values=f32(1, 9)),
     wire.PullSparseChanged(table="emb", max_rows=1 << 40),
     wire.PullDense(table="w", block=(1 << 32) - 1, offset=(1 << 64) - 1, count=12),
@@ -83,6 +86,9 @@ SAMPLES: list[wire.Message] = [
     wire.Stats(),
     wire.WorkerDone(trainer_id=9),
     wire.Ping(),
+    wire.Shrink(table="emb", decay=0.5, threshold=2.0, ttl=100),
+    wire.Shrink(table="emb"),
+    wire.ShrinkReply(evicted=(1 << 64) - 1, keys=3),
     wire.Ok(op=wire.Op.CREATE_TABLE),
     wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD),
     wire.Ok(op=wire.Op.AUTH),
@@ -98,7 +104,7 @@ SAMPLES: list[wire.Message] = [
     wire.Error(code=int(ErrorCode.SHAPE_MISMATCH), retriable=0, message="table 'emb': bad shape ü"),
     wire.Error(code=int(ErrorCode.SHUTTING_DOWN), retriable=1, message=""),
 ]
-REPLY_CLASSES = {wire.Ok, wire.HelloReply, wire.TextReply, wire.ArrayReply, wire.ChangedReply, wire.BarrierReply}
+REPLY_CLASSES = {wire.Ok, wire.HelloReply, wire.TextReply, wire.ArrayReply, wire.ChangedReply, wire.BarrierReply, wire.ShrinkReply}
 
 
 def test_samples_cover_every_message_class() -> None:
@@ -283,16 +289,32 @@ def frame_of(msg: wire.Message, payload: bytes | None = None, opcode: int | None
 WITH_FIELDS = [m for m in SAMPLES if m.FIELDS]
 
 
+def _without_optional_tails(msg: wire.Message) -> set[int]:
+    """Payload sizes of ``msg`` with its optional fields dropped from the last one back."""
+    optional = [name for name, kind in msg.FIELDS if kind.endswith("?")]
+    sizes = set()
+    for k in range(len(optional)):
+        shorter = replace(msg, **dict.fromkeys(optional[k:], None))  # type: ignore[type-var]
+        sizes.add(wire.payload_size(shorter))
+    return sizes
+
+
 @pytest.mark.parametrize("msg", WITH_FIELDS, ids=lambda m: type(m).__name__)
 def test_every_truncation_is_remote_error(msg: wire.Message) -> None:
     payload = bytes(to_frames(wire.encode_bytes(msg, 1))[0].payload)
     step = max(1, len(payload) // 200)
     for cut in list(range(0, len(payload), step)) + [len(payload) - 1]:
+        if cut in _without_optional_tails(msg):
+            continue  # a whole message: the same one without its trailing optional fields
         with pytest.raises(RemoteProtocolError):
             wire.decode(frame_of(msg, payload[:cut]))
 
 
-@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+# bytes after a message whose optional fields are absent are read as those fields
+WHOLE = [m for m in SAMPLES if all(getattr(m, name) is not None for name, kind in m.FIELDS if kind.endswith("?"))]
+
+
+@pytest.mark.parametrize("msg", WHOLE, ids=lambda m: type(m).__name__)
 def test_trailing_payload_bytes_are_remote_error(msg: wire.Message) -> None:
     payload = bytes(to_frames(wire.encode_bytes(msg, 1))[0].payload)
     for extra in (b"\0", b"\0" * 8, b"junk"):
@@ -309,7 +331,7 @@ def test_truncated_frame_via_decoder_is_remote_error_from_decode() -> None:
         wire.decode(frame)
 
 
-@pytest.mark.parametrize("opcode", [0, 18, 100, 254])
+@pytest.mark.parametrize("opcode", [0, 19, 100, 254])
 @pytest.mark.parametrize("flags", [0, int(Flag.REPLY)])
 def test_unknown_opcode(opcode: int, flags: int) -> None:
     with pytest.raises(RemoteProtocolError, match="unknown opcode"):
@@ -460,3 +482,25 @@ def test_property_corrupted_payload_never_crashes_differently(msg: wire.Message,
     except RemoteProtocolError:
         return
     assert type(back) is type(msg)  # same opcode, same class: only field values may differ
+
+
+def test_optional_trailing_fields_are_absent_from_old_frames_and_none_when_read_back() -> None:
+    """A PUSH_SPARSE_GRAD without shows and clicks is byte for byte the frame of before they
+    existed (an old server reads it), and a frame of before reads back with both None."""
+    plain = wire.PushSparseGrad(table="e", ids=np.array([7], np.int64), values=np.array([[0.5, 0.25]], np.float32), based_on=12)
+    data = wire.encode_bytes(plain, 1)
+    assert len(data) == HS + 72  # docs/protocol.md's byte-by-byte example
+    back = wire.decode(to_frames(data)[0])
+    assert isinstance(back, wire.PushSparseGrad) and back.shows is None and back.clicks is None
+    with_shows = wire.encode_bytes(wire.PushSparseGrad(table="e", ids=plain.ids, values=plain.values, based_on=12,
+                                                       shows=np.array([3.0], np.float32)), 1)
+    assert with_shows[HS : HS + 72] == data[HS:]  # appended after every old field
+    read = wire.decode(to_frames(with_shows)[0])
+    assert isinstance(read, wire.PushSparseGrad) and read.shows.tolist() == [3.0] and read.clicks is None  # type: ignore[union-attr]
+    assert wire.decode(to_frames(wire.encode_bytes(wire.TableInfo(table="t"), 2))[0]) == wire.TableInfo(table="t", detail=None)
+
+
+def test_a_later_optional_field_without_the_earlier_one_cannot_be_sent() -> None:
+    msg = wire.PushSparseGrad(table="e", ids=np.array([1], np.int64), values=f32(1, 2), clicks=np.ones(1, np.float32))
+    with pytest.raises(LocalProtocolError, match="'clicks' is set but 'shows'"):
+        wire.encode_bytes(msg, 1)

@@ -1,0 +1,42 @@
+"""What ``PSClient.table_info`` returns: a table's spec and its contents summed over the pservers.
+
+Each pserver answers a detailed TABLE_INFO for its own shard (docs/protocol.md); the client adds
+the counts up, so a caller sees one table, not N shards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RemoteProtocolError
+from ..specs import TableSpec, spec_from_dict
+
+#: the counts a detailed TABLE_INFO reply carries beside the spec
+COUNTS = ("keys", "bytes", "admitted", "rejected", "evicted")
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table over every pserver: ``keys`` held (a hash table's keys; a fixed table's rows, a
+    dense table's values), ``bytes`` reserved, and for hash tables the keys ``admitted`` and
+    ``evicted`` and the pushed occurrences ``rejected`` (not admitted) since creation."""
+
+    spec: TableSpec
+    keys: int
+    bytes: int
+    admitted: int
+    rejected: int
+    evicted: int
+
+
+def merge_info(texts: Sequence[bytes]) -> TableInfo:
+    """One :class:`TableInfo` from every pserver's detailed TABLE_INFO reply."""
+    bodies: list[dict[str, Any]] = [json.loads(text) for text in texts]
+    for body in bodies:
+        if not isinstance(body, dict) or "spec" not in body or any(not isinstance(body.get(k), int) for k in COUNTS):
+            raise RemoteProtocolError(f"a TABLE_INFO reply without the detail asked for: {str(body)[:200]}")
+    totals = {k: sum(int(b[k]) for b in bodies) for k in COUNTS}
+    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals)
