@@ -44,7 +44,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -490,7 +490,7 @@ class Fleet:
     def init_worker(self, model: Model, strategy: AnyStrategy | None = None,
                     options: TrainOptions | None = None) -> StepTrainer:
         """Connect this trainer in the strategy's mode (the one given here, else the one given
-        to :meth:`init`, else async), create the model's tables, fill the local replica; returns
+        to :meth:`init`, else the model's preferred mode, else async), create the model's tables, fill the local replica; returns
         the :class:`StepTrainer` whose ``step(batch)`` trains one batch."""
         role = self._need(Role.WORKER, "init_worker")
         if self._worker is not None:
@@ -499,6 +499,8 @@ class Fleet:
             raise ConfigError(f"init_worker needs an aps.trainer.Model plug-in, got {type(model).__name__}")
         given = strategy if strategy is not None else self._strategy
         chosen = as_strategy(given)
+        if given is None and model.preferred_mode is not None:  # as aps-trainer without --mode
+            chosen = replace(chosen, mode=model.preferred_mode)
         if not isinstance(given, DistributedStrategy) or given.launch_barrier:
             wait_for_pservers(role.server_endpoints, chosen.rpc_timeout)
         if options is None:

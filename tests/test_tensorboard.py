@@ -25,7 +25,7 @@ from tests.conftest import BIN, ROOT, Processes
 
 pytestmark = pytest.mark.timeout(120)
 
-PROGRESS_TAGS = {"loss", "examples_per_s", "wait_share"}
+PROGRESS_TAGS = {"loss", "examples_per_s", "wait_share", "staleness", "staleness_max"}
 AUC_TAGS = {"auc", "sliding_auc"}
 
 

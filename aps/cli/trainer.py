@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--chunk-bytes", type=int, default=1 << 20, help="bytes read per chunk (default 1 MiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of the workers' random numbers")
     s = p.add_argument_group("mode and communicator")
-    s.add_argument("--mode", choices=MODES, help="default async (or APS_MODE)")
+    s.add_argument("--mode", choices=MODES, help="default: APS_MODE, else the model's preferred mode "
+                   "(hybrid for ctr_dnn and wide_deep), else async")
     s.add_argument("--workers", type=int, help="compute worker processes (default: CPU count, or CPU_NUM)")
     s.add_argument("--k-steps", type=int, help="geo: exchange deltas every K trainer steps (default 400)")
     s.add_argument("--max-merge-var-num", type=int, help="async: merge at most N batches per push (default workers)")
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "still draws curves)")
     o.add_argument("--tensorboard", metavar="DIR",
                    help="also write the progress records as TensorBoard scalars into DIR while training: loss, "
-                   "auc and sliding_auc (when the model predicts), examples_per_s, wait_share; epoch/... per epoch "
+                   "auc and sliding_auc (when the model predicts), examples_per_s, wait_share, staleness and "
+                   "staleness_max (of the sparse rows steps computed with); epoch/... per epoch "
                    "(view with: tensorboard --logdir DIR)")
     o.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics over HTTP on PORT while training; 0 picks a free one (default: off)")
     o.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST", help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for all interfaces)")
@@ -116,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _strategy(args: argparse.Namespace) -> Strategy:
+def _strategy(args: argparse.Namespace, preferred_mode: str | None) -> Strategy:
     return Strategy.from_env(
+        default_mode=preferred_mode,
         mode=args.mode,
         workers=args.workers,
         k_steps=args.k_steps,
@@ -162,7 +165,7 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         wait_pservers=args.wait_pservers,
     )
     spec = ClusterSpec(pservers, trainers, cluster.ports_num, cluster.ports_num_for_sparse)
-    return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
+    return Trainer(model, _strategy(args, model.preferred_mode), spec, int(trainer_id), options)  # type: ignore[arg-type]
 
 
 async def _amain(args: argparse.Namespace) -> int:

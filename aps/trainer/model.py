@@ -89,6 +89,9 @@ class Model(ABC):
 
     #: a short name used in logs and metrics
     name: str = "model"
+    #: the mode this model trains in when nothing names one (no ``--mode``, no ``APS_MODE``, no
+    #: fleet strategy); None: async. The CTR models prefer hybrid (docs/modes.md, "hybrid").
+    preferred_mode: str | None = None
 
     @abstractmethod
     def tables(self) -> list[TableSpec]:

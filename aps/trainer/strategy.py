@@ -82,8 +82,9 @@ class Strategy:
         )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Strategy:
-        """Fields from APS_* / Paddle FLAGS_* variables, then ``overrides`` (non-None) on top."""
+    def from_env(cls, env: Mapping[str, str] | None = None, default_mode: str | None = None, **overrides: Any) -> Strategy:
+        """Fields from APS_* / Paddle FLAGS_* variables, then ``overrides`` (non-None) on top;
+        ``default_mode`` (a model's preferred mode) where neither names the mode."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in fields(cls)}
@@ -94,6 +95,8 @@ class Strategy:
                     values[name] = _convert(name, raw, str(types[name]))
                     break
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if default_mode is not None:
+            values.setdefault("mode", default_mode)
         return cls(**values)
 
 

@@ -19,6 +19,8 @@ SCALARS = {
     "batch_auc": "sliding_auc",
     "examples_per_s": "examples_per_s",
     "wait_share": "wait_share",
+    "staleness": "staleness",
+    "staleness_max": "staleness_max",
 }
 #: seconds between the writer thread's flushes: a running TensorBoard sees new points this soon
 FLUSH_SECS = 2
