@@ -268,6 +268,9 @@ class HashTable:
     ``1 - (1 - p)^count`` (count: its occurrences in that push). ``admit_count`` n: only once it
     was pushed n times (an exact counter for up to ``pending_keys`` keys not admitted yet).
     ``max_keys``: a cap per pserver shard (None: unbounded); past it the lowest-score keys go.
+    ``base_threshold`` and ``delta_threshold`` (Paddle's defaults): a ``base`` save writes the
+    keys whose score is at least the first, a ``delta`` save those whose delta score is at
+    least the second (docs/operations.md).
     """
 
     name: str
@@ -279,6 +282,8 @@ class HashTable:
     admit_count: int = 1
     max_keys: int | None = None
     pending_keys: int = 1 << 20
+    base_threshold: float = 1.5
+    delta_threshold: float = 0.25
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -293,6 +298,8 @@ class HashTable:
         if self.max_keys is not None:
             object.__setattr__(self, "max_keys", _int(owner, "max_keys", self.max_keys, 1, MAX_KEYS))
         object.__setattr__(self, "pending_keys", _int(owner, "pending_keys", self.pending_keys, 1, MAX_KEYS))
+        for name in ("base_threshold", "delta_threshold"):
+            object.__setattr__(self, name, _real(owner, name, getattr(self, name)))
         _check_parts(self.name, self.init, self.optimizer)
 
     @property

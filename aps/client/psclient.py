@@ -400,15 +400,14 @@ class PSClient:
         """Every pserver writes its shard under ``path`` (a directory on the pservers' disks), all
         tagged with one new save id: a later load refuses shards of different saves.
 
-        ``mode``: "full" (every table). "base" and "delta" (a hash table's keys above the score
-        threshold, or changed since the last base or delta) are not supported yet, and the
-        pservers refuse to save hash tables (ServerError BAD_REQUEST naming them) rather than
-        write a checkpoint without them."""
+        ``mode``: "full" (every table, every key). "base": a hash table's keys whose score is
+        at least its ``base_threshold``; "delta": those whose delta score reached its
+        ``delta_threshold`` since a base or delta save last wrote them (a delta needs a base
+        saved first; its manifest names that base's save id). Fixed and dense tables are saved
+        whole in every mode (docs/operations.md)."""
         if mode not in SAVE_MODES:
             raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
-        if mode != "full":
-            raise ConfigError(f"save mode {mode!r} is not supported yet (only 'full')")
-        await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex), timeout)
+        await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex, mode=None if mode == "full" else mode), timeout)
 
     async def shrink(
         self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, timeout: Timeout = None

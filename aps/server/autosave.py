@@ -54,6 +54,8 @@ def latest_checkpoint(directory: str | Path, shard: int, num_shards: int) -> tup
         except ConfigError as exc:
             log.warning("skipping an incomplete checkpoint", path=str(candidate), reason=str(exc))
             continue
+        if manifest.get("mode", "full") != "full":  # a base or delta save lacks some keys
+            continue
         written = float(manifest.get("written_at", 0.0))
         if best is None or written > best[0]:
             best = (written, candidate, manifest)

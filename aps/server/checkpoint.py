@@ -6,6 +6,7 @@ Layout under ``path``::
     shard-00000-of-00002/t0000-emb.values.npy
     shard-00000-of-00002/t0000-emb.m.npy     (optimizer state, one .npy per array)
     shard-00000-of-00002/t0001-fc%2Fw.b1.values.npy   (dense: per block, start/stop in manifest)
+    shard-00000-of-00002/t0002-ctr.l0000.npz  (hash: one file per logical shard, hash_checkpoint.py)
 
 Why this shape:
 
@@ -37,8 +38,12 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
-from ..specs import DenseTable, SparseTable, spec_from_dict, spec_to_dict
-from .tables import DenseShard, Shard, SparseShard, make_shard
+from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
+from .hash_checkpoint import SAVE_MODES, load_hash_table, write_hash_table
+from .hash_table import HashSparseStore, budget_keys
+from .tables import DenseShard, SparseShard, make_shard
+
+Shard = SparseShard | DenseShard | HashSparseStore
 
 FORMAT = "aps-checkpoint"
 FORMAT_VERSION = 1
@@ -75,8 +80,14 @@ def _progress(what: str, total: int, unit: str) -> tqdm:
     return tqdm(total=total, desc=what, unit=unit, unit_scale=True, leave=False, disable=not sys.stderr.isatty())
 
 
+def _table_nbytes(shard: Shard) -> int:
+    if isinstance(shard, HashSparseStore):
+        return shard.nbytes
+    return sum(a.nbytes for a in shard.state_arrays().values())
+
+
 def _write_table(directory: Path, prefix: str, shard: Shard, progress: tqdm | None = None) -> dict[str, Any]:
-    """Write one table's arrays; return its manifest entry."""
+    """Write one fixed or dense table's arrays; return its manifest entry."""
     entry: dict[str, Any] = {"spec": spec_to_dict(shard.spec), "kind": shard.spec.kind}
     if isinstance(shard, SparseShard):
         files = {}
@@ -104,7 +115,7 @@ def _write_table(directory: Path, prefix: str, shard: Shard, progress: tqdm | No
 
 def save_shard(
     path: str | os.PathLike[str], shards: dict[str, Shard], shard: int, num_shards: int, extra: dict[str, Any],
-    save_id: str = "",
+    save_id: str = "", mode: str = "full", base_save_id: str | None = None,
 ) -> Path:
     """Atomically write server ``shard`` of ``num_shards``'s tables under ``path``; returns the dir.
 
@@ -112,23 +123,36 @@ def save_shard(
     save, the same on every server) must be the same on every server of one save:
     :func:`load_shards` refuses shards that differ, e.g. when a save was killed after some
     servers had replaced their shard of an older checkpoint and others had not.
+
+    ``mode`` (hash_checkpoint.py): "full", or "base" / "delta", which write only some of a hash
+    table's keys (fixed and dense tables whole) and then reset the delta score of the keys they
+    wrote; a delta names the save id of the base it follows (``base_save_id``).
     """
     try:
         json.dumps(extra)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"checkpoint extra must be JSON-serialisable: {exc}") from exc
+    if mode not in SAVE_MODES:
+        raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     final = root / shard_dir_name(shard, num_shards)
     tmp = root / f".{final.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
-    total = sum(a.nbytes for table in shards.values() for a in table.state_arrays().values())
+    total = sum(_table_nbytes(table) for table in shards.values())
+    written: list[tuple[HashSparseStore, np.ndarray]] = []
     try:
         tables = {}
         with _progress(f"saving shard {shard}", total, "B") as progress:
             for i, (name, table) in enumerate(sorted(shards.items())):
                 # index keeps names distinct even on case-insensitive filesystems; quote makes them safe
-                tables[name] = _write_table(tmp, f"t{i:04d}-{quote(name, safe='')}", table, progress)
+                prefix = f"t{i:04d}-{quote(name, safe='')}"
+                if isinstance(table, HashSparseStore):
+                    tables[name], rows = write_hash_table(tmp, prefix, table, shard, num_shards, mode)
+                    written.append((table, rows))
+                    progress.update(table.nbytes)
+                else:
+                    tables[name] = _write_table(tmp, prefix, table, progress)
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -136,6 +160,8 @@ def save_shard(
             "num_shards": num_shards,
             "extra": extra,
             "save_id": save_id,
+            "mode": mode,
+            **({"base_save_id": base_save_id} if mode == "delta" else {}),
             "written_at": time.time(),
             "written_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "tables": tables,
@@ -149,6 +175,9 @@ def save_shard(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if mode != "full":  # in place: what it wrote starts a new delta
+        for store, rows in written:
+            store.delta_score[rows] = 0.0
     return final
 
 
@@ -242,7 +271,7 @@ def _check_consistent(root: Path, old: list[_OldShard]) -> None:
         for name, entry in m["tables"].items():
             if entry["spec"] != first["tables"][name]["spec"]:
                 raise ConfigError(f"checkpoint {root}: table {name!r} has a different spec on shard {o.index} than on shard 0")
-        if m.get("save_id", "") != first.get("save_id", ""):
+        if m.get("save_id", "") != first.get("save_id", "") or m.get("mode", "full") != first.get("mode", "full"):
             raise ConfigError(
                 f"checkpoint {root}: shard {o.index} comes from save {m.get('save_id')!r}, shard 0 from save "
                 f"{first.get('save_id')!r}: a save was interrupted or two saves were mixed; use a complete checkpoint"
@@ -327,14 +356,36 @@ def read_shard_manifest(directory: str | os.PathLike[str], shard: int, num_shard
     return _read_manifest(Path(directory), shard, num_shards)
 
 
-def load_own_shard(directory: str | os.PathLike[str], shard: int, num_shards: int) -> tuple[dict[str, Shard], dict[str, Any]]:
+def _key_limit(spec: HashTable, max_table_bytes: int) -> int | None:
+    """The keys a pserver's size budget lets one shard of ``spec`` hold (None: no budget)."""
+    return budget_keys(spec, max_table_bytes) if max_table_bytes else None
+
+
+def _refuse_delta(where: Path | str, manifest: dict[str, Any]) -> None:
+    """A delta holds only the keys that changed since its base: it is no table to load."""
+    if manifest.get("mode", "full") == "delta":
+        raise ConfigError(
+            f"checkpoint {where} is a delta save (keys changed since base save {manifest.get('base_save_id')!r}), "
+            "not a whole table: load a full or base checkpoint"
+        )
+
+
+def load_own_shard(
+    directory: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0
+) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from its own saved shard directory alone
     (``shard-k-of-n``, same cluster size): what a restarted pserver resumes from, without the
-    other servers' shards of that save. Returns ``(tables by name, extra)``."""
+    other servers' shards of that save. Returns ``(tables by name, extra)``.
+    ``max_table_bytes``: the server's size budget (hash tables are held to the keys it fits)."""
     own = _OldShard(shard, Path(directory), _read_manifest(Path(directory), shard, num_shards))
+    _refuse_delta(directory, own.manifest)
     tables: dict[str, Shard] = {}
     for name, entry in own.manifest["tables"].items():
         spec = spec_from_dict(entry["spec"])
+        if isinstance(spec, HashTable):
+            sources = {shard: (own.directory, entry)}
+            tables[name] = load_hash_table(spec, sources, num_shards, shard, num_shards, _key_limit(spec, max_table_bytes))
+            continue
         if not isinstance(spec, (SparseTable, DenseTable)):
             raise ConfigError(f"checkpoint {directory}: table {name!r} has an unknown spec {entry['spec']!r}")
         table = make_shard(spec, shard, num_shards, initialise=False)
@@ -350,17 +401,21 @@ def load_own_shard(directory: str | os.PathLike[str], shard: int, num_shards: in
     return tables, own.manifest.get("extra", {})
 
 
-def load_shards(path: str | os.PathLike[str], shard: int, num_shards: int) -> tuple[dict[str, Shard], dict[str, Any]]:
+def load_shards(
+    path: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0
+) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from a checkpoint saved by any number of servers.
 
     Returns ``(tables by name, extra)``. Raises :class:`ConfigError` naming what is missing or
     inconsistent (absent shard dirs, mixed cluster sizes, differing specs, bad array shapes).
+    ``max_table_bytes``: as for :func:`load_own_shard`.
     """
     if not 0 <= shard < num_shards:
         raise ConfigError(f"shard {shard} is not in [0, {num_shards})")
     root = Path(path)
-    _, old = _find_shards(root)
+    n, old = _find_shards(root)
     _check_consistent(root, old)
+    _refuse_delta(root, old[0].manifest)
     tables: dict[str, Shard] = {}
     entries = old[0].manifest["tables"].items()
     for name, entry in tqdm(entries, desc=f"loading {root.name}", unit="table", leave=False, disable=not sys.stderr.isatty()):
@@ -369,6 +424,9 @@ def load_shards(path: str | os.PathLike[str], shard: int, num_shards: int) -> tu
             tables[name] = _load_sparse(spec, old, shard, num_shards)
         elif isinstance(spec, DenseTable):
             tables[name] = _load_dense(spec, old, shard, num_shards)
+        elif isinstance(spec, HashTable):
+            sources = {o.index: (o.directory, o.manifest["tables"][name]) for o in old}
+            tables[name] = load_hash_table(spec, sources, n, shard, num_shards, _key_limit(spec, max_table_bytes))
         else:
             raise ConfigError(f"checkpoint {root}: table {name!r} has an unknown spec {entry['spec']!r}")
     return tables, old[0].manifest.get("extra", {})

@@ -16,9 +16,10 @@ import structlog
 
 from .. import wire
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
-from ..specs import HashTable, TableSpec
+from ..specs import TableSpec
 from .autosave import latest_checkpoint
 from .checkpoint import load_own_shard, load_shards, save_shard
+from .hash_checkpoint import SAVE_MODES
 from .config import ServerConfig
 from .gate import WriteGate
 from .stats import ServerStats
@@ -45,6 +46,9 @@ class CheckpointHandlers:
     #: the shard directory this server resumed from (None: it did not): its shard may be
     #: older than the others', which sync mode cannot accept
     resumed: str | None
+    #: the save id of the last base save this server wrote or loaded (None: none yet), which
+    #: a delta save names as the base it follows
+    base_save_id: str | None = None
 
     def _confine(self, path: str) -> str:
         """The real path of a checkpoint directory a client named, refused outside the root."""
@@ -61,32 +65,39 @@ class CheckpointHandlers:
 
     def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
         path = self._confine(msg.path)
-        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path))
+        mode = msg.mode or "full"
+        if mode not in SAVE_MODES:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+        if mode == "delta" and self.base_save_id is None:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"a delta save follows a base save, and server {self.config.server_index} has written or loaded none: save mode='base' first",
+            )
+        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode))
 
     def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
         """Close the write gate now and run ``work`` (a save or load) while writes wait."""
         self.gate.close()
         return self.gate.exclusive(work)
 
-    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None) -> wire.Message:
+    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None, mode: str = "full") -> wire.Message:
         """Write this server's shard under ``path`` from a thread; the caller holds the write
-        gate, so the tables do not change until it is done (a consistent snapshot)."""
+        gate, so the tables do not change until it is done (a consistent snapshot). ``mode``:
+        "full", "base" or "delta" (hash_checkpoint.py)."""
         tables, extra = dict(self.tables), dict(self.extra)
-        hashed = sorted(name for name, spec in self.specs.items() if isinstance(spec, HashTable))
-        if hashed:  # never a checkpoint that silently lacks a table
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"cannot save: table {', '.join(map(repr, hashed))} is a hash table, and saving hash tables is not supported yet",
-            )
         index, servers = self.config.server_index, self.config.num_servers
         started = time.monotonic()
         try:
-            await asyncio.to_thread(save_shard, path, tables, index, servers, extra, save_id=save_id)
+            await asyncio.to_thread(
+                save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id
+            )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
+        if mode == "base":
+            self.base_save_id = save_id
         self.stats.last_save_seconds = time.monotonic() - started
         self.stats.saves += 1
-        log.info("saved", path=path, tables=len(tables), save_id=save_id, seconds=round(self.stats.last_save_seconds, 3))
+        log.info("saved", path=path, tables=len(tables), save_id=save_id, mode=mode, seconds=round(self.stats.last_save_seconds, 3))
         return wire.Ok(op=wire.Op.SAVE)
 
     def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
@@ -96,7 +107,7 @@ class CheckpointHandlers:
     async def _load_off_loop(self, path: str, shown: str) -> wire.Message:
         index, servers = self.config.server_index, self.config.num_servers
         try:
-            shards, extra = await asyncio.to_thread(load_shards, path, index, servers)
+            shards, extra = await asyncio.to_thread(load_shards, path, index, servers, self.config.max_table_bytes)
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
         except ApsError as exc:
@@ -106,7 +117,7 @@ class CheckpointHandlers:
 
     def _load(self, path: str) -> None:
         """Load at start (``init_model``, ``resume``), before anything is served."""
-        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers)
+        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes)
         self._install(path, shards, extra)
 
     def _resume(self, directory: str) -> None:
@@ -119,7 +130,7 @@ class CheckpointHandlers:
                 "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
             )
         path, manifest = found
-        shards, extra = load_own_shard(path, index, servers)
+        shards, extra = load_own_shard(path, index, servers, self.config.max_table_bytes)
         self._install(str(path), shards, extra)
         self.resumed = str(path)
         log.warning(
@@ -132,6 +143,7 @@ class CheckpointHandlers:
         self.tables = dict(shards)
         self.specs = {name: shard.spec for name, shard in shards.items()}
         self.extra = dict(extra)
+        self.base_save_id = None  # a delta follows a base this server wrote since
         log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
 
 

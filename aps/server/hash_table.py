@@ -408,14 +408,45 @@ class HashSparseStore:
         return {"keys": len(self), "bytes": self.nbytes, "admitted": self.admitted, "rejected": self.rejected,
                 "evicted": self.evicted}
 
+    def slab_arrays(self) -> dict[str, np.ndarray]:
+        """The per-row arrays by name, live (not copies): ``values``, the optimizer state and
+        the statistics; indexed by the rows :attr:`index` gives keys."""
+        return {"values": self.values, **self.state, "show": self.show, "click": self.click,
+                "delta_score": self.delta_score, "last_step": self.last_step}
+
     def rows_of(self, keys: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of held keys' rows by name (``values``, optimizer state, statistics); for
-        checkpoints and tests. Unknown keys are an error."""
+        """Copies of held keys' rows by name (:meth:`slab_arrays`); for checkpoints and tests.
+        Unknown keys are an error."""
         keys = _check_keys(self.name, keys)
         rows = self.index.lookup(keys)
         if (rows < 0).any():
             raise _bad(ErrorCode.BAD_REQUEST, self.name, f"key {int(keys[np.argmax(rows < 0)])} is not held")
-        arrays = {"values": self.values, **self.state, "show": self.show, "click": self.click,
-                  "delta_score": self.delta_score, "last_step": self.last_step}
-        return {name: arr[rows] for name, arr in arrays.items()}
+        return {name: arr[rows] for name, arr in self.slab_arrays().items()}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def pending_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys not admitted yet that ``admit_count`` is counting, and their counts (empty
+        without ``admit_count``): a checkpoint keeps them, so a load does not start them over."""
+        if self._pending is None:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        keys, at = self._pending.items()
+        return keys, self._pending_counts[at]
+
+    def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
+        """Put saved keys back with their rows (:meth:`slab_arrays` by name, one row per key)
+        and saved admission counters (keys, counts), as a checkpoint load does. The keys must
+        not be held; more than the shard may hold (``max_keys``, a size budget) is an error."""
+        keys = _check_keys(self.name, keys)
+        if len(self) + keys.shape[0] > self.key_limit:
+            raise _bad(ErrorCode.TOO_LARGE, self.name,
+                       f"{len(self) + keys.shape[0]} keys exceed the {self.key_limit} this shard may hold")
+        if self.index.free_rows < keys.shape[0]:
+            self._grow(len(self) + keys.shape[0])
+        rows = self.index.insert(keys)
+        for name, arr in self.slab_arrays().items():
+            arr[rows] = arrays[name]
+        if self._pending is not None:  # a bounded counter: what does not fit starts over
+            fit = min(pending[0].shape[0], self._pending.free_rows)
+            self._pending_counts[self._pending.insert(pending[0][:fit])] = pending[1][:fit]
 

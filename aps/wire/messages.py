@@ -182,9 +182,12 @@ class Save(Message):
     loader can tell shards of one save from a mix of two."""
 
     OP = Op.SAVE
-    FIELDS = (("path", "str"), ("save_id", "str"))
+    FIELDS = (("path", "str"), ("save_id", "str"), ("mode", "str?"))
     path: str = ""
     save_id: str = ""
+    #: optional (new in version 3): "full", "base" or "delta" (hash tables' keys by score or
+    #: delta score; docs/operations.md); absent: "full"
+    mode: str | None = None
 
 
 @dataclass(slots=True)

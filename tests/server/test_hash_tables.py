@@ -18,7 +18,7 @@ from aps.client.link import Link
 from aps.errors import ErrorCode
 from aps.server.hash_table import HashSparseStore, budget_keys, planned_nbytes, row_nbytes
 from aps.server.init_kernels import init_sparse_rows, table_seed
-from aps.sharding import SparseSharding
+from aps.sharding import LOGICAL_SHARDS, SparseSharding
 from aps.wire.frame import Flag
 
 pytestmark = pytest.mark.timeout(120)
@@ -86,12 +86,8 @@ async def test_the_calls_of_the_issue_over_one_and_two_pservers(n: int, tmp_path
         assert (await ps.table_info("emb")).evicted == len(keys)
         np.testing.assert_array_equal(await ps.pull_sparse("emb", keys), initial)  # re-admitted keys start over
 
-        with pytest.raises(aps.ServerError, match="hash table, and saving hash tables is not supported yet") as refused:
-            await ps.save("ckpt", mode="full")
-        assert refused.value.code == ErrorCode.BAD_REQUEST
-        assert not (tmp_path / "ckpt").exists()  # no checkpoint that silently lacks the table
-        with pytest.raises(aps.ConfigError, match="'base' is not supported yet"):
-            await ps.save("ckpt", mode="base")
+        await ps.save("ckpt", mode="full")  # tests/server/test_hash_checkpoint.py: what it holds
+        assert len(list((tmp_path / "ckpt").glob("shard-*/*.npz"))) == LOGICAL_SHARDS  # one file per logical shard
 
 
 async def test_pull_of_unknown_keys_leaves_the_key_count_unchanged() -> None:

@@ -1,0 +1,176 @@
+"""Checkpoints of hash tables: one file per logical shard, so a load reassigns files.
+
+A hash table's keys belong to one of :data:`~aps.sharding.LOGICAL_SHARDS` logical shards (the
+top bits of their mixed key) and logical shard ``l`` lives on pserver ``l % n``. So each pserver
+writes one file per logical shard it owns, inside its own shard directory::
+
+    shard-00001-of-00002/t0000-emb.l0001.npz   keys, values, optimizer state, show, click,
+    shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, and the admission
+    ...                                          counters (pending_keys, pending_counts)
+
+and a load onto ``m`` pservers reads, for each logical shard ``l`` it now owns, the file
+``l`` from the old shard directory ``l % n``: files move whole, no key is rehashed, and no server
+reads a file it will not keep. The manifest entry lists every file with its key count, so a
+loader sizes the slab once and refuses a checkpoint that lacks a file or holds a different one.
+
+Save modes (Paddle's CtrCommonAccessor): ``full`` writes every key; ``base`` the keys whose
+score ``0.1 (show - click) + click`` is at least the table's ``base_threshold``; ``delta`` the
+keys whose delta score is at least its ``delta_threshold``. The delta score counts the score
+pushed since the key was last written by a base or delta save (or since it was admitted): those
+saves reset it for the keys they wrote, and only after their shard is in place.
+
+Files are ``.npz`` written without pickle and read with ``allow_pickle=False``; each is fsync'd
+before the manifest that names it (the caller's rule).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ServerError
+from ..sharding import LOGICAL_SHARDS, SparseSharding
+from ..specs import HashTable, spec_to_dict
+from .hash_table import _MIN_ROWS, HashSparseStore, show_click_score
+
+SAVE_MODES = ("full", "base", "delta")
+#: what the manifest keeps of a store's counters besides its keys
+_COUNTERS = ("admitted", "rejected", "evicted", "pending_resets")
+_PENDING = ("pending_keys", "pending_counts")
+
+
+def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
+    """Which of the held ``rows`` a save in ``mode`` writes (a boolean mask)."""
+    if mode == "full":
+        return np.ones(rows.shape[0], np.bool_)
+    if mode == "base":
+        return show_click_score(store.show[rows], store.click[rows]) >= store.spec.base_threshold
+    if mode == "delta":
+        return store.delta_score[rows] >= np.float32(store.spec.delta_threshold)
+    raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+
+
+def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order sorting ``keys`` by logical shard then key, bounds of each logical shard in it)."""
+    logical = SparseSharding.logical(keys)
+    order = np.lexsort((keys, logical))
+    return order, np.searchsorted(logical[order], np.arange(LOGICAL_SHARDS + 1))
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, allow_pickle=False, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_hash_table(
+    directory: Path, prefix: str, store: HashSparseStore, server: int, num_servers: int, mode: str = "full"
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Write the logical shards ``server`` of ``num_servers`` owns; returns the manifest entry
+    and the slab rows written (a base or delta save resets their delta score once it is in
+    place). Reads the store only: the caller holds its writes back meanwhile."""
+    keys, rows = store.index.items()
+    keep = selected(store, rows, mode)
+    keys, rows = keys[keep], rows[keep]
+    order, bounds = _by_logical(keys)
+    keys, rows = keys[order], rows[order]
+    pending_keys, pending_counts = store.pending_items()
+    p_order, p_bounds = _by_logical(pending_keys)
+    pending_keys, pending_counts = pending_keys[p_order], pending_counts[p_order]
+    slab = store.slab_arrays()
+    files, counts = {}, {}
+    for shard in range(server, LOGICAL_SHARDS, num_servers):
+        lo, hi = bounds[shard], bounds[shard + 1]
+        at = rows[lo:hi]
+        arrays = {"keys": keys[lo:hi], **{name: arr[at] for name, arr in slab.items()}}
+        p_lo, p_hi = p_bounds[shard], p_bounds[shard + 1]
+        arrays.update(pending_keys=pending_keys[p_lo:p_hi], pending_counts=pending_counts[p_lo:p_hi])
+        files[str(shard)] = f"{prefix}.l{shard:04d}.npz"
+        counts[str(shard)] = int(hi - lo)
+        _write_npz(directory / files[str(shard)], arrays)
+    entry = {
+        "spec": spec_to_dict(store.spec), "kind": "hash", "mode": mode, "step": store.step, "pushes": store.pushes,
+        "logical_shards": LOGICAL_SHARDS, "files": files, "keys": counts,
+        **{name: int(getattr(store, name)) for name in _COUNTERS},
+    }
+    return entry, rows
+
+
+def load_hash_table(
+    spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int,
+    key_limit: int | None = None,
+) -> HashSparseStore:
+    """Server ``shard`` of ``num_shards``'s part of a saved hash table.
+
+    ``sources``: old server index -> (its shard directory, its manifest entry for the table),
+    for the servers holding the logical shards this one now owns (``l % saved_servers``).
+    ``key_limit``: keys a size budget lets this server hold (None: only ``max_keys``)."""
+    mine = range(shard, LOGICAL_SHARDS, num_shards)
+    for index, (directory, entry) in sources.items():
+        owned = {str(l) for l in range(index, LOGICAL_SHARDS, saved_servers)}
+        if entry.get("logical_shards") != LOGICAL_SHARDS or set(entry.get("files", ())) != owned or set(entry.get("keys", ())) != owned:
+            raise ConfigError(
+                f"checkpoint {directory}: hash table {spec.name!r} does not list one file for each of the "
+                f"{len(owned)} logical shards (of {LOGICAL_SHARDS}) that server {index} of {saved_servers} owns"
+            )
+    total = sum(int(sources[l % saved_servers][1]["keys"][str(l)]) for l in mine)
+    store = HashSparseStore(spec, max(total, spec.max_keys or _MIN_ROWS), key_limit=key_limit)
+    if total > store.key_limit:
+        raise ConfigError(
+            f"checkpoint: hash table {spec.name!r} has {total} keys for server {shard} of {num_shards}, more than the "
+            f"{store.key_limit} it may hold (max_keys per shard, aps-server --max-table-bytes); load onto more pservers"
+        )
+    names = {"keys", *store.slab_arrays(), *_PENDING}
+    for l in mine:
+        directory, entry = sources[l % saved_servers]
+        arrays = _read_logical(directory, entry["files"][str(l)], names)
+        _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
+        try:
+            store.restore(arrays["keys"], arrays, (arrays["pending_keys"], arrays["pending_counts"]))
+        except ServerError as exc:
+            raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
+    if saved_servers == num_shards:  # the same server's clocks and counters
+        own = sources[shard][1]
+        store.step, store.pushes = int(own["step"]), int(own["pushes"])
+        for name in _COUNTERS:
+            setattr(store, name, int(own[name]))
+    else:  # resharded: the latest clocks (as fixed tables' steps); the counters start over
+        store.step = max(int(e["step"]) for _, e in sources.values())
+        store.pushes = max(int(e["pushes"]) for _, e in sources.values())
+    return store
+
+
+def _read_logical(directory: Path, file: str, names: set[str]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(directory / file, allow_pickle=False) as saved:
+            if set(saved.files) != names:
+                raise ConfigError(f"checkpoint {directory}: {file} holds arrays {sorted(saved.files)}, expected {sorted(names)}")
+            return {name: saved[name] for name in names}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # absent, truncated, not an npz
+        raise ConfigError(f"checkpoint {directory}: cannot read {file}: {exc}") from exc
+
+
+def _check_logical(
+    directory: Path, file: str, store: HashSparseStore, arrays: dict[str, np.ndarray], count: int, logical: int
+) -> None:
+    """Each array of one logical shard's file has the manifest's key count and the table's
+    row shape and dtype, and every key belongs to that logical shard."""
+    keys = arrays["keys"]
+    if keys.dtype != np.int64 or keys.shape != (count,):
+        raise ConfigError(f"checkpoint {directory}: {file} keys are {keys.dtype}{list(keys.shape)}, expected {count} int64")
+    for name, target in store.slab_arrays().items():
+        a = arrays[name]
+        if a.shape != (count, *target.shape[1:]) or a.dtype != target.dtype:
+            raise ConfigError(
+                f"checkpoint {directory}: {file} {name} is {a.dtype}{list(a.shape)}, expected {count} rows of {target.dtype}{list(target.shape[1:])}"
+            )
+    pk, pc = arrays["pending_keys"], arrays["pending_counts"]
+    if pk.dtype != np.int64 or pc.dtype != np.int64 or pk.ndim != 1 or pk.shape != pc.shape:
+        raise ConfigError(f"checkpoint {directory}: {file} admission counters are {pk.dtype}{list(pk.shape)} and {pc.dtype}{list(pc.shape)}")
+    if keys.size and not (SparseSharding.logical(keys) == logical).all():
+        raise ConfigError(f"checkpoint {directory}: {file} holds keys of another logical shard than {logical}")
