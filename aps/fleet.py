@@ -499,8 +499,8 @@ class Fleet:
             raise ConfigError(f"init_worker needs an aps.trainer.Model plug-in, got {type(model).__name__}")
         given = strategy if strategy is not None else self._strategy
         chosen = as_strategy(given)
-        if given is None and model.preferred_mode is not None:  # as aps-trainer without --mode
-            chosen = replace(chosen, mode=model.preferred_mode)
+        if given is None:  # the model's preferred mode, as aps-trainer without --mode
+            chosen = replace(chosen, mode=None)
         if not isinstance(given, DistributedStrategy) or given.launch_barrier:
             wait_for_pservers(role.server_endpoints, chosen.rpc_timeout)
         if options is None:

@@ -118,9 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _strategy(args: argparse.Namespace, preferred_mode: str | None) -> Strategy:
+def _strategy(args: argparse.Namespace) -> Strategy:
     return Strategy.from_env(
-        default_mode=preferred_mode,
         mode=args.mode,
         workers=args.workers,
         k_steps=args.k_steps,
@@ -165,7 +164,7 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         wait_pservers=args.wait_pservers,
     )
     spec = ClusterSpec(pservers, trainers, cluster.ports_num, cluster.ports_num_for_sparse)
-    return Trainer(model, _strategy(args, model.preferred_mode), spec, int(trainer_id), options)  # type: ignore[arg-type]
+    return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
 
 
 async def _amain(args: argparse.Namespace) -> int:

@@ -76,6 +76,7 @@ class StepTrainer:
                 f"step-wise training computes in the calling thread, as one worker; got workers={strategy.workers} "
                 "(to train from files with several worker processes use aps.Trainer / aps-trainer)"
             )
+        strategy = strategy.for_model(model)
         check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
         self.strategy = replace(strategy, workers=1).resolved()

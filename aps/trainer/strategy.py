@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from .model import Model
+
+#: the mode of a model that states no preference (the reference's default, ``a_sync = True``)
+DEFAULT_MODE = "async"
 MODES = ("sync", "async", "half_async", "geo", "hybrid")
 MERGES = ("auto", "sum", "average")
 
@@ -37,7 +42,10 @@ ENV: dict[str, tuple[str, ...]] = {
 class Strategy:
     """Mode and communicator settings of a trainer. ``None`` knobs mean "Paddle's default"."""
 
-    mode: str = "async"
+    #: None: the model's preferred mode (:attr:`Model.preferred_mode`; the CTR models': hybrid),
+    #: else async, made concrete by :meth:`for_model` when a trainer is built, so that
+    #: aps-trainer, aps-local, aps.Trainer and the fleet step loop all pick the same one
+    mode: str | None = None
     k_steps: int = 400
     max_merge_var_num: int | None = None
     send_queue_size: int | None = None
@@ -57,7 +65,7 @@ class Strategy:
     max_staleness: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.merge not in MERGES:
             raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
@@ -81,10 +89,16 @@ class Strategy:
             min_send_grad_num_before_recv=self.min_send_grad_num_before_recv or workers,
         )
 
+    def for_model(self, model: Model) -> Strategy:
+        """This strategy with its mode made concrete for ``model``: the mode given, else the
+        model's preferred mode, else :data:`DEFAULT_MODE` (the reference's async)."""
+        if self.mode is not None:
+            return self
+        return replace(self, mode=model.preferred_mode or DEFAULT_MODE)
+
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, default_mode: str | None = None, **overrides: Any) -> Strategy:
-        """Fields from APS_* / Paddle FLAGS_* variables, then ``overrides`` (non-None) on top;
-        ``default_mode`` (a model's preferred mode) where neither names the mode."""
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Strategy:
+        """Fields from APS_* / Paddle FLAGS_* variables, then ``overrides`` (non-None) on top."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in fields(cls)}
@@ -95,8 +109,6 @@ class Strategy:
                     values[name] = _convert(name, raw, str(types[name]))
                     break
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if default_mode is not None:
-            values.setdefault("mode", default_mode)
         return cls(**values)
 
 

@@ -160,6 +160,7 @@ class Trainer:
         trainer_id: int = 0,
         options: TrainOptions | None = None,
     ) -> None:
+        strategy = strategy.for_model(model)
         check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
         self.strategy = strategy.resolved()

@@ -34,11 +34,21 @@ def test_aps_trainer_takes_the_models_preferred_mode(tmp_path: Path, monkeypatch
     assert trainer_mode(["--model", model, "--mode", "async"]) == "async"
 
 
-def test_strategy_default_mode_only_where_nothing_names_one() -> None:
-    assert Strategy.from_env({}, default_mode="hybrid").mode == "hybrid"
-    assert Strategy.from_env({"APS_MODE": "sync"}, default_mode="hybrid").mode == "sync"
-    assert Strategy.from_env({}, default_mode="hybrid", mode="async").mode == "async"
-    assert Strategy.from_env({}).mode == "async"
+def test_strategy_leaves_the_mode_to_the_model_unless_one_is_named(tmp_path: Path) -> None:
+    """Strategy() names no mode: every trainer kind makes it the model's preferred one (else
+    async), so aps.Trainer agrees with aps-trainer, aps-local and the fleet step loop."""
+    from aps.cluster import ClusterSpec
+    from aps.trainer import Trainer
+    from examples.linreg.model import LinReg
+
+    ctr = CtrDnn(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=8)
+    assert Strategy().mode is None and Strategy.from_env({}).mode is None
+    assert Strategy().for_model(ctr).mode == "hybrid" and Strategy().for_model(LinReg()).mode == "async"
+    assert Strategy.from_env({"APS_MODE": "sync"}).for_model(ctr).mode == "sync"
+    assert Strategy(mode="async").for_model(ctr).mode == "async"
+    cluster = ClusterSpec(["127.0.0.1:1"], 1)
+    assert Trainer(ctr, Strategy(workers=1), cluster, 0).strategy.mode == "hybrid"
+    assert Trainer(LinReg(), Strategy(workers=1), cluster, 0).strategy.mode == "async"
 
 
 @pytest.mark.timeout(60)
