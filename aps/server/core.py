@@ -211,7 +211,7 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         """Stop tracking ``table``'s changes for ``client_id``; its next read of changes returns
         every row (the drop is remembered in ``self.tracking``), so nothing is missed."""
         shard = self.tables.get(table)
-        if isinstance(shard, SparseShard):
+        if isinstance(shard, (SparseShard, HashSparseStore)):
             shard.untrack(client_id)
         self.tracking.dropped(client_id, table, over_budget=over_budget)
 
@@ -320,15 +320,6 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         if spec is None:
             raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
         return spec
-
-    def _sparse(self, name: str) -> SparseShard:
-        shard = self._sparse_or_hash(name)
-        if isinstance(shard, HashSparseStore):
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"table {name!r} is a hash table: deltas and changed-row reads (GEO) are not supported on hash tables yet",
-            )
-        return shard
 
     def _sparse_or_hash(self, name: str) -> SparseShard | HashSparseStore:
         return self._shard(name, (SparseShard, HashSparseStore), "is dense, not sparse")  # type: ignore[no-any-return]
@@ -444,21 +435,23 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
 
     def _push_sparse_delta(self, client_id: int, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
-        shard = self._sparse(msg.table)
+        shard = self._sparse_or_hash(msg.table)
+        if type(shard) is HashSparseStore:
+            return self._push_hash_delta(client_id, shard, msg, flags)
         local, ordered = self._push_ids(shard, msg.ids, flags)
         self._check_rows(shard, msg.ids, msg.values)
         shard.push_delta(local, msg.values, client=client_id, checked=True, ordered=ordered)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
 
     def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:
-        shard = self._sparse(msg.table)
+        shard = self._sparse_or_hash(msg.table)  # local: a fixed table's local rows, a hash table's slab rows
         new_client = not shard.is_tracked(client_id)
         local = shard.changed(client_id)
         if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.resumed is not None):
             # its change tracking was dropped (it was away too long, or over the tracking budget),
             # or this shard was rolled back to a checkpoint under it (a resumed server): any row
             # may have changed
-            local = np.arange(shard.local_rows, dtype=np.int64)
+            local = shard.all_rows()
         # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more":
         # marked again in the client's own bitmap, so its next read sends them (with newer changes)
         fit = max(0, (self.config.max_frame - 64) // (8 + 4 * shard.spec.dim))
@@ -475,10 +468,10 @@ class ServerCore(CheckpointHandlers, HashHandlers):
                     f"{self.config.max_frame}",
                 )
             local = local[:limit]
-        n, k = self.config.num_servers, self.config.server_index
-        return wire.ChangedReply(ids=local * n + k, values=shard.pull(local), more=int(more))
+        ids, values = shard.changed_rows(local)
+        return wire.ChangedReply(ids=ids, values=values, more=int(more))
 
-    def _charge_tracking(self, client_id: int, shard: SparseShard) -> None:
+    def _charge_tracking(self, client_id: int, shard: SparseShard | HashSparseStore) -> None:
         """Charge ``client_id``'s bitmap on ``shard`` to the tracking budget (once; a read makes
         it the most recently used) and drop the tracking the budget says to."""
         victims = self.tracking.read(client_id, shard.name, shard.tracking_bytes)

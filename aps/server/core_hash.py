@@ -79,21 +79,28 @@ class HashHandlers:
         keys = self._hash_keys(store, msg.ids)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=store.pull(keys), version=self.versions.version(msg.table))
 
-    def _push_hash(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseGrad, flags: int) -> Reply:
-        keys = self._hash_keys(store, msg.ids)
+    def _push_keys(self, store: HashSparseStore, ids: np.ndarray, values: np.ndarray, flags: int) -> np.ndarray:
+        """A push's keys, refused unless they are this server's, the values are float32
+        [n, dim] and keys flagged SORTED are unique and ascending."""
+        keys = self._hash_keys(store, ids)
         n, dim = len(keys), store.spec.dim
-        if msg.values.dtype != np.float32 or msg.values.shape != (n, dim):
+        if values.dtype != np.float32 or values.shape != (n, dim):
             raise ServerError(
                 ErrorCode.SHAPE_MISMATCH,
-                f"table {store.name!r}: values must be float32 [{n}, {dim}], got {msg.values.dtype} {list(msg.values.shape)}",
+                f"table {store.name!r}: values must be float32 [{n}, {dim}], got {values.dtype} {list(values.shape)}",
             )
+        if flags & _SORTED and n > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {store.name!r}: push flagged SORTED but its keys are not unique and ascending")
+        return keys
+
+    def _push_hash(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseGrad, flags: int) -> Reply:
+        keys = self._push_keys(store, msg.ids, msg.values, flags)
+        n = len(keys)
         for name, arr in (("shows", msg.shows), ("clicks", msg.clicks)):
             if arr is not None and (arr.dtype != np.float32 or arr.shape != (n,)):
                 raise ServerError(
                     ErrorCode.SHAPE_MISMATCH, f"table {store.name!r}: {name} must be float32 [{n}], got {arr.dtype} {list(arr.shape)}"
                 )
-        if flags & _SORTED and n > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {store.name!r}: push flagged SORTED but its keys are not unique and ascending")
         if flags & _SYNC:
             if msg.shows is not None:
                 raise ServerError(
@@ -113,11 +120,19 @@ class HashHandlers:
         if self.versions.lagged(msg.table, SPARSE, msg.based_on):
             return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old
         final = bool(flags & _FINAL)
-        store.push_grad(keys, msg.values, shows=msg.shows, clicks=msg.clicks, advance_step=final)
+        store.push_grad(keys, msg.values, shows=msg.shows, clicks=msg.clicks, advance_step=final, client=client_id)
         if final:
             self.versions.applied(msg.table)
         self._hash_upkeep(store)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+
+    def _push_hash_delta(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
+        """GEO's delta push: admission applies, then ``param += delta`` on the held keys; the
+        last chunk of a push advances the shard's step (the clock of last_step and ttl)."""
+        keys = self._push_keys(store, msg.ids, msg.values, flags)
+        store.push_delta(keys, msg.values, advance_step=bool(flags & _FINAL), client=client_id)
+        self._hash_upkeep(store)
+        return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
 
     # ----------------------------------------------------------------- shrink and upkeep
 

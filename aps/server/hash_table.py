@@ -48,6 +48,7 @@ from . import optim
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from .tables import _bad, _check_scale, _check_values
+from .tracking import ChangeTracking
 
 #: Paddle's CtrCommonAccessor defaults
 NONCLK_COEFF = 0.1
@@ -112,6 +113,7 @@ def _check_keys(table: str, keys: object) -> np.ndarray:
 
 
 _NONE = np.empty(0, np.float32)
+_NO_ROWS = np.empty(0, np.int64)
 #: statistics bytes per key: show, click, delta_score (float32) and last_step (int64)
 _STATS_NBYTES = 4 + 4 + 4 + 8
 
@@ -142,7 +144,7 @@ def budget_keys(spec: HashTable, budget: int) -> int:
     return low
 
 
-class HashSparseStore:
+class HashSparseStore(ChangeTracking):
     """The keys one pserver holds of a :class:`~aps.specs.HashTable`, with their rows, optimizer
     state and statistics. ``rows``: slab rows to reserve (default ``max_keys``, else 1024);
     ``key_limit``: keys past it are rejected (a size budget; None: only ``max_keys`` bounds)."""
@@ -168,6 +170,9 @@ class HashSparseStore:
         self._admit_seed = np.uint64(mix64(np.uint64(self._seed) ^ _ADMIT_SALT))
         self._pending = HashIndex(spec.pending_keys) if spec.admit_count > 1 else None
         self._pending_counts = np.zeros(spec.pending_keys if self._pending is not None else 0, np.int64)
+        self._init_tracking(capacity)
+        #: slab row -> its key, kept from the first changed-row read on (GEO): None before
+        self._row_keys: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -203,39 +208,76 @@ class HashSparseStore:
         clicks: np.ndarray | None = None,
         scale: float = 1.0,
         advance_step: bool = True,
+        client: int | None = None,
     ) -> int:
         """Admit what the table's rules admit of the unknown keys, then apply the optimizer to
         ``grads * scale`` on the held ones (repeats summed) and add their statistics.
 
         Returns how many keys were admitted. Occurrences of keys not admitted are dropped and
-        counted in :attr:`rejected`. ``advance_step`` as for fixed tables (chunked pushes)."""
+        counted in :attr:`rejected`. ``advance_step`` as for fixed tables (chunked pushes);
+        ``client``: the pusher, for change tracking (see :meth:`_mark_pushed`)."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
         g = _check_values(self.name, grads, (n, self.spec.dim), "grads")
         shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
         clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         scale = _check_scale(self.name, scale)
+        rows, new, held = self._admitted_rows(keys)
+        if held is not None:
+            g = g[held]
+            shows = shows[held] if shows.size else shows
+            clicks = clicks[held] if clicks.size else clicks
+        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step)
+        self._pushed(rows, new, shows, clicks, advance_step, client)
+        return int(new.size)
+
+    def push_delta(self, keys: np.ndarray, deltas: np.ndarray, *, advance_step: bool = True, client: int | None = None) -> int:
+        """GEO's ``param += delta`` per held key (repeats summed), after admitting unknown keys
+        as a gradient push does (an admitted key starts from its initial row); each occurrence
+        counts one show. Returns how many keys were admitted."""
+        keys = _check_keys(self.name, keys)
+        d = _check_values(self.name, deltas, (keys.shape[0], self.spec.dim), "deltas")
+        rows, new, held = self._admitted_rows(keys)
+        optim.add_rows(self.values, rows, d if held is None else d[held])
+        self._pushed(rows, new, _NONE, _NONE, advance_step, client)
+        return int(new.size)
+
+    def _admitted_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """A push's rows after admission: (rows of the held occurrences, rows just admitted,
+        which occurrences are held, or None for all)."""
+        n = keys.shape[0]
         rows = self.index.lookup(keys)
         absent = np.flatnonzero(rows < 0)
-        new = self._admit(keys, rows, absent) if absent.size else 0
+        new = self._admit(keys, rows, absent) if absent.size else _NO_ROWS
         self.pushes += 1
         if absent.size and (rows[absent] < 0).any():
             held = np.flatnonzero(rows >= 0)
             self.rejected += n - held.size
-            rows, g = rows[held], g[held]
-            shows = shows[held] if shows.size else shows
-            clicks = clicks[held] if clicks.size else clicks
-        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step)
+            return rows[held], new, held
+        return rows, new, None
+
+    def _pushed(self, rows: np.ndarray, new: np.ndarray, shows: np.ndarray, clicks: np.ndarray, advance_step: bool, client: int | None) -> None:
+        """After a push's update: add the statistics, mark the rows changed, advance the step."""
         _add_stats(self.show, self.click, self.delta_score, self.last_step, rows, shows, clicks,
                    self.step, NONCLK_COEFF, CLICK_COEFF)
+        self._mark_pushed(rows, new, client)
         if advance_step:
             self.step += 1
-        return new
+
+    def _mark_pushed(self, rows: np.ndarray, new: np.ndarray, client: int | None) -> None:
+        """Change tracking: the pushed rows are marked for every tracked client but the pusher,
+        and rows just admitted for the pusher too (a key evicted and admitted again starts
+        from its initial row, which is not what the pusher holds of it)."""
+        if self._dirty:
+            self._mark(rows, client)
+            if client is not None and new.size and self.is_tracked(client):
+                self.mark_for(client, new)
 
     # ------------------------------------------------------------ admission and capacity
 
-    def _admit(self, keys: np.ndarray, rows: np.ndarray, absent: np.ndarray) -> int:
-        """Insert the unknown keys that pass admission and write their rows into ``rows``."""
+    def _admit(self, keys: np.ndarray, rows: np.ndarray, absent: np.ndarray) -> np.ndarray:
+        """Insert the unknown keys that pass admission and write their rows into ``rows``;
+        returns the rows they took."""
         cand, inverse, counts = np.unique(keys[absent], return_inverse=True, return_counts=True)
         ok = np.ones(cand.shape[0], np.bool_)
         if self._pending is not None:
@@ -250,12 +292,12 @@ class HashSparseStore:
         if self._pending is not None and chosen.size:
             self._pending_counts[self._pending.delete(cand[chosen])] = 0
         if not chosen.size:
-            return 0
+            return _NO_ROWS
         cand_rows = np.full(cand.shape[0], -1, np.int64)
-        cand_rows[chosen] = self._allocate(cand[chosen])
+        new = cand_rows[chosen] = self._allocate(cand[chosen])
         rows[absent] = cand_rows[inverse]
         self.admitted += chosen.size
-        return int(chosen.size)
+        return new
 
     def _count(self, cand: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Add this push's occurrences to each pending key's counter; the counts so far."""
@@ -325,6 +367,7 @@ class HashSparseStore:
         if self.index.free_rows < keys.shape[0]:
             self._grow(len(self) + keys.shape[0])
         rows = self.index.insert(keys)
+        self._note_keys(keys, rows)
         init_key_rows(self.spec.init, self._seed, keys, rows, self.values)
         for name, arr in self.state.items():
             arr[rows] = self._template[name][0]
@@ -364,6 +407,7 @@ class HashSparseStore:
         self.show, self.click = grown(self.show), grown(self.click)
         self.delta_score, self.last_step = grown(self.delta_score), grown(self.last_step)
         self.index.grow_rows(capacity)
+        self._tracked_rows = capacity  # bitmaps widen when next used (tracking.py)
 
     # ------------------------------------------------------------ eviction
 
@@ -387,6 +431,47 @@ class HashSparseStore:
             dead |= self.step - self.last_step[rows] > ttl
         return keys[dead]
 
+    # ------------------------------------------------------------ change tracking (GEO)
+
+    def track(self, client_id: int) -> None:
+        """As :meth:`ChangeTracking.track`; the first tracked client makes the store keep each
+        slab row's key from now on (8 bytes a row, only for tables GEO reads)."""
+        if self._row_keys is None:
+            keys, rows = self.index.items()
+            self._row_keys = np.zeros(self.capacity, np.int64)
+            self._row_keys[rows] = keys
+        super().track(client_id)
+
+    def _note_keys(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        if self._row_keys is None or not rows.size:
+            return
+        if self._row_keys.shape[0] < self.capacity:
+            wider = np.zeros(self.capacity, np.int64)
+            wider[: self._row_keys.shape[0]] = self._row_keys
+            self._row_keys = wider
+        self._row_keys[rows] = keys
+
+    def changed(self, client_id: int) -> np.ndarray:
+        """Rows changed by others since ``client_id``'s last call whose keys are still held
+        (an evicted key's row is skipped; admitted again, it is marked again)."""
+        return self._held(super().changed(client_id))
+
+    def _held(self, rows: np.ndarray) -> np.ndarray:
+        if not rows.size:
+            return rows
+        assert self._row_keys is not None  # a tracked client exists
+        rows = rows[rows < self._row_keys.shape[0]]
+        return rows[self.index.lookup(self._row_keys[rows]) == rows]
+
+    def all_rows(self) -> np.ndarray:
+        """Every held key's row, ascending: what a client whose tracking was dropped reads next."""
+        return np.sort(self.index.items()[1])
+
+    def changed_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values) of held ``rows``: what a changed-row read sends."""
+        assert self._row_keys is not None
+        return self._row_keys[rows], self.values[rows]
+
     # ------------------------------------------------------------ bookkeeping
 
     @property
@@ -395,7 +480,8 @@ class HashSparseStore:
         slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
         stats = self.show.nbytes + self.click.nbytes + self.delta_score.nbytes + self.last_step.nbytes
         pending = self._pending.nbytes + self._pending_counts.nbytes if self._pending is not None else 0
-        return int(slab + stats + self.index.nbytes + pending)
+        tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
+        return int(slab + stats + self.index.nbytes + pending + tracking)
 
     @property
     def row_nbytes(self) -> int:
@@ -444,6 +530,7 @@ class HashSparseStore:
         if self.index.free_rows < keys.shape[0]:
             self._grow(len(self) + keys.shape[0])
         rows = self.index.insert(keys)
+        self._note_keys(keys, rows)
         for name, arr in self.slab_arrays().items():
             arr[rows] = arrays[name]
         if self._pending is not None:  # a bounded counter: what does not fit starts over

@@ -21,7 +21,7 @@ from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
 from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
-from .tracking import bitmap_bytes, mark_rows, take_marked
+from .tracking import ChangeTracking
 
 
 def _bad(code: ErrorCode, table: str, message: str) -> ServerError:
@@ -85,7 +85,7 @@ def _load_arrays(table: str, target: dict[str, np.ndarray], arrays: dict[str, np
         dst[...] = arrays[name]
 
 
-class SparseShard:
+class SparseShard(ChangeTracking):
     """Rows ``shard, shard + n, shard + 2n, ...`` of a sparse table, plus optimizer state.
 
     ``step`` counts completed optimizer applications on this shard (it drives lr decay).
@@ -109,7 +109,7 @@ class SparseShard:
             self.values = np.zeros((self.local_rows, spec.dim), dtype=np.float32)
         self.state = optim.new_sparse_state(spec.optimizer, self.local_rows, spec.dim)
         self.step = 0
-        self._dirty: dict[int, np.ndarray] = {}
+        self._init_tracking(self.local_rows)
 
     @property
     def name(self) -> str:
@@ -173,54 +173,13 @@ class SparseShard:
         optim.add_rows(self.values, ids, d, checked and ordered)
         self._mark(ids, client)
 
-    # ------------------------------------------------------------ change tracking (GEO)
+    def changed_rows(self, local_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global ids, rows) of ``local_ids``: what a changed-row read sends."""
+        return self.global_ids(local_ids), self.pull(local_ids, checked=True)
 
-    def track(self, client_id: int) -> None:
-        """Start recording, for ``client_id``, rows that other clients change (idempotent)."""
-        client_id = int(client_id)
-        if client_id not in self._dirty:
-            self._dirty[client_id] = np.zeros(bitmap_bytes(self.local_rows), dtype=np.uint8)
-
-    @property
-    def tracking_bytes(self) -> int:
-        """Bytes of one client's change-tracking bitmap on this shard."""
-        return bitmap_bytes(self.local_rows)
-
-    def changed(self, client_id: int) -> np.ndarray:
-        """Local ids changed by others since the last call, int64 sorted; clears them.
-
-        The first call registers the client and returns nothing: a new client pulls full rows
-        anyway, so it only needs changes from now on.
-        """
-        client_id = int(client_id)
-        bitmap = self._dirty.get(client_id)
-        if bitmap is None:
-            self.track(client_id)
-            return np.empty(0, dtype=np.int64)
-        return take_marked(bitmap)
-
-    def mark_for(self, client_id: int, local_ids: np.ndarray) -> None:
-        """Mark ``local_ids`` (valid int64 local ids) changed for ``client_id`` alone: rows a read
-        could not fit in its reply, sent by its next read. The client must be tracked."""
-        mark_rows(self._dirty[int(client_id)], local_ids)
-
-    def is_tracked(self, client_id: int) -> bool:
-        return int(client_id) in self._dirty
-
-    def untrack(self, client_id: int) -> bool:
-        """Stop recording changes for ``client_id`` (it went away); True if it was tracked."""
-        return self._dirty.pop(int(client_id), None) is not None
-
-    def _mark(self, ids: np.ndarray, client: int | None) -> None:
-        """Mark ``ids`` dirty for every tracked client except the one that pushed them.
-
-        A push without a client id is a change nobody has seen, so every tracked client gets it.
-        """
-        if not ids.size:
-            return
-        for other, bitmap in self._dirty.items():
-            if client is None or other != client:
-                mark_rows(bitmap, ids)
+    def all_rows(self) -> np.ndarray:
+        """Every local row: what a client whose tracking was dropped reads next."""
+        return np.arange(self.local_rows, dtype=np.int64)
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -230,7 +189,7 @@ class SparseShard:
         return int(
             self.values.nbytes
             + sum(a.nbytes for a in self.state.values())
-            + sum(b.nbytes for b in self._dirty.values())
+            + self.tracking_nbytes
         )
 
     def state_arrays(self) -> dict[str, np.ndarray]:

@@ -66,6 +66,82 @@ def bitmap_bytes(rows: int) -> int:
     return (rows + 7) // 8
 
 
+class ChangeTracking:
+    """Per-client change bitmaps over a shard's rows (GEO): what a fixed table's shard and a hash
+    table's store share. Each tracked client has one bit per row, set when another client changes
+    the row and cleared when the client reads it. The shard says how many rows it has
+    (:meth:`_init_tracking`, and :attr:`_tracked_rows` may grow later: a hash table's slab doubles);
+    bitmaps are widened on the event loop when next used, never under a reader."""
+
+    _dirty: dict[int, np.ndarray]
+    _tracked_rows: int
+
+    def _init_tracking(self, rows: int) -> None:
+        self._dirty = {}
+        self._tracked_rows = rows
+
+    def _bitmap(self, client_id: int) -> np.ndarray:
+        """``client_id``'s bitmap, widened to the rows the shard has now."""
+        bitmap = self._dirty[client_id]
+        size = bitmap_bytes(self._tracked_rows)
+        if bitmap.shape[0] < size:
+            wider = np.zeros(size, dtype=np.uint8)
+            wider[: bitmap.shape[0]] = bitmap
+            bitmap = self._dirty[client_id] = wider
+        return bitmap
+
+    def track(self, client_id: int) -> None:
+        """Start recording, for ``client_id``, rows that other clients change (idempotent)."""
+        client_id = int(client_id)
+        if client_id not in self._dirty:
+            self._dirty[client_id] = np.zeros(bitmap_bytes(self._tracked_rows), dtype=np.uint8)
+
+    @property
+    def tracking_bytes(self) -> int:
+        """Bytes of one client's change-tracking bitmap on this shard."""
+        return bitmap_bytes(self._tracked_rows)
+
+    @property
+    def tracking_nbytes(self) -> int:
+        """Bytes of every client's bitmap on this shard."""
+        return sum(b.nbytes for b in self._dirty.values())
+
+    def changed(self, client_id: int) -> np.ndarray:
+        """Rows changed by others since the last call, int64 ascending; clears them.
+
+        The first call registers the client and returns nothing: a new client pulls full rows
+        anyway, so it only needs changes from now on.
+        """
+        client_id = int(client_id)
+        if client_id not in self._dirty:
+            self.track(client_id)
+            return np.empty(0, dtype=np.int64)
+        return take_marked(self._bitmap(client_id))
+
+    def mark_for(self, client_id: int, rows: np.ndarray) -> None:
+        """Mark ``rows`` (valid int64 rows) changed for ``client_id`` alone: rows a read could
+        not fit in its reply, sent by its next read. The client must be tracked."""
+        mark_rows(self._bitmap(int(client_id)), rows)
+
+    def is_tracked(self, client_id: int) -> bool:
+        return int(client_id) in self._dirty
+
+    def untrack(self, client_id: int) -> bool:
+        """Stop recording changes for ``client_id`` (it went away); True if it was tracked."""
+        return self._dirty.pop(int(client_id), None) is not None
+
+    def _mark(self, rows: np.ndarray, client: int | None) -> None:
+        """Mark ``rows`` dirty for every tracked client except the one that pushed them.
+
+        A push without a client id is a change nobody has seen, so every tracked client gets it.
+        """
+        if not rows.size or not self._dirty:
+            return
+        for other in list(self._dirty):
+            if client is None or other != client:
+                mark_rows(self._bitmap(other), rows)
+
+
 class DroppedFilter:
     """The (client, table) pairs whose change tracking was dropped: a Bloom filter of ``bits``
     bits and ``hashes`` probes (no false "not dropped"; rare false "dropped")."""

@@ -183,14 +183,12 @@ async def test_a_chunked_push_sums_repeated_keys_with_their_shows() -> None:
         assert store_of(servers[0]).step == 1  # one logical push
 
 
-async def test_fixed_tables_refuse_shows_and_hash_tables_refuse_geo_requests() -> None:
+async def test_fixed_tables_refuse_shows_and_shrink() -> None:
     async with cluster(1) as (servers, ps):
         await ps.create_table(aps.SparseTable("fixed", rows=10, dim=2))
         with pytest.raises(aps.ConfigError, match="shows are for hash tables"):
             await ps.push_sparse_grad("fixed", [1], np.ones((1, 2)), shows=[1.0])
         await ps.create_table(emb())
-        with pytest.raises(aps.ServerError, match="not supported on hash tables yet"):
-            await ps.push_sparse_delta("emb", [1], np.ones((1, DIM)))
         with pytest.raises(aps.ServerError, match="not a hash table"):
             await ps.shrink("fixed")
         assert (await ps.table_info("fixed")).keys == 10
