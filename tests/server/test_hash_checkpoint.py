@@ -287,3 +287,24 @@ def test_a_load_refuses_more_keys_than_a_shard_may_hold(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"has \d+ keys for server 0 of 1, more than the 300 it may hold"):
         load_shards(tmp_path / "c", 0, 1)
     assert len(load_shards(tmp_path / "c", 0, 2)[0]["emb"]) == int((owners == 0).sum())
+
+
+def test_the_save_mode_is_an_optional_trailing_field_of_save() -> None:
+    """A SAVE without a mode is byte for byte the frame of before the field existed (a full
+    save, as an older server reads it); with one, it is appended and read back."""
+    from aps import wire
+    from aps.wire.frame import FrameDecoder
+
+    def decoded(data: bytes) -> wire.Message:
+        decoder = FrameDecoder()
+        decoder.receive_data(data)
+        frame = decoder.next_frame()
+        assert frame is not None
+        return wire.decode(frame)
+
+    plain = wire.encode_bytes(wire.Save(path="ckpt", save_id="s1"), 3)
+    moded = wire.encode_bytes(wire.Save(path="ckpt", save_id="s1", mode="delta"), 3)
+    assert moded[wire.HEADER_SIZE :].startswith(plain[wire.HEADER_SIZE :])  # appended after every old field
+    assert len(moded) == len(plain) + 2 + len("delta")  # u16 length + UTF-8
+    assert decoded(plain) == wire.Save(path="ckpt", save_id="s1", mode=None)
+    assert decoded(moded) == wire.Save(path="ckpt", save_id="s1", mode="delta")
