@@ -289,7 +289,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        self.core.client_connected(self.client_id)
+        self.core.client_connected(self.client_id, self.trainer_id)
         if 0 <= self.trainer_id < self.config.num_trainers:
             self.core.leases.connected(self.trainer_id)
 

@@ -10,7 +10,8 @@ retries those requests, which then count again, once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +34,45 @@ class _BarrierState:
     target: int
     default: bool = False  # the count was the cluster's (live) trainers, not the caller's own
     arrived: dict[int, int] = field(default_factory=dict)  # client id -> value
+    trainer_of: dict[int, int] = field(default_factory=dict)  # client id -> its trainer (-1: none)
     waiters: dict[int, list[asyncio.Future[int]]] = field(default_factory=dict)  # client id -> its requests
 
 
+#: barriers passed without a counted-out trainer that are remembered for its late arrival; the
+#: oldest is forgotten first (a trainer that late then waits at it like at a new barrier)
+PASSED_KEPT = 4096
+
+
 class Barriers:
-    """Named barriers; arrivals are keyed by client so a retried call counts once."""
+    """Named barriers; arrivals are keyed by client so a retried call counts once.
 
-    def __init__(self) -> None:
+    A barrier counted in live trainers (``default``) waits for the trainers that are not counted
+    out (``counted_out()``: the gone ones); an arrival of a counted-out trainer does not count
+    toward it. Such a barrier that completes without a counted-out trainer is remembered: that
+    trainer's own arrival later (it was paused, came back and caught up) completes at once with
+    the barrier's total, so a trainer that rejoins never waits at a barrier the others passed.
+    """
+
+    def __init__(self, counted_out: Callable[[], AbstractSet[int]] = frozenset) -> None:
         self._pending: dict[str, _BarrierState] = {}
+        self._counted_out = counted_out
+        #: name -> (total, trainers that did not arrive before it completed)
+        self._passed: OrderedDict[str, tuple[int, set[int]]] = OrderedDict()
 
-    def arrive(self, name: str, client_id: int, target: int, value: int = 0, default: bool = False) -> asyncio.Future[int]:
+    def arrive(
+        self, name: str, client_id: int, target: int, value: int = 0, default: bool = False, trainer: int = -1
+    ) -> asyncio.Future[int]:
         """Join barrier ``name``; the future resolves to the sum of every participant's value.
-        ``default``: ``target`` is the cluster's live trainers, which :meth:`retarget` may lower."""
+        ``default``: ``target`` is the cluster's live trainers, which :meth:`retarget` may change;
+        ``trainer``: the caller's trainer id (-1: not a trainer)."""
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        passed = self._passed.get(name) if default and trainer >= 0 else None
+        if passed is not None and trainer in passed[1] and name not in self._pending:
+            passed[1].discard(trainer)  # a late trainer: the others are past this barrier
+            if not passed[1]:
+                del self._passed[name]
+            waiter.set_result(passed[0])
+            return waiter
         state = self._pending.get(name)
         if state is None:
             state = self._pending[name] = _BarrierState(target, default)
@@ -52,23 +80,32 @@ class Barriers:
             state.target = target  # the live trainers as of this arrival
         elif state.target != target:
             raise ServerError(ErrorCode.BAD_REQUEST, f"barrier {name!r} expects {state.target} participants, got {target}")
-        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         state.arrived[client_id] = value
+        state.trainer_of[client_id] = trainer
         state.waiters.setdefault(client_id, []).append(waiter)
         self._complete(name, state)
         return waiter
 
     def _complete(self, name: str, state: _BarrierState) -> None:
-        if len(state.arrived) >= state.target:
-            del self._pending[name]
-            total = sum(state.arrived.values())
-            for waiters in state.waiters.values():
-                for w in waiters:
-                    if not w.done():
-                        w.set_result(total)
+        out = self._counted_out() if state.default else frozenset()
+        counted = sum(1 for c in state.arrived if state.trainer_of.get(c, -1) not in out)
+        if counted < state.target:
+            return
+        del self._pending[name]
+        total = sum(state.arrived.values())
+        for waiters in state.waiters.values():
+            for w in waiters:
+                if not w.done():
+                    w.set_result(total)
+        missing = set(out) - set(state.trainer_of.values())
+        if missing:
+            self._passed[name] = (total, missing)
+            while len(self._passed) > PASSED_KEPT:
+                self._passed.popitem(last=False)
 
     def retarget(self, target: int) -> None:
-        """Trainers are gone: barriers counted in live trainers now wait for ``target`` of them."""
+        """Trainers went or came back: barriers counted in live trainers now wait for ``target``
+        of them (the arrivals of counted-out trainers do not count)."""
         for name, state in list(self._pending.items()):
             if state.default:
                 state.target = target
@@ -81,6 +118,7 @@ class Barriers:
             if client_id not in state.arrived:
                 continue
             del state.arrived[client_id]
+            state.trainer_of.pop(client_id, None)
             failed += _fail(state.waiters.pop(client_id, []), error)
             if not state.arrived:
                 del self._pending[name]  # nobody waits: a later barrier may pick another count

@@ -57,11 +57,16 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         #: gradient updates applied per table shard / dense block, and lagged pushes dropped
         self.versions = UpdateVersions(config.lag_limit)
         self.replays = ReplayCache(config.dedup_window)
-        self.barriers = Barriers()
+        self.barriers = Barriers(lambda: self.leases.gone)
         self.sync_rounds = SyncRounds(config.num_trainers)
         self.done_trainers: set[int] = set()
+        #: trainers declared gone that may not come back (a sync job went on or failed without
+        #: them), with what they are told at their next request
+        self.dropped: dict[int, str] = {}
+        self._sync_seen = False  # a SYNC push came: this is a sync job, a gone trainer is dropped
         self._on_all_done = on_all_done
         self._clients: dict[int, int] = {}  # client id -> its open (handshaken) connections
+        self._trainer_of: dict[int, int] = {}  # client id -> the trainer its HELLO named (trainers only)
         self._forget_timers: dict[int, asyncio.TimerHandle] = {}
         #: change tracking over all sparse tables, bounded by max_tracking_bytes (tracking.py)
         self.tracking = TrackingBudget(config.max_tracking_bytes)
@@ -91,8 +96,11 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         if handler is None:
             raise ServerError(ErrorCode.UNKNOWN_OPCODE, f"opcode {message_op(msg)} is not served after the handshake")
         if 0 <= trainer_id < self.config.num_trainers:
+            if trainer_id in self.leases.gone:
+                self._heard_from_gone(trainer_id)
             self.leases.heard(trainer_id)
         if flags & _SYNC:
+            self._sync_seen = True
             self._sync_allowed()
         if type(msg) in _WRITES and self.gate.busy:
             return self.gate.after(lambda: self._run_held(handler, client_id, msg, flags))
@@ -129,15 +137,39 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         )
 
     def _trainers_gone(self, trainers: list[int]) -> None:
-        """Leases expired: fail what waits for these trainers, count them as done for the exit rule."""
+        """Leases expired: fail what waits for these trainers, count them as done for the exit rule.
+        In a sync job they are dropped for good (the rounds they were part of failed); else they
+        may rejoin (:meth:`_heard_from_gone`)."""
         for trainer in trainers:
+            silent = self.leases.silent_for(trainer)
             log.warning(
-                "trainer gone: no longer waiting for it", trainer=trainer, silent_seconds=round(self.leases.silent_for(trainer), 1),
+                "trainer gone: no longer waiting for it", trainer=trainer, silent_seconds=round(silent, 1),
                 timeout=self.leases.timeout, connections=self.leases.connections.get(trainer, 0),
+                dropped=self._sync_seen,
             )
-        self.sync_rounds.fail_all(self._gone_error("the sync round waiting for it failed"))
+            if self._sync_seen:
+                self.dropped[trainer] = (
+                    f"trainer {trainer} was dropped by server {self.config.server_index}: nothing was heard from it for "
+                    f"{silent:.1f} s, over aps-server --trainer-timeout {self.leases.timeout:g} s, and a sync job "
+                    "cannot take a trainer back (the rounds it was part of failed); restart the job, from its last checkpoint"
+                )
+        error = self._gone_error("the sync round waiting for it failed")
+        for client_id, trainer in list(self._trainer_of.items()):
+            if trainer in self.dropped:  # its own waiting pushes learn that it was dropped
+                self.sync_rounds.withdraw(client_id, ServerError(ErrorCode.TRAINER_GONE, self.dropped[trainer]))
+        self.sync_rounds.fail_all(error)
         self.barriers.retarget(self._barrier_target())
         self._maybe_all_done()
+
+    def _heard_from_gone(self, trainer: int) -> None:
+        """A request from a trainer declared gone: a dropped one is told so (TRAINER_GONE, not
+        retriable); any other rejoins, and barriers counted in live trainers count it again."""
+        reason = self.dropped.get(trainer)
+        if reason is not None:
+            raise ServerError(ErrorCode.TRAINER_GONE, reason)
+        log.warning("trainer back: it rejoins", trainer=trainer, silent_seconds=round(self.leases.silent_for(trainer), 1))
+        self.leases.back(trainer)
+        self.barriers.retarget(self._barrier_target())
 
     def _barrier_target(self) -> int:
         """Participants of a default-count barrier: the trainers that are not gone."""
@@ -163,9 +195,11 @@ class ServerCore(CheckpointHandlers, HashHandlers):
 
     # ----------------------------------------------------------------- clients coming and going
 
-    def client_connected(self, client_id: int) -> None:
-        """A connection of ``client_id`` finished its handshake."""
+    def client_connected(self, client_id: int, trainer_id: int = -1) -> None:
+        """A connection of ``client_id`` (trainer ``trainer_id``, -1: none) finished its handshake."""
         self._clients[client_id] = self._clients.get(client_id, 0) + 1
+        if trainer_id >= 0:
+            self._trainer_of[client_id] = trainer_id
         self.tracking.back(client_id)
         timer = self._forget_timers.pop(client_id, None)
         if timer is not None:
@@ -183,6 +217,7 @@ class ServerCore(CheckpointHandlers, HashHandlers):
             self._clients[client_id] = left
             return
         self._clients.pop(client_id, None)
+        self._trainer_of.pop(client_id, None)
         self.tracking.gone(client_id)
         error = ServerError(
             ErrorCode.BAD_REQUEST, "withdrawn: the client disconnected before the barrier or sync round completed", True
@@ -531,7 +566,10 @@ class ServerCore(CheckpointHandlers, HashHandlers):
     # ----------------------------------------------------------------- coordination
 
     def _barrier(self, client_id: int, msg: wire.Barrier, flags: int) -> Reply:
-        done = self.barriers.arrive(msg.name, client_id, msg.count or self._barrier_target(), msg.value, default=not msg.count)
+        done = self.barriers.arrive(
+            msg.name, client_id, msg.count or self._barrier_target(), msg.value, default=not msg.count,
+            trainer=self._trainer_of.get(client_id, -1),
+        )
 
         async def reply() -> wire.Message:
             return wire.BarrierReply(total=await done)

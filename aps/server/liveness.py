@@ -11,7 +11,9 @@ from a checkpoint (``resume``) counts every trainer as heard at its start, becau
 that finished while it was down will never come back to say so.
 
 What being gone does is the core's business (core.py): sync rounds and barriers waiting for a
-gone trainer fail naming it, and it counts as done for the exit rule.
+gone trainer fail naming it, and it counts as done for the exit rule. Hearing from a gone
+trainer again does not make it live: the core decides, at its next request, whether it rejoins
+(:meth:`TrainerLeases.back`) or is told it was dropped.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ class TrainerLeases:
     def heard(self, trainer: int) -> None:
         """A frame came from ``trainer`` (cheap: called for every frame of a trainer)."""
         self.last_heard[trainer] = asyncio.get_running_loop().time()
-        if trainer in self.gone:
-            self.gone.discard(trainer)
+
+    def back(self, trainer: int) -> None:
+        """A gone trainer rejoins: it is live again, and may be declared gone again."""
+        self.gone.discard(trainer)
+        self.heard(trainer)
 
     def connected(self, trainer: int) -> None:
         self.connections[trainer] = self.connections.get(trainer, 0) + 1

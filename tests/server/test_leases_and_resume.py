@@ -24,6 +24,16 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def live_and_mute(srv: aps.PServer) -> tuple[aps.PSClient, aps.PSClient]:
+    """Trainer 0 (heartbeats on) and trainer 1, known to the server but mute from now on (no
+    heartbeats): what a paused or cut-off trainer looks like to a pserver."""
+    a = await aps.connect([srv.address], trainer_id=0)
+    b = await aps.connect([srv.address], trainer_id=1, heartbeat=0)
+    await a.create_table(EMB)
+    await b.ping()
+    return a, b
+
+
 async def test_heartbeats_keep_an_idle_trainer_alive() -> None:
     srv = await aps.serve(num_trainers=2, trainer_timeout=0.4, exit_when_done=False)
     try:
@@ -39,10 +49,7 @@ async def test_heartbeats_keep_an_idle_trainer_alive() -> None:
 async def test_sync_round_fails_naming_the_gone_trainer() -> None:
     srv = await aps.serve(num_trainers=2, trainer_timeout=0.3, exit_when_done=True)
     try:
-        a = await aps.connect([srv.address], trainer_id=0)
-        b = await aps.connect([srv.address], trainer_id=1, heartbeat=0)
-        await a.create_table(EMB)
-        await b.ping()  # trainer 1 is known to the server
+        a, b = await live_and_mute(srv)
         await b.aclose()
         started = time.monotonic()
         with pytest.raises(aps.ServerError, match="trainer 1 is gone") as info:
@@ -76,6 +83,45 @@ async def test_epoch_barrier_completes_without_the_gone_trainer() -> None:
         named.cancel()
         for c in clients[:2]:
             await c.aclose()
+    finally:
+        await srv.aclose()
+
+
+async def test_a_trainer_back_from_gone_passes_at_once_the_barriers_the_others_passed() -> None:
+    srv = await aps.serve(num_trainers=2, trainer_timeout=0.5, exit_when_done=False)
+    try:
+        a, b = await live_and_mute(srv)  # trainer 1 mute: a paused trainer
+        await eventually(lambda: srv.core.leases.gone == {1})
+        assert await a.barrier("aps.epoch.0", value=1) == 1  # trainer 1 is counted out
+        assert await a.barrier("aps.epoch.1", value=1) == 1
+        # trainer 1 comes back: it rejoins, and the barriers the others passed complete at once
+        assert await asyncio.wait_for(b.barrier("aps.epoch.0", value=5), 1) == 1
+        assert srv.core.leases.gone == set()
+        assert await asyncio.wait_for(b.barrier("aps.epoch.1", value=5), 1) == 1
+        # the next barrier counts it again
+        waiting = asyncio.ensure_future(a.barrier("aps.epoch.2", value=1))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        assert await b.barrier("aps.epoch.2", value=5) == 6 and await waiting == 6
+        await a.aclose()
+        await b.aclose()
+    finally:
+        await srv.aclose()
+
+
+async def test_a_gone_trainer_of_a_sync_job_is_told_it_was_dropped() -> None:
+    srv = await aps.serve(num_trainers=2, trainer_timeout=0.3, exit_when_done=False)
+    try:
+        a, b = await live_and_mute(srv)
+        with pytest.raises(aps.ServerError, match="trainer 1 is gone"):
+            await a.push_sparse_grad("emb", [1], np.ones((1, 2), np.float32), sync=True)
+        for request in (b.ping(), b.push_sparse_grad("emb", [1], np.ones((1, 2), np.float32), sync=True)):
+            with pytest.raises(aps.ServerError, match="trainer 1 was dropped .* --trainer-timeout 0.3 s") as info:
+                await request
+            assert info.value.code == ErrorCode.TRAINER_GONE and not info.value.retriable
+        assert srv.core.leases.gone == {1}  # it stays counted out: nothing waits for it
+        await a.aclose()
+        await b.aclose()
     finally:
         await srv.aclose()
 
