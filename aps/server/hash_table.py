@@ -48,7 +48,7 @@ from . import optim
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from .tables import _bad, _check_scale, _check_values
-from .tracking import ChangeTracking
+from .hash_tracking import HashChangeTracking
 
 #: Paddle's CtrCommonAccessor defaults
 NONCLK_COEFF = 0.1
@@ -144,7 +144,7 @@ def budget_keys(spec: HashTable, budget: int) -> int:
     return low
 
 
-class HashSparseStore(ChangeTracking):
+class HashSparseStore(HashChangeTracking):
     """The keys one pserver holds of a :class:`~aps.specs.HashTable`, with their rows, optimizer
     state and statistics. ``rows``: slab rows to reserve (default ``max_keys``, else 1024);
     ``key_limit``: keys past it are rejected (a size budget; None: only ``max_keys`` bounds)."""
@@ -170,9 +170,7 @@ class HashSparseStore(ChangeTracking):
         self._admit_seed = np.uint64(mix64(np.uint64(self._seed) ^ _ADMIT_SALT))
         self._pending = HashIndex(spec.pending_keys) if spec.admit_count > 1 else None
         self._pending_counts = np.zeros(spec.pending_keys if self._pending is not None else 0, np.int64)
-        self._init_tracking(capacity)
-        #: slab row -> its key, kept from the first changed-row read on (GEO): None before
-        self._row_keys: np.ndarray | None = None
+        self._init_hash_tracking(capacity)
 
     @property
     def name(self) -> str:
@@ -181,10 +179,6 @@ class HashSparseStore(ChangeTracking):
     def __len__(self) -> int:
         """Keys held."""
         return len(self.index)
-
-    @property
-    def capacity(self) -> int:
-        return self.index.row_capacity
 
     # ------------------------------------------------------------ data path
 
@@ -263,15 +257,6 @@ class HashSparseStore(ChangeTracking):
         self._mark_pushed(rows, new, client)
         if advance_step:
             self.step += 1
-
-    def _mark_pushed(self, rows: np.ndarray, new: np.ndarray, client: int | None) -> None:
-        """Change tracking: the pushed rows are marked for every tracked client but the pusher,
-        and rows just admitted for the pusher too (a key evicted and admitted again starts
-        from its initial row, which is not what the pusher holds of it)."""
-        if self._dirty:
-            self._mark(rows, client)
-            if client is not None and new.size and self.is_tracked(client):
-                self.mark_for(client, new)
 
     # ------------------------------------------------------------ admission and capacity
 
@@ -430,47 +415,6 @@ class HashSparseStore(ChangeTracking):
         if ttl is not None:
             dead |= self.step - self.last_step[rows] > ttl
         return keys[dead]
-
-    # ------------------------------------------------------------ change tracking (GEO)
-
-    def track(self, client_id: int) -> None:
-        """As :meth:`ChangeTracking.track`; the first tracked client makes the store keep each
-        slab row's key from now on (8 bytes a row, only for tables GEO reads)."""
-        if self._row_keys is None:
-            keys, rows = self.index.items()
-            self._row_keys = np.zeros(self.capacity, np.int64)
-            self._row_keys[rows] = keys
-        super().track(client_id)
-
-    def _note_keys(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        if self._row_keys is None or not rows.size:
-            return
-        if self._row_keys.shape[0] < self.capacity:
-            wider = np.zeros(self.capacity, np.int64)
-            wider[: self._row_keys.shape[0]] = self._row_keys
-            self._row_keys = wider
-        self._row_keys[rows] = keys
-
-    def changed(self, client_id: int) -> np.ndarray:
-        """Rows changed by others since ``client_id``'s last call whose keys are still held
-        (an evicted key's row is skipped; admitted again, it is marked again)."""
-        return self._held(super().changed(client_id))
-
-    def _held(self, rows: np.ndarray) -> np.ndarray:
-        if not rows.size:
-            return rows
-        assert self._row_keys is not None  # a tracked client exists
-        rows = rows[rows < self._row_keys.shape[0]]
-        return rows[self.index.lookup(self._row_keys[rows]) == rows]
-
-    def all_rows(self) -> np.ndarray:
-        """Every held key's row, ascending: what a client whose tracking was dropped reads next."""
-        return np.sort(self.index.items()[1])
-
-    def changed_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, values) of held ``rows``: what a changed-row read sends."""
-        assert self._row_keys is not None
-        return self._row_keys[rows], self.values[rows]
 
     # ------------------------------------------------------------ bookkeeping
 
