@@ -368,6 +368,14 @@ class TrainerCollector(Collector):
             yield gauge("aps_trainer_sliding_auc", "AUC of the last 20 batches of every worker.", window)
         comm = p.comm
         if comm is not None:
+            out = GaugeMetricFamily(
+                "aps_trainer_pserver_unreachable_seconds",
+                "Seconds each pserver this trainer cannot reach has been out of reach (no sample: all reachable).",
+                labels=["trainer", "pserver"],
+            )
+            for outage in comm.ps.unreachable():
+                out.add_metric([label[0], outage["address"]], outage["seconds"])
+            yield out
             yield gauge("aps_trainer_epoch", "Epoch being trained (0-based).", comm.epoch)
             yield counter("aps_trainer_pushes", "Merged gradient pushes sent to the pservers.", comm.sends)
             yield counter("aps_trainer_geo_syncs", "Geo mode: delta exchanges with the pservers.", comm.geo_syncs)

@@ -14,10 +14,11 @@ import asyncio
 import ssl as _ssl
 
 from .. import wire
-from ..errors import ConfigError, ConnectionLost, ServerError
+from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
 from .fanout import gather
 from .lanes import PortPlan, lane_address
 from .link import Link
+from .outages import Outages
 from .retry import Attempts, RetryPolicy, timed_out, within
 
 #: bytes kept free in a frame for the header and small fields when sizing chunks
@@ -61,6 +62,8 @@ class LinkPool:
         self._frame_budget: int | None = None  # frame_budget(), until the links change
         self.closed = False
         self._heartbeat: asyncio.Task[None] | None = None
+        #: pservers unreachable right now, reported as they stay so (outages.py)
+        self.outages = Outages(retry.deadline)
 
     def request_id(self, count: int = 1) -> int:
         """The first of ``count`` fresh request ids."""
@@ -150,6 +153,7 @@ class LinkPool:
             raise ConnectionLost(f"client closed while connecting to {link.address}")
         self.links[i] = link
         self._frame_budget = None
+        self.outages.reached(link.address)
         return link
 
     async def _open_link(self, k: int, lane: int = 0) -> Link:
@@ -203,16 +207,29 @@ class LinkPool:
             raise ConfigError("this client is closed")
         request_id = self.request_id()
         attempts: Attempts | None = None
-        while True:
-            try:
-                link = self.links[k * self.ports.lanes + lane]
-                if link is None or link.closed:
-                    link = await self._connect_by(k, lane, deadline, limit)
-                return await link.request(msg, request_id, flags, deadline, limit)
-            except (ConnectionLost, ServerError) as exc:
-                if self.closed:  # closed by its owner meanwhile: no reconnect, no retry
-                    raise
-                if attempts is None:
-                    attempts = self.retry.attempts(lane_address(self.addresses[k], lane), deadline, limit)
-                pause = attempts.failed(exc, asyncio.get_running_loop().time())
-            await asyncio.sleep(pause)
+        unreachable = ""  # the address this call failed to reach, while it retries
+        try:
+            while True:
+                try:
+                    link = self.links[k * self.ports.lanes + lane]
+                    if link is None or link.closed:
+                        link = await self._connect_by(k, lane, deadline, limit)
+                    return await link.request(msg, request_id, flags, deadline, limit)
+                except (ConnectionLost, ServerError) as exc:
+                    if self.closed:  # closed by its owner meanwhile: no reconnect, no retry
+                        raise
+                    address = lane_address(self.addresses[k], lane)
+                    if attempts is None:
+                        attempts = self.retry.attempts(address, deadline, limit)
+                    if isinstance(exc, ConnectionLost):
+                        self.outages.failed(address, exc, type(msg).__name__, first=not unreachable)
+                        unreachable = address
+                    pause = attempts.failed(exc, asyncio.get_running_loop().time())
+                await asyncio.sleep(pause)
+        except RequestTimeout as exc:
+            if unreachable:  # the timeout's cause: name the pserver and its last connect error
+                raise self.outages.explain(exc, unreachable) from exc
+            raise
+        finally:
+            if unreachable:
+                self.outages.ended(unreachable, type(msg).__name__)

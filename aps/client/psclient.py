@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import wire
-from ..errors import ConfigError
+from ..errors import ConfigError, RequestTimeout
 from ..sharding import SparseSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
@@ -132,8 +132,18 @@ class PSClient:
     # ----------------------------------------------------------------- plumbing
 
     async def _budget(self, work: Awaitable[T], timeout: Timeout = True) -> T:
-        """Run ``work`` under one timeout budget (the client's default unless given)."""
-        return await within(work, call_limit(timeout, self.timeout))
+        """Run ``work`` under one timeout budget (the client's default unless given); a call
+        that runs out of it while a pserver is unreachable names that pserver."""
+        try:
+            return await within(work, call_limit(timeout, self.timeout))
+        except RequestTimeout as exc:
+            raise self._pool.outages.explain(exc) from exc
+
+    def unreachable(self) -> list[dict[str, Any]]:
+        """The pservers this client cannot reach right now, each as ``address``, ``since``
+        (local time of the first failure), ``seconds``, ``waiting`` (the requests retrying
+        toward it) and ``last_error`` (the last connect error); empty when all are reachable."""
+        return self._pool.outages.report()
 
     async def _all(self, msg: wire.Message, timeout: Timeout) -> list[wire.Message]:
         """The same request to every pserver, under one timeout budget."""

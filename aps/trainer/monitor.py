@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -91,6 +92,9 @@ class Monitor:
     sinks: list[RecordSink] = field(default_factory=list)
     #: the workers' steps by staleness ([workers, STALE_BUCKETS]); reported where workers pull
     staleness: np.ndarray | None = None
+    #: the pservers the trainer cannot reach right now (PSClient.unreachable): progress records
+    #: and lines name them, so a stalled trainer says why
+    unreachable: Callable[[], list[dict[str, Any]]] | None = None
     _last: Snapshot | None = None  # at the last record
     _shown: Snapshot | None = None  # at the last line shown
     _epoch_start: Snapshot | None = None
@@ -176,7 +180,15 @@ class Monitor:
             "wait_share": (now.wait_s - start.wait_s) / busy,
             **_staleness(start, now),
             **self._auc(),
+            **self._unreachable(event),
         }
+
+    def _unreachable(self, event: str) -> dict[str, Any]:
+        """``unreachable``: the pservers out of reach now (progress records only, when any)."""
+        if event != "progress" or self.unreachable is None:
+            return {}
+        out = self.unreachable()
+        return {"unreachable": out} if out else {}
 
     def _auc(self) -> dict[str, float]:
         """Global AUC (since the start) and AUC of the last 20 batches of every worker."""
@@ -195,6 +207,8 @@ class Monitor:
 
     def _show(self, record: dict[str, Any], force_log: bool = False) -> None:
         shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items() if k not in ("time", "event")}
+        if "unreachable" in shown:  # first on the line: it is why the numbers stand still
+            shown = {"unreachable": _outages_line(shown.pop("unreachable")), **shown}
         if self.line is not None and not force_log:
             text = " ".join(f"{k}={v}" for k, v in shown.items())
             self.line.write("\r\x1b[2K" + text[:200])
@@ -213,6 +227,10 @@ def _staleness(start: Snapshot, now: Snapshot) -> dict[str, float]:
     if not len(seen):
         return {}
     return {"staleness": (now.stale_sum - start.stale_sum) / float(steps.sum()), "staleness_max": int(seen[-1])}
+
+
+def _outages_line(outages: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{o['address']} since {o['since']} ({o['seconds']} s, waiting: {o['waiting']})" for o in outages)
 
 
 def terminal() -> TextIO | None:

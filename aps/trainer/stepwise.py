@@ -163,7 +163,7 @@ class StepTrainer:
         )
         self.probe.comm = self._comm
         await self._comm.start()
-        self._monitor = make_monitor(self.options, attached, self.trainer_id, None)  # the user's loop owns the terminal
+        self._monitor = make_monitor(self.options, attached, self.trainer_id, None, ps)  # the user's loop owns the terminal
         self.probe.monitor = self._monitor
         if self.options.metrics_port is not None:
             self._metrics = MetricsEndpoint(

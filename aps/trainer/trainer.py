@@ -88,8 +88,9 @@ def check_options(options: TrainOptions) -> None:
     seconds("record_period", options.record_period, None, none="automatic")
 
 
-def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None) -> Monitor:
-    """The trainer's monitor with its records' destinations: the metrics file and TensorBoard."""
+def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None, ps: PSClient) -> Monitor:
+    """The trainer's monitor with its records' destinations: the metrics file and TensorBoard;
+    its records name the pservers ``ps`` cannot reach."""
     sinks: list[RecordSink] = [TensorBoardSink(options.tensorboard)] if options.tensorboard else []
     return Monitor(
         attached.stats,
@@ -101,6 +102,7 @@ def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, lin
         options.record_period,
         sinks,
         attached.staleness,
+        ps.unreachable,
     )
 
 
@@ -282,7 +284,7 @@ class Trainer:
             await pool.watch(comm.start())
             await pool.ready()
             log.info("workers ready", workers=len(pool), seconds=round(time.monotonic() - started, 2))
-            monitor = make_monitor(self.options, attached, self.trainer_id, terminal() if self.options.live_line else None)
+            monitor = make_monitor(self.options, attached, self.trainer_id, terminal() if self.options.live_line else None, ps)
             self.probe.monitor = monitor
             for epoch in range(epochs):
                 result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))
