@@ -102,20 +102,25 @@ class HashHandlers:
                     ErrorCode.SHAPE_MISMATCH, f"table {store.name!r}: {name} must be float32 [{n}], got {arr.dtype} {list(arr.shape)}"
                 )
         if flags & _SYNC:
-            if msg.shows is not None:
-                raise ServerError(
-                    ErrorCode.BAD_REQUEST, f"table {store.name!r}: shows and clicks in a sync push are not supported yet"
-                )
             scale = 1.0 / self.config.num_trainers
+            dim = store.spec.dim
+            # a round holds each pushed row with its show and click (the defaults of a push
+            # without them: one show, no click), so every trainer's statistics are added
+            # unscaled while the gradients are averaged
+            rows = np.empty((n, dim + 2), np.float32)
+            rows[:, :dim] = msg.values
+            rows[:, dim] = 1.0 if msg.shows is None else msg.shows
+            rows[:, dim + 1] = 0.0 if msg.clicks is None else msg.clicks
 
             def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
                 assert ids is not None
-                store.push_grad(ids, values, scale=scale, advance_step=True)
+                grads, shows, clicks = (np.ascontiguousarray(values[:, k]) for k in (slice(0, dim), dim, dim + 1))
+                store.push_grad(ids, grads, shows=shows, clicks=clicks, scale=scale, advance_step=True)
                 self.versions.applied(store.name)
                 self._hash_upkeep(store)
 
             return self.sync_rounds.add(
-                (msg.table,), client_id, keys, msg.values, bool(flags & _FINAL), apply, result=wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+                (msg.table,), client_id, keys, rows, bool(flags & _FINAL), apply, result=wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
             )
         if self.versions.lagged(msg.table, SPARSE, msg.based_on):
             return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old

@@ -212,6 +212,25 @@ async def test_sync_pushes_of_two_trainers_on_a_hash_table_apply_their_mean_once
             await s.aclose()
 
 
+async def test_sync_pushes_carry_shows_and_clicks_summed_while_gradients_are_averaged() -> None:
+    """Sync mode's trainers push each key's shows and clicks with its gradient (the CTR models
+    with table=hash): the round adds every trainer's statistics and averages the gradients."""
+    servers = [await aps.serve(num_trainers=2, server_index=0, num_servers=1)]
+    try:
+        async with aps.connect([servers[0].address]) as a, aps.connect([servers[0].address]) as b:
+            await a.create_table(emb(optimizer=aps.SGD(lr=1.0), init=aps.Constant(0.0)))
+            keys = np.array([5, -7], np.int64)
+            await asyncio.gather(
+                a.push_sparse_grad("emb", keys, np.full((2, DIM), 1.0), shows=[3.0, 1.0], clicks=[1.0, 0.0], sync=True),
+                b.push_sparse_grad("emb", keys, np.full((2, DIM), 3.0), sync=True),  # one show, no click each
+            )
+            np.testing.assert_array_equal(await a.pull_sparse("emb", keys), np.full((2, DIM), -2.0, np.float32))
+            got = store_of(servers[0]).rows_of(keys)
+            assert got["show"].tolist() == [4.0, 2.0] and got["click"].tolist() == [1.0, 0.0]
+    finally:
+        await servers[0].aclose()
+
+
 async def test_byte_budgets_refuse_a_cap_too_big_and_hold_an_unbounded_table_to_what_fits() -> None:
     spec = emb()
     limit = planned_nbytes(spec, 20_000)
