@@ -83,6 +83,12 @@ def slot_id(column: int, value: str, buckets: int = HASH_BUCKETS) -> int:
     return fnv1a64((str(column) + value).encode("utf-8")) % buckets
 
 
+def slot_key(column: int, value: str) -> int:
+    """The hash table key of ``value`` in field ``column``: the full FNV-1a 64 of the pair as a
+    signed int64 (same bits), no modulo, so distinct features never share a row by design."""
+    return int(np.uint64(fnv1a64((str(column) + value).encode("utf-8"))).astype(np.int64))
+
+
 @njit(cache=True, nogil=True)
 def _parse(buf, n_dense, n_slots, cont_min, cont_diff, prefix, buckets, skip_bad, labels, dense, ids):
     """Parse every line of ``buf`` into rows of ``labels``/``dense``/``ids``.
@@ -178,7 +184,8 @@ def _parse(buf, n_dense, n_slots, cont_min, cont_diff, prefix, buckets, skip_bad
                     # the last byte hashed is a '\r' ending the line (an empty field would have
                     # the tab before it at pos - 1): the value ends before it
                     h = before
-                ids[good, k] = np.int64(h % buckets)
+                # buckets 0: the full 64-bit hash as an int64 bit pattern (hash tables' keys)
+                ids[good, k] = np.int64(h) if buckets == 0 else np.int64(h % buckets)
         if err == _OK and pos < n and buf[pos] != _NL:
             err = _FIELD_COUNT
         if err != _OK:
@@ -327,8 +334,9 @@ class CriteoFormat:
         except ConfigError as exc:
             raise ConfigError(f"{where}: field {exc}") from None
 
-    def parse(self, chunk: Chunk, skip_bad_lines: bool = False) -> CriteoRecords:
-        """Parse ``chunk`` into :class:`CriteoRecords`.
+    def parse(self, chunk: Chunk, skip_bad_lines: bool = False, full_keys: bool = False) -> CriteoRecords:
+        """Parse ``chunk`` into :class:`CriteoRecords`; ``full_keys``: the ids are the full 64-bit
+        hashes as int64 bit patterns (:func:`slot_key`, for hash tables), not taken modulo buckets.
 
         A bad line raises :class:`DataError` with the chunk's file and the line's number, naming
         the field — or, with ``skip_bad_lines``, is dropped and counted in ``bad_lines``.
@@ -339,7 +347,7 @@ class CriteoFormat:
         dense = np.empty((lines, self.dense), dtype=np.float32)
         ids = np.empty((lines, self.slots), dtype=np.int64)
         good, bad, err, err_line, err_field, err_pos = _parse(
-            buf, self.dense, self.slots, self._min, self._diff, self._prefix, np.uint64(self.buckets),
+            buf, self.dense, self.slots, self._min, self._diff, self._prefix, np.uint64(0 if full_keys else self.buckets),
             bool(skip_bad_lines), labels, dense, ids,
         )
         if err != _OK:

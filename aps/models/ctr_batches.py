@@ -16,14 +16,17 @@ from numba import njit
 
 from ..trainer.model import Batch, WorkerContext
 from ..trainer.reader import Chunk
-from .criteo import CriteoFormat
+from .criteo import CriteoFormat, CriteoRecords
 
 
 class CtrBatch(NamedTuple):
     """``Batch.data`` of the CTR models.
 
-    ``ids[i, s]`` is the global row of example ``i``'s slot ``s``; ``inverse[i * slots + s]``
-    its position in ``batch.sparse_ids[...]`` (where its gradient row goes). ``probs`` is
+    ``ids[i, s]`` is the row of example ``i``'s slot ``s`` in the sparse array the model is
+    given: its global row for a fixed table; for a hash table its position among the batch's
+    unique keys, as the runtime hands the model only those rows (:class:`~aps.trainer.model.Params`).
+    ``inverse[i * slots + s]`` is its position in ``batch.sparse_ids[...]`` (where its gradient
+    row goes). ``probs`` is
     filled by ``compute`` with the predicted click probability of every example (for AUC).
     """
 
@@ -64,17 +67,23 @@ class CtrBatcher:
     """Turns chunks into :class:`CtrBatch` batches for the given sparse tables (all of which are
     indexed by the same hashed slot ids). One per worker process (holds the dedup lookup)."""
 
-    def __init__(self, fmt: CriteoFormat, batch_size: int, tables: tuple[str, ...]) -> None:
+    def __init__(self, fmt: CriteoFormat, batch_size: int, tables: tuple[str, ...], hash_keys: bool = False) -> None:
         self.fmt = fmt
         self.batch_size = batch_size
         self.tables = tables
+        #: the tables are hash tables: keys are the full 64-bit hashes (no modulo), a batch's
+        #: ``ids`` are positions among its unique keys and it carries shows and clicks per key
+        self.hash_keys = hash_keys
         self._mark: np.ndarray | None = None
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        rec = self.fmt.parse(chunk, skip_bad_lines=ctx.skip_bad_lines)
+        rec = self.fmt.parse(chunk, skip_bad_lines=ctx.skip_bad_lines, full_keys=self.hash_keys)
         ctx.bad_lines += rec.bad_lines
         n = rec.n
         if n == 0:
+            return
+        if self.hash_keys:
+            yield from self._keyed_batches(rec)
             return
         if self._mark is None:
             self._mark = np.full(self.fmt.buckets, -1, np.int32)
@@ -94,3 +103,20 @@ class CtrBatcher:
             ids = uniq[off[b] : off[b + 1]]
             data = CtrBatch(rec.ids[lo:hi], inverse[lo * slots : hi * slots], rec.dense[lo:hi], rec.labels[lo:hi], probs[lo:hi])
             yield Batch({t: ids for t in self.tables}, hi - lo, data)
+
+    def _keyed_batches(self, rec: CriteoRecords) -> Iterator[Batch]:
+        """Batches over full 64-bit keys: each batch's unique keys (ascending), every slot's
+        position among them, and per key its shows (occurrences) and clicks (the labels of the
+        examples it occurs in), pushed with the gradients for the pservers' shrink."""
+        n, slots = rec.n, self.fmt.slots
+        probs = np.zeros(n, np.float32)
+        for lo in range(0, n, self.batch_size):
+            hi = min(n, lo + self.batch_size)
+            keys, inverse = np.unique(rec.ids[lo:hi].reshape(-1), return_inverse=True)
+            inverse = inverse.astype(np.int32).reshape(-1)
+            stats = np.empty((len(keys), 2), np.float32)
+            stats[:, 0] = np.bincount(inverse, minlength=len(keys))
+            stats[:, 1] = np.bincount(inverse, weights=np.repeat(rec.labels[lo:hi], slots), minlength=len(keys))
+            positions = inverse.astype(np.int64).reshape(hi - lo, slots)
+            data = CtrBatch(positions, inverse, rec.dense[lo:hi], rec.labels[lo:hi], probs[lo:hi])
+            yield Batch({t: keys for t in self.tables}, hi - lo, data, {t: stats for t in self.tables})

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..specs import SGD, Adagrad, Adam, Optimizer, TableSpec
+from ..specs import SGD, Adagrad, Adam, HashTable, Initializer, Optimizer, SparseTable, TableSpec
 from ..trainer.model import Batch, Model, Params, WorkerContext
 from ..trainer.reader import Chunk
 from .criteo import CriteoFormat
@@ -21,6 +21,9 @@ from .ctr_batches import CtrBatch, CtrBatcher
 from .layers import MLP, Dense
 
 OPTIMIZERS = ("adam", "sgd", "adagrad")
+#: ``table=``: fixed arrays of ``buckets`` rows (ids hashed modulo buckets) or hash tables
+#: (any 64-bit key, admitted and evicted on the pservers; docs/concepts.md, "Fixed or hash")
+TABLE_KINDS = ("fixed", "hash")
 
 
 def positive_int(model: str, name: str, value: Any, low: int = 1) -> int:
@@ -64,6 +67,9 @@ class CriteoModel(Model):
 
     Takes the arguments every such model has (all accept text, for ``--model-arg``); the data
     layout is the reference's Criteo one unless ``meta`` names a ``meta.json`` describing another.
+    ``table=hash`` keys the sparse tables by the full 64-bit hash of (slot, value), no modulo, as
+    :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
+    pserver; None: unbounded); shows and clicks go with the gradients. Geo mode refuses it.
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -76,7 +82,8 @@ class CriteoModel(Model):
 
     def __init__(
         self, *, embedding_size: int, hidden: str, batch_size: int, lr: float, optimizer: str,
-        init_range: float, meta: str | None, seed: int, bias_correction: str = "row",
+        init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
+        admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None,
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -90,10 +97,26 @@ class CriteoModel(Model):
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self.bias_correction = str(bias_correction)
+        if table not in TABLE_KINDS:
+            raise ConfigError(f"{self.name} table must be one of {', '.join(TABLE_KINDS)}, got {table!r}")
+        self.table_kind = str(table)
+        self.admission = {
+            "admit_probability": admit_probability, "admit_count": admit_count,
+            "max_keys": None if max_keys in (None, "None", "none") else max_keys,
+        }
         self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr, self.bias_correction))
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         raise NotImplementedError
+
+    def _sparse_table(self, name: str, dim: int, init: Initializer, optimizer: Optimizer) -> SparseTable | HashTable:
+        """One of the tables indexed by the slot ids, of the kind ``table=`` asks for."""
+        if self.table_kind == "fixed":
+            return SparseTable(name, self.format.buckets, dim, init, optimizer, seed=self.seed)
+        try:
+            return HashTable(name, dim, init, optimizer, seed=self.seed, **self.admission)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name} {exc}") from None
 
     # ------------------------------------------------------------ contract
 
@@ -101,6 +124,8 @@ class CriteoModel(Model):
         return list(self._tables)
 
     def max_batch_ids(self, table: str) -> int:
+        if self.table_kind == "hash":
+            return self.batch_size * self.format.slots
         return min(self.batch_size * self.format.slots, self.format.buckets)
 
     def describe(self) -> dict[str, Any]:
@@ -109,10 +134,11 @@ class CriteoModel(Model):
             "embedding_size": self.embedding_size, "hidden": ",".join(map(str, self.hidden)),
             "batch_size": self.batch_size, "optimizer": self.optimizer, "lr": self.lr,
             **({"bias_correction": self.bias_correction} if self.optimizer == "adam" else {}),
+            "table": self.table_kind, **(self.admission if self.table_kind == "hash" else {}),
         }
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        batcher = self.local("batcher", lambda: CtrBatcher(self.format, self.batch_size, self.slot_tables))
+        batcher = self.local("batcher", lambda: CtrBatcher(self.format, self.batch_size, self.slot_tables, self.table_kind == "hash"))
         return batcher.batches(chunk, ctx)
 
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,11 @@ edge, and its optimizer kernel neither checks nor sorts them. Sorting here costs
 of the distinct ids and one more write of each row per push; keeping the ids sorted as they arrive
 (a merge per batch) was measured slower (bench/push_sorted.py).
 
+A hash table's keys (:class:`aps.HashTable`) are any int64, so no table-sized index can find
+their slots: its buffer appends every batch's ids and rows and merges equal ids by one sort when
+the push takes them (:class:`_KeyedSparseBuffer`). Its rows carry two more columns than the
+gradient, each id's shows and clicks: summed like the gradient, never averaged.
+
 An accumulator holds at most ``max_batches`` batches and its sized rows; :meth:`fits` says
 whether one more batch does. The modes make a producer wait while nothing fits (a bounded
 accumulator, the aiokafka idea), so memory never grows with a slow network.
@@ -26,8 +31,9 @@ import numpy as np
 from numba import njit
 
 from ..errors import ApsError
-from ..specs import DenseTable, SparseTable
+from ..specs import DenseTable, HashTable, SparseTable
 from .kernels import accumulate_rows, count_new, release_slots
+from .shared import HASH_STAT_COLUMNS
 
 
 _RADIX_BITS = 11
@@ -125,18 +131,75 @@ class _SparseBuffer:
         self.used = 0
 
 
+@njit(cache=True, nogil=True)
+def merge_keys(ids: np.ndarray, rows: np.ndarray, used: int, out_ids: np.ndarray, out_rows: np.ndarray) -> int:
+    """Sum the rows of equal ids among the first ``used`` into ``out_ids`` / ``out_rows``, ids
+    ascending; returns how many distinct ids there are."""
+    if used == 0:
+        return 0
+    order = np.argsort(ids[:used], kind="mergesort")
+    width = rows.shape[1]
+    u = -1
+    for s in range(used):
+        src = order[s]
+        if u < 0 or ids[src] != out_ids[u]:
+            u += 1
+            out_ids[u] = ids[src]
+            for d in range(width):
+                out_rows[u, d] = rows[src, d]
+        else:
+            for d in range(width):
+                out_rows[u, d] += rows[src, d]
+    return u + 1
+
+
+class _KeyedSparseBuffer:
+    """A hash table's part of an accumulator: appended ids and rows (gradient, shows, clicks),
+    merged by id once per push (see the module). ``capacity`` holds ``max_batches`` whole
+    batches, so a batch the accumulator admits always fits."""
+
+    def __init__(self, table: HashTable, capacity: int) -> None:
+        self.table = table
+        self.capacity = capacity
+        width = table.dim + HASH_STAT_COLUMNS
+        self.ids = np.zeros(capacity, np.int64)
+        self.rows = np.zeros((capacity, width), np.float32)
+        self._spare_ids = np.zeros(capacity, np.int64)
+        self._spare_rows = np.zeros((capacity, width), np.float32)
+        self.used = 0
+
+    def fits(self, ids: np.ndarray) -> bool:
+        return self.used + len(ids) <= self.capacity
+
+    def add(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        n = len(ids)
+        self.ids[self.used : self.used + n] = ids
+        self.rows[self.used : self.used + n] = rows
+        self.used += n
+
+    def sort(self) -> None:
+        """Merge equal ids, ascending (adding may go on after it)."""
+        self.used = int(merge_keys(self.ids, self.rows, self.used, self._spare_ids, self._spare_rows))
+        self.ids, self._spare_ids = self._spare_ids, self.ids
+        self.rows, self._spare_rows = self._spare_rows, self.rows
+
+    def clear(self) -> None:
+        self.used = 0
+
+
 class GradAccumulator:
     """Gradients of up to ``max_batches`` batches, merged by id on arrival (see the module)."""
 
     def __init__(
-        self, sparse: list[SparseTable], dense: list[DenseTable], max_batch_ids: dict[str, int], max_batches: int
+        self, sparse: list[SparseTable | HashTable], dense: list[DenseTable], max_batch_ids: dict[str, int], max_batches: int
     ) -> None:
         if max_batches < 1:
             raise ApsError(f"an accumulator holds at least one batch, got max_batches={max_batches}")
         self.max_batches = max_batches
         # distinct ids never exceed the table's rows; one batch always fits an empty accumulator
-        self._sparse = [
-            _SparseBuffer(t, max(1, min(max_batches * max_batch_ids[t.name], max(t.rows, max_batch_ids[t.name]))))
+        self._sparse: list[_SparseBuffer | _KeyedSparseBuffer] = [
+            _KeyedSparseBuffer(t, max(1, max_batches * max_batch_ids[t.name])) if isinstance(t, HashTable)
+            else _SparseBuffer(t, max(1, min(max_batches * max_batch_ids[t.name], max(t.rows, max_batch_ids[t.name]))))
             for t in sparse
         ]
         self._dense = {t.name: np.zeros(t.shape, np.float32) for t in dense}
@@ -177,13 +240,14 @@ class GradAccumulator:
         """Multiply everything accumulated by ``factor`` in place (averaging before a push)."""
         f = np.float32(factor)
         for buf in self._sparse:
-            buf.rows[: buf.used] *= f
+            buf.rows[: buf.used, : buf.table.dim] *= f  # a hash table's shows and clicks stay counts
         for total in self._dense.values():
             total *= f
 
     def sparse(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per sparse table, views of the distinct ids, unique and ascending, and their rows
-        (sorted here, once per push: see the module)."""
+        (sorted here, once per push: see the module); a hash table's rows end with the shows
+        and clicks columns."""
         for buf in self._sparse:
             buf.sort()
         return {buf.table.name: (buf.ids[: buf.used], buf.rows[: buf.used]) for buf in self._sparse}

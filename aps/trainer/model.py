@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..specs import DenseTable, SparseTable, TableSpec
+from ..errors import ConfigError
+from ..specs import DenseTable, HashTable, SparseTable, TableSpec
 from .reader import Chunk
 
 
@@ -42,11 +43,18 @@ class Batch:
     sparse_ids: dict[str, np.ndarray]
     examples: int
     data: Any = None
+    #: per hash table (:class:`aps.HashTable`), float32 ``[len(sparse_ids[table]), 2]``: each
+    #: id's shows and clicks in this batch, pushed with its gradient so that the pservers' shrink
+    #: can score keys; a hash table without an entry pushes no statistics
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
 class Params:
-    """Parameters as the worker sees them: full sparse tables indexed by global id, dense tensors."""
+    """Parameters as the worker sees them: dense tensors; sparse tables indexed by global id, except
+    hash tables (:class:`aps.HashTable`), whose keys are any int64: for those ``sparse[table]`` holds
+    the rows of the batch's ids only, row ``i`` for ``batch.sparse_ids[table][i]``, so a model
+    indexes it by position among the batch's unique ids (docs/concepts.md, "Fixed or hash")."""
 
     sparse: dict[str, np.ndarray]
     dense: dict[str, np.ndarray]
@@ -158,8 +166,11 @@ class Model(ABC):
         return state
 
     def max_batch_ids(self, table: str) -> int:
-        """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers."""
+        """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers (a
+        model with hash tables must say it: their keys have no bound)."""
         spec = self.table(table)
+        if isinstance(spec, HashTable):
+            raise ConfigError(f"model {self.name!r}: hash table {table!r} needs max_batch_ids() overridden (its keys are unbounded)")
         assert isinstance(spec, SparseTable)
         return spec.rows
 
@@ -169,8 +180,9 @@ class Model(ABC):
                 return spec
         raise KeyError(name)
 
-    def sparse_tables(self) -> list[SparseTable]:
-        return [t for t in self.tables() if isinstance(t, SparseTable)]
+    def sparse_tables(self) -> list[SparseTable | HashTable]:
+        """The tables a batch reads by id: fixed and hash."""
+        return [t for t in self.tables() if isinstance(t, (SparseTable, HashTable))]
 
     def dense_tables(self) -> list[DenseTable]:
         return [t for t in self.tables() if isinstance(t, DenseTable)]

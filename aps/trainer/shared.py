@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ApsError
 from ..metrics import auc_state_shape
-from ..specs import DenseTable, SparseTable
+from ..specs import DenseTable, HashTable, SparseTable
 from .model import Model
 
 #: per-worker counters, one row each; only that worker writes its row (``stale_sum``: the
@@ -46,6 +46,27 @@ STALE_BUCKETS = 65
 #: the trainer's counters the workers read: CLOCK_MERGED is how many of this trainer's batches
 #: have had their gradients taken from the mailboxes so far (only the trainer writes them)
 CLOCK_MERGED = 0
+#: columns a hash table's gradient mailbox has past the gradient: each id's shows and clicks
+HASH_STAT_COLUMNS = 2
+
+
+def slot_base(worker: int, step: int, max_ids: int) -> int:
+    """First row of the replica of a hash table that ``worker``'s batch of ``step`` uses.
+
+    A hash table's keys are any int64, so its replica cannot be indexed by key: it is a slot area
+    of ``workers x 2 x max_batch_ids`` rows, and the i-th unique id of a batch lives in row
+    ``slot_base(...) + i``. Each worker has two areas, as its id mailbox has two halves: the
+    rows of a prefetched next batch arrive while the current one computes on the other. A batch's
+    ids are unique, so no map is needed and nothing is ever evicted."""
+    return (2 * worker + step % 2) * max_ids
+
+
+def replica_shape(spec: SparseTable | HashTable | DenseTable, workers: int, max_ids: int) -> tuple[int, ...]:
+    """The shape of a table's local replica: a fixed table whole, a hash table's slot areas
+    (:func:`slot_base`), a dense table as it is."""
+    if isinstance(spec, HashTable):
+        return (2 * max(1, workers) * max_ids, spec.dim)
+    return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
 
 
 @dataclass(frozen=True)
@@ -163,9 +184,10 @@ class SharedArrays:
         self._arrays: dict[str, np.ndarray] = {}
         params = {}
         dirty = {}
+        hashed = {t.name for t in model.tables() if isinstance(t, HashTable)}
         for spec in model.tables():
-            shape = (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
-            params[spec.name] = self._create(f"param.{_safe(spec.name)}", "float32", shape)
+            cap = model.max_batch_ids(spec.name) if spec.name in hashed else 0
+            params[spec.name] = self._create(f"param.{_safe(spec.name)}", "float32", replica_shape(spec, num_workers, cap))
             if isinstance(spec, SparseTable):
                 dirty[spec.name] = self._create(f"dirty.{_safe(spec.name)}", "uint8", (spec.rows,))
         ids: list[dict[str, ArraySpec]] = []
@@ -177,12 +199,13 @@ class SharedArrays:
             dense.append({})
             for spec in model.tables():
                 tag = f"w{w}.{_safe(spec.name)}"
-                if isinstance(spec, SparseTable):
+                if isinstance(spec, (SparseTable, HashTable)):
                     cap = model.max_batch_ids(spec.name)
                     # two halves: a worker may publish its next batch's ids while this one's
                     # gradients still refer to the current half
                     ids[w][spec.name] = self._create(f"ids.{tag}", "int64", (2, cap))
-                    sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, spec.dim))
+                    width = spec.dim + (HASH_STAT_COLUMNS if spec.name in hashed else 0)
+                    sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, width))
                 elif isinstance(spec, DenseTable):
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))

@@ -27,13 +27,13 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import ApsError, DataError
 from ..metrics import Auc
-from ..specs import SGD
+from ..specs import SGD, HashTable
 from .ipc import Kind, Record
 from .kernels import sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
 from .reader import feed_queue, iter_queue
-from .shared import CLOCK_MERGED, STALE_BUCKETS, STAT, Attached, SharedLayout
+from .shared import CLOCK_MERGED, STALE_BUCKETS, STAT, Attached, SharedLayout, slot_base
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class Worker:
             sparse={t.name: self.shared.params[t.name] for t in self.model.sparse_tables()},
             dense={t.name: self.shared.params[t.name] for t in self.model.dense_tables()},
         )
+        #: hash tables by name, with their max_batch_ids: their replica is a slot area per worker
+        #: and mailbox half, and the model sees the area of the batch it computes (slot_base)
+        self.hashed = {t.name: self.model.max_batch_ids(t.name) for t in self.model.sparse_tables() if isinstance(t, HashTable)}
         self.stats = self.shared.stats[spec.worker_id]
         self.stale_steps = self.shared.staleness[spec.worker_id]
         self.ctx = WorkerContext(
@@ -235,18 +238,32 @@ class Worker:
             # the next batch's rows travel while this one computes
             self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
             self._prefetched = step + 1
-        grads = Grads()
-        for table, n in zip(self.model.sparse_tables(), counts):
-            view = self.box_sparse[table.name][:n]
-            view.fill(0.0)
-            grads.sparse[table.name] = view
-        for name, buf in self.box_dense.items():
-            buf.fill(0.0)
-            grads.dense[name] = buf
+        grads = self._remote_grads(batch, counts, step)
         loss = self.model.compute(batch, self.params, grads)
         self._send(Record(Kind.GRADS, step=step, examples=batch.examples, counts=counts))
         self._await(Kind.GRADS, step)
         return float(loss)
+
+    def _remote_grads(self, batch: Batch, counts: list[int], step: int) -> Grads:
+        """Zeroed gradient views into the mailbox for ``batch``; a hash table's mailbox also gets
+        the batch's shows and clicks (its last columns) and the model its rows' slot area."""
+        grads = Grads()
+        for table, n in zip(self.model.sparse_tables(), counts):
+            view = self.box_sparse[table.name][:n]
+            view.fill(0.0)
+            if table.name in self.hashed:
+                cap = self.hashed[table.name]
+                base = slot_base(self.spec.worker_id, step, cap)
+                self.params.sparse[table.name] = self.shared.params[table.name][base : base + cap]
+                stats = batch.stats.get(table.name)
+                if stats is not None:
+                    view[:, table.dim :] = stats
+                view = view[:, : table.dim]
+            grads.sparse[table.name] = view
+        for name, buf in self.box_dense.items():
+            buf.fill(0.0)
+            grads.dense[name] = buf
+        return grads
 
     def _fresh_rows(self, clock: int, step: int, counts: list[int]) -> int:
         """The staleness of the rows about to be computed with, pulled when ``clock`` of the

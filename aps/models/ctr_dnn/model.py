@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...specs import Optimizer, SparseTable, TableSpec, Uniform
+from ...specs import Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
 from ..ctr_model import CriteoModel
@@ -57,17 +57,22 @@ class CtrDnn(CriteoModel):
         meta: str | None = None,
         seed: int = 0,
         bias_correction: str = "row",
+        table: str = "fixed",
+        admit_probability: float = 1.0,
+        admit_count: int = 1,
+        max_keys: int | None = None,
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
+            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         fmt, r = self.format, self.init_range
         self.layers = stack("fc", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 2)
         tables: list[TableSpec] = [
-            SparseTable(EMBEDDING, fmt.buckets, self.embedding_size, Uniform(-r, r), optimizer, seed=self.seed)
+            self._sparse_table(EMBEDDING, self.embedding_size, Uniform(-r, r), optimizer)
         ]
         for layer in self.layers:
             tables.extend(layer.tables(optimizer, self.seed))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...specs import Constant, DenseTable, Optimizer, SparseTable, TableSpec, Uniform
+from ...specs import Constant, DenseTable, Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
 from ..ctr_model import CriteoModel
@@ -47,18 +47,23 @@ class WideDeep(CriteoModel):
         meta: str | None = None,
         seed: int = 0,
         bias_correction: str = "row",
+        table: str = "fixed",
+        admit_probability: float = 1.0,
+        admit_count: int = 1,
+        max_keys: int | None = None,
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
+            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         fmt, r = self.format, self.init_range
         self.layers = stack("deep", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 1)
         tables: list[TableSpec] = [
-            SparseTable(WIDE_SLOT, fmt.buckets, 1, Constant(0.0), optimizer, seed=self.seed),
-            SparseTable(DEEP_EMB, fmt.buckets, self.embedding_size, Uniform(-r, r), optimizer, seed=self.seed),
+            self._sparse_table(WIDE_SLOT, 1, Constant(0.0), optimizer),
+            self._sparse_table(DEEP_EMB, self.embedding_size, Uniform(-r, r), optimizer),
             DenseTable(WIDE_DENSE, (max(fmt.dense, 1), 1), Constant(0.0), optimizer, seed=self.seed),
             DenseTable(WIDE_BIAS, (1,), Constant(0.0), optimizer, seed=self.seed),
         ]

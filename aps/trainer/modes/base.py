@@ -16,12 +16,12 @@ import numpy as np
 
 from ...client import PSClient
 from ...errors import ApsError
-from ...specs import SGD, DenseTable, SparseTable
+from ...specs import SGD, DenseTable, HashTable, SparseTable
 from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
 from ..kernels import scatter_rows
 from ..model import Model
-from ..shared import CLOCK_MERGED, Attached
+from ..shared import CLOCK_MERGED, Attached, slot_base
 from ..strategy import Strategy
 
 #: rows per request when a whole sparse table is pulled (initial replica fill)
@@ -40,7 +40,7 @@ class Link:
     reply: Callable[[int, Record], None]
     trainer_id: int
     num_trainers: int
-    sparse_tables: list[SparseTable] = field(init=False)
+    sparse_tables: list[SparseTable | HashTable] = field(init=False)
     dense_tables: list[DenseTable] = field(init=False)
     push_slots: asyncio.Semaphore = field(init=False)
     #: notified whenever ``pushed_batches`` grows (pulls waiting for fresh enough rows)
@@ -101,9 +101,16 @@ class Link:
         ``thread_pool_size`` at once, straight from its buffers."""
         timeout = self.strategy.rpc_timeout
 
+        dims = {t.name: t.dim for t in self.sparse_tables if isinstance(t, HashTable)}
+
         async def sparse(name: str, ids: np.ndarray, rows: np.ndarray) -> None:
+            stats: dict[str, np.ndarray] = {}
+            if name in dims:  # a hash table's rows: gradient, then shows and clicks
+                d = dims[name]
+                stats = {"shows": np.ascontiguousarray(rows[:, d]), "clicks": np.ascontiguousarray(rows[:, d + 1])}
+                rows = np.ascontiguousarray(rows[:, :d])
             async with self.push_slots:
-                await self.ps.push_sparse_grad(name, ids, rows, sync=sync, sorted_unique=True, timeout=timeout)
+                await self.ps.push_sparse_grad(name, ids, rows, sync=sync, sorted_unique=True, timeout=timeout, **stats)
 
         async def dense(name: str, grad: np.ndarray) -> None:
             async with self.push_slots:
@@ -130,18 +137,26 @@ class Link:
         return self.pushed_batches
 
     async def pull_rows(self, worker: int, counts: list[int], step: int) -> None:
-        """Pull the rows whose ids the worker wrote in the id mailbox half of ``step``."""
+        """Pull the rows whose ids the worker wrote in the id mailbox half of ``step``: a fixed
+        table's at their ids, a hash table's into the slot area of that worker and half, in the
+        ids' order (aps.trainer.shared.slot_base)."""
 
-        async def one(t: SparseTable, ids: np.ndarray) -> None:
+        async def one(t: SparseTable | HashTable, ids: np.ndarray) -> None:
             if len(ids):
                 ids = ids.copy()  # the worker may publish its next ids in the other half only
                 rows = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
-                scatter_rows(self.shared.params[t.name], ids, rows)
+                if isinstance(t, HashTable):
+                    base = slot_base(worker, step, self.model.max_batch_ids(t.name))
+                    self.shared.params[t.name][base : base + len(ids)] = rows
+                else:
+                    scatter_rows(self.shared.params[t.name], ids, rows)
 
         await asyncio.gather(*(one(t, ids) for t, ids in zip(self.sparse_tables, self.mailbox_ids(worker, counts, step))))
 
     async def pull_all_sparse(self) -> None:
+        """Every fixed sparse table whole (geo's replica; geo refuses hash tables)."""
         for t in self.sparse_tables:
+            assert isinstance(t, SparseTable)
             params = self.shared.params[t.name]
             for start in range(0, t.rows, _PULL_ALL_ROWS):
                 ids = np.arange(start, min(t.rows, start + _PULL_ALL_ROWS), dtype=np.int64)

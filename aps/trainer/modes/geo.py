@@ -14,7 +14,7 @@ import asyncio
 import numpy as np
 
 from ...errors import ConfigError
-from ...specs import SGD
+from ...specs import SGD, HashTable
 from ..kernels import geo_apply, geo_delta
 from ..model import Model
 from ..shared import STAT
@@ -33,6 +33,13 @@ class GeoExchange(Mode):
     @classmethod
     def check(cls, model: Model) -> None:
         for spec in model.tables():
+            if isinstance(spec, HashTable):
+                # geo trains on a persistent local copy of every row, indexed by id: a hash
+                # table's replica only holds the rows of the batches in flight
+                raise ConfigError(
+                    f"geo mode keeps a local copy of every row, which hash table {spec.name!r} cannot have; "
+                    "train it in sync, async, half_async or hybrid mode (or use a fixed table)"
+                )
             if not isinstance(spec.optimizer, SGD):
                 raise ConfigError(
                     f"geo mode trains locally with SGD, but table {spec.name!r} declares "
