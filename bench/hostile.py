@@ -287,7 +287,8 @@ def _tally_replies(data: bytes, tally: Tally, handshaken: bool) -> None:
             tally.unauthenticated_served += 1
 
 
-async def _read_frame(reader: asyncio.StreamReader, timeout: float) -> wire.Message:
+async def read_frame(reader: asyncio.StreamReader, timeout: float) -> wire.Message:
+    """The next whole frame the server sends, decoded (TimeoutError after ``timeout`` s)."""
     async with asyncio.timeout(timeout):
         header = await reader.readexactly(wire.HEADER_SIZE)
         length = HEADER.unpack(header)[6]
@@ -326,10 +327,10 @@ async def run_session(attack: Attack, rng: np.random.Generator, tally: Tally) ->
         if opening == "bad_auth":
             writer.write(_frame(wire.Auth(mac=rng.bytes(int(rng.choice([0, 31, 32, 64])))), 2))
         elif opening == "authenticated" and attack.token is not None:
-            hello = await _read_frame(reader, attack.read_timeout)
+            hello = await read_frame(reader, attack.read_timeout)
             assert isinstance(hello, wire.HelloReply), hello
             writer.write(_frame(wire.Auth(mac=auth_mac(attack.token, hello.nonce, client_id)), 2))
-            ok = await _read_frame(reader, attack.read_timeout)
+            ok = await read_frame(reader, attack.read_timeout)
             assert isinstance(ok, wire.Ok), ok
         tally.frames += len(frames)  # attempted: the server may close before it has read them all
         tally.bytes_sent += len(blob)

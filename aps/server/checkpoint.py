@@ -41,6 +41,7 @@ from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
 from .hash_checkpoint import SAVE_MODES, load_hash_table, write_hash_table
 from .hash_table import HashSparseStore, budget_keys
+from .stale_saves import remove_stale_saves
 from .tables import DenseShard, SparseShard, make_shard
 
 Shard = SparseShard | DenseShard | HashSparseStore
@@ -137,6 +138,7 @@ def save_shard(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     final = root / shard_dir_name(shard, num_shards)
+    remove_stale_saves([root.parent], final.name, depth=1)  # killed saves' leftovers here and in sibling saves
     tmp = root / f".{final.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
     total = sum(_table_nbytes(table) for table in shards.values())

@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
+from .checkpoint import shard_dir_name
 from .config import ServerConfig
 from .core_checkpoints import CheckpointHandlers, checkpoint_root
 from .core_hash import HashHandlers
@@ -30,6 +32,7 @@ from .lag import SPARSE, UpdateVersions
 from .optim import scan_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
+from .stale_saves import remove_stale_saves
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 from .tracking import TrackingBudget
@@ -80,6 +83,9 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
         self.resumed = None
+        # leftovers of saves killed midway (a shard's size each) go before anything is loaded
+        tops = {self.checkpoint_root, config.checkpoint_dir, config.resume, config.init_model}
+        remove_stale_saves([Path(p) for p in tops if p], shard_dir_name(config.server_index, config.num_servers), depth=2)
         if config.init_model:
             self._load(config.init_model)
         elif config.resume:

@@ -102,6 +102,11 @@ class ServerHandshake:
         if isinstance(msg, Auth):
             if not self.token_required:
                 return Step(Action.AUTH_OK)
+            if state is HandshakeState.READY:
+                # answered at once and never checked: a guess on a connection that holds the
+                # token learns nothing, and nothing is held for it (a shed check would leave the
+                # connection reading nothing, and its handshake deadline is over)
+                return Step(Action.ERROR, ErrorCode.BAD_REQUEST, "duplicate auth: this connection is already authenticated")
             self.state = HandshakeState.CHECKING
             return Step(Action.CHECK_AUTH)
         if state is HandshakeState.AWAIT_AUTH:

@@ -31,6 +31,7 @@ import pytest
 import aps
 from aps import wire
 from aps.errors import ErrorCode
+from aps.wire.auth import auth_mac
 from aps.wire.frame import encode_header
 from bench import hostile  # the attack itself, shared with bench/fuzz_protocol.py
 from bench.pservers import ServerProcess
@@ -84,6 +85,9 @@ async def attack_and_measure(server: ServerProcess, token: str | None, seed: int
         await probe.settle()
         await asyncio.sleep(LINGER + 0.3)
         state = await probe.settle()
+        # every attack connection is answered or closed: none is held (a junk AUTH after the
+        # handshake, shed by a full throttle, once left its connection reading nothing for ever)
+        assert state["connections"] <= 1, f"{state['connections'] - 1} attack connections still open after it ended"
         readings.append((server.rss()[0], hostile.table_bytes(state)))
 
     try:
@@ -263,15 +267,21 @@ def test_gone_clients_change_tracking_does_not_grow_with_client_ids(tmp_path: Pa
         server.stop()
 
 
-async def held_wrong_auths_then_valid_client(server: ServerProcess, token: str, held: int) -> float:
-    """``held`` connections from 127.0.0.1 send HELLO + a wrong AUTH and stay open; then a client
-    with the right token connects from the same address. Seconds until it is served."""
+async def hold_wrong_auths(server: ServerProcess, held: int) -> list[asyncio.StreamWriter]:
+    """``held`` connections from 127.0.0.1 that send HELLO + a wrong AUTH and stay open."""
     conns = []
     for i in range(held):
         _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(wire.encode_bytes(wire.Hello(client_id=i), 1) + wire.encode_bytes(wire.Auth(mac=bytes(32)), 2))
         conns.append(writer)
     await asyncio.sleep(0.2)
+    return conns
+
+
+async def held_wrong_auths_then_valid_client(server: ServerProcess, token: str, held: int) -> float:
+    """``held`` connections from 127.0.0.1 send HELLO + a wrong AUTH and stay open; then a client
+    with the right token connects from the same address. Seconds until it is served."""
+    conns = await hold_wrong_auths(server, held)
     started = asyncio.get_running_loop().time()
     try:
         async with aps.connect([server.address], token=token, timeout=20) as ps:
@@ -294,5 +304,45 @@ def test_wrong_token_guesses_do_not_lock_out_a_client_with_the_token(tmp_path: P
     try:
         waited = asyncio.run(held_wrong_auths_then_valid_client(server, "the-right-token", 270))
         assert waited < 1.0, f"the client with the token waited {waited:.1f} s"
+    finally:
+        server.stop()
+
+
+async def junk_auth_after_auth(server: ServerProcess, token: str, held: int) -> list[wire.Message]:
+    """``held`` wrong AUTHs from 127.0.0.1 fill the throttle's refusals for that address; then a
+    connection from it authenticates, is served a PING, and sends a junk AUTH and a PING. The
+    replies to those two (a TimeoutError when they do not come within 2 s)."""
+    conns = await hold_wrong_auths(server, held)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    conns.append(writer)
+    try:
+        client_id = 1 << 40
+        writer.write(wire.encode_bytes(wire.Hello(client_id=client_id), 1))
+        hello = await hostile.read_frame(reader, 2)
+        assert isinstance(hello, wire.HelloReply)
+        writer.write(wire.encode_bytes(wire.Auth(mac=auth_mac(token, hello.nonce, client_id)), 2))
+        assert isinstance(await hostile.read_frame(reader, 2), wire.Ok)
+        writer.write(wire.encode_bytes(wire.Ping(), 3))  # a request: the connection is registered
+        assert isinstance(await hostile.read_frame(reader, 2), wire.Ok)
+        writer.write(wire.encode_bytes(wire.Auth(mac=bytes(32)), 4) + wire.encode_bytes(wire.Ping(), 5))
+        return [await hostile.read_frame(reader, 2), await hostile.read_frame(reader, 2)]
+    finally:
+        for w in conns:
+            w.close()
+
+
+def test_a_junk_auth_on_an_authenticated_connection_is_answered_while_the_throttle_is_full(tmp_path: Path) -> None:
+    """A wrong AUTH on a connection that has completed its handshake, sent while its address's
+    scheduled refusals are full, was shed: never answered, and the connection read nothing more
+    and was never closed (208 connections were held after a fuzz run). It is now answered at once
+    (BAD_REQUEST: a connection authenticates once; no MAC is checked, so nothing is learnt) and
+    the connection goes on serving."""
+    (tmp_path / "token").write_text("the-right-token\n")
+    server = ServerProcess.start(tmp_path, "--no-exit-when-done", "--token-file", str(tmp_path / "token"))
+    try:
+        auth_reply, ping_reply = asyncio.run(junk_auth_after_auth(server, "the-right-token", 80))
+        assert isinstance(auth_reply, wire.Error) and auth_reply.code == ErrorCode.BAD_REQUEST, auth_reply
+        assert "already authenticated" in auth_reply.message
+        assert isinstance(ping_reply, wire.Ok), ping_reply
     finally:
         server.stop()

@@ -136,6 +136,17 @@ def test_duplicate_hello_is_an_error_reply_not_a_close() -> None:
     assert peer.handshake.client_id == 1  # the second hello changed nothing
 
 
+def test_auth_after_the_handshake_is_an_error_reply_never_a_check() -> None:
+    """A second AUTH on an authenticated connection is answered at once: were its MAC checked,
+    a wrong one could be shed by the throttle and leave the connection held, unanswered."""
+    peer = Peer(token=True)
+    peer.feed(frames(wire.Hello(client_id=1), wire.Auth(mac=b"x")))
+    assert peer.handshake.auth_checked(True).action is Action.AUTH_OK
+    peer.feed(wire.encode_bytes(wire.Auth(mac=b"junk"), 3) + wire.encode_bytes(wire.Ping(), 4))
+    assert peer.steps[-2:] == [(3, Action.ERROR, ErrorCode.BAD_REQUEST), (4, Action.REQUEST, None)]
+    assert peer.handshake.state is HandshakeState.READY
+
+
 def test_auth_on_a_server_without_token_is_ok() -> None:
     peer = Peer(token=False)
     peer.feed(frames(wire.Hello(client_id=1), wire.Auth(mac=b"")))
