@@ -12,13 +12,14 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..metrics import Auc, logloss
-from ..specs import DenseTable, SparseTable
+from ..specs import DenseTable, HashTable, SparseTable
 from ..trainer.files import expand_inputs
 from ..trainer.model import Batch, Model, Params, WorkerContext
 from ..trainer.reader import Chunk, read_chunks
@@ -34,13 +35,28 @@ class Predictor(Protocol):
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None: ...
 
 
+@dataclass
+class KeyedParams(Params):
+    """Parameters read from a checkpoint with hash tables: those stay keyed stores (``keyed``),
+    and :meth:`for_batch` hands the model each batch's rows in the order of its unique keys, as
+    the trainer's replica does (a key the checkpoint lacks reads its initial row, as a pull)."""
+
+    keyed: dict[str, Any] = field(default_factory=dict)
+
+    def for_batch(self, batch: Batch) -> Params:
+        rows = {name: store.pull(batch.sparse_ids[name]) for name, store in self.keyed.items()}
+        return Params({**self.sparse, **rows}, self.dense)
+
+
 def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
-    """Every table of ``model`` from a checkpoint (saved by any number of pservers), whole."""
+    """Every table of ``model`` from a checkpoint (saved by any number of pservers), whole;
+    hash tables as keyed stores (:class:`KeyedParams`)."""
     from ..server.checkpoint import load_shards  # server code only when reading checkpoints
 
     shards, _ = load_shards(Path(checkpoint), shard=0, num_shards=1)
     sparse: dict[str, np.ndarray] = {}
     dense: dict[str, np.ndarray] = {}
+    keyed: dict[str, Any] = {}
     for spec in model.tables():
         shard = shards.get(spec.name)
         if shard is None:
@@ -50,17 +66,21 @@ def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
                 f"checkpoint {checkpoint}: table {spec.name!r} has shape {_shape(shard.spec)}, the model's is "
                 f"{_shape(spec)}; pass the model arguments it was trained with"
             )
-        if isinstance(spec, SparseTable):
+        if isinstance(spec, HashTable):
+            keyed[spec.name] = shard
+        elif isinstance(spec, SparseTable):
             sparse[spec.name] = np.asarray(shard.values)  # type: ignore[union-attr]
         else:
             flat = np.empty(spec.size, np.float32)
             for index, block in shard.blocks.items():  # type: ignore[union-attr]
                 flat[block.start : block.stop] = shard.values[index]  # type: ignore[union-attr]
             dense[spec.name] = flat.reshape(spec.shape)
-    return Params(sparse, dense)
+    return KeyedParams(sparse, dense, keyed) if keyed else Params(sparse, dense)
 
 
-def _shape(spec: SparseTable | DenseTable) -> tuple[int, ...]:
+def _shape(spec: SparseTable | DenseTable | HashTable) -> tuple[Any, ...]:
+    if isinstance(spec, HashTable):
+        return ("keys", spec.dim)
     return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
 
 
@@ -72,7 +92,7 @@ async def predict(
     for path in expand_inputs(list(files)):
         async for chunk in read_chunks(path, chunk_bytes=4 << 20):
             for batch in model.batches(chunk, ctx):
-                model.forward(batch, params)  # type: ignore[attr-defined]
+                model.forward(batch, params.for_batch(batch) if isinstance(params, KeyedParams) else params)  # type: ignore[attr-defined]
                 predicted = model.predictions(batch)
                 if predicted is None:
                     raise ConfigError(f"model {model.name!r} does not predict probabilities: no AUC to compute")

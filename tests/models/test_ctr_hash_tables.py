@@ -56,12 +56,13 @@ async def _shrink(servers: list[str], table: str, threshold: float) -> tuple[int
         return before, await ps.shrink(table, decay=1.0, threshold=threshold)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", sorted(STRATEGIES))
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_hash_table_steps_equal_the_reference(name: str, mode: str, tmp_path: Path, processes: Processes) -> None:
+def test_hash_table_steps_equal_the_reference(name: str, mode: str, optimizer: str, tmp_path: Path, processes: Processes) -> None:
     cls, ref_grads = MODELS[name]
     model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=8,
-                optimizer="sgd", lr=0.5, init_range=0.5, table="hash")
+                optimizer=optimizer, lr=0.5 if optimizer == "sgd" else 0.05, init_range=0.5, table="hash")
     assert all(isinstance(t, aps.HashTable) for t in model.sparse_tables())
     servers = processes.start_servers(1, trainers=1)
     st = StepTrainer(model, STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
@@ -72,7 +73,7 @@ def test_hash_table_steps_equal_the_reference(name: str, mode: str, tmp_path: Pa
         universe = np.unique(np.concatenate([b.sparse_ids[model.slot_tables[0]] for b in batches]))
         initial = asyncio.run(_pull(servers, model, universe))  # unknown keys read their initial rows
         sparse = set(model.slot_tables)
-        ref = Reference(initial, sparse, model.lr, None)
+        ref = Reference(initial, sparse, model.lr, None if optimizer == "sgd" else "row")
         shows = np.zeros(len(universe))
         clicks = np.zeros(len(universe))
         for batch in batches:
