@@ -14,6 +14,7 @@ import structlog
 from ..cluster import cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..server import PServer, ServerConfig
+from ..server.config import TABLES_SHARE_OF_MEMORY
 from ..wire import DEFAULT_MAX_FRAME
 from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
 
@@ -112,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout, metavar="SECONDS", help="close a connection that has not finished HELLO/AUTH by then (default 10)")
     lim.add_argument("--frame-timeout", type=float, default=ServerConfig.frame_timeout, metavar="SECONDS", help="close a connection whose frame is not complete this long after its first byte (default 30)")
     lim.add_argument("--max-connection-bytes", type=int, default=ServerConfig.max_connection_bytes, metavar="BYTES", help="bytes in flight per connection: declared bodies plus waiting requests (default 256 MiB)")
-    lim.add_argument("--max-inflight-bytes", type=int, default=ServerConfig.max_inflight_bytes, metavar="BYTES", help="bytes in flight over all connections (default 1 GiB)")
+    lim.add_argument("--max-inflight-bytes", type=int, default=ServerConfig.max_inflight_bytes, metavar="BYTES", help="bytes in flight over all connections through their handshake, counted as they arrive (default 1 GiB)")
+    lim.add_argument("--max-handshake-bytes", type=int, default=ServerConfig.max_handshake_bytes, metavar="BYTES", help="bytes in flight over all connections not through their handshake, a budget of their own (default 16 MiB)")
     lim.add_argument("--max-table-bytes", type=int, default=ServerConfig.max_table_bytes, metavar="BYTES", help="largest table shard this server creates, values plus optimizer state (default 16 GiB)")
+    lim.add_argument("--max-tables-bytes", type=int, default=None, metavar="BYTES", help=f"all table shards of this server together; the table that would pass it is refused (default {TABLES_SHARE_OF_MEMORY * 100:.0f}%% of this machine's memory)")
     lim.add_argument("--trainer-timeout", type=float, default=ServerConfig.trainer_timeout, metavar="SECONDS", help="a trainer silent this long (no connection, no heartbeat) is gone: sync rounds and barriers stop waiting for it, naming it, and it counts as done (default 60)")
     lim.add_argument("--client-linger", type=float, default=ServerConfig.client_linger, metavar="SECONDS", help="keep a gone client's change tracking and replay entries this long (default 60)")
     lim.add_argument("--max-tracking-bytes", type=int, default=ServerConfig.max_tracking_bytes, metavar="BYTES", help="GEO change tracking over all clients and tables; over it, gone clients' tracking is dropped first and a dropped client gets every row at its next read (default 256 MiB)")
@@ -194,6 +197,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_connection_bytes=args.max_connection_bytes,
         max_inflight_bytes=args.max_inflight_bytes,
         max_table_bytes=args.max_table_bytes,
+        max_handshake_bytes=args.max_handshake_bytes,
+        **({"max_tables_bytes": args.max_tables_bytes} if args.max_tables_bytes is not None else {}),
         client_linger=args.client_linger,
         max_tracking_bytes=args.max_tracking_bytes,
         trainer_timeout=args.trainer_timeout,

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..telemetry import check_metrics_options
 from ..validate import count, seconds
 from ..wire import DEFAULT_MAX_FRAME, HEADER_SIZE
+
+
+#: the share of this machine's memory that all tables of one pserver may take by default
+TABLES_SHARE_OF_MEMORY = 0.75
+
+
+def physical_memory() -> int:
+    """Bytes of memory this machine has (0 when it cannot be told)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def default_tables_bytes() -> int:
+    """``max_tables_bytes`` by default: a share of the machine's memory (0, no limit, when the
+    machine does not say how much it has)."""
+    return int(physical_memory() * TABLES_SHARE_OF_MEMORY)
 
 
 #: the duration settings and what 0 means for each (checked by ServerConfig)
@@ -25,6 +44,8 @@ COUNTS = {
     "max_connection_bytes": ("bytes", "no limit"),
     "max_inflight_bytes": ("bytes", "no limit"),
     "max_table_bytes": ("bytes", "no limit"),
+    "max_tables_bytes": ("bytes", "no limit"),
+    "max_handshake_bytes": ("bytes", "no limit"),
     "max_tracking_bytes": ("bytes", "no limit"),
     "max_connections": ("connections", "no limit"),
     "max_connections_per_address": ("connections", "no limit"),
@@ -91,6 +112,12 @@ class ServerConfig:
     max_inflight_bytes: int = 1 << 30
     #: largest table shard (values + optimizer state) this server creates (BAD_REQUEST beyond)
     max_table_bytes: int = 16 << 30
+    #: all table shards of this server together, as created (BAD_REQUEST for the table that
+    #: would pass it); by default a share of the machine's memory (TABLES_SHARE_OF_MEMORY)
+    max_tables_bytes: int = field(default_factory=default_tables_bytes)
+    #: bytes held by all connections not through their handshake (a budget of their own, so
+    #: that they cannot starve the others' max_inflight_bytes); over it a frame is refused
+    max_handshake_bytes: int = 16 << 20
     #: seconds after a client's last connection closes before its change tracking and replay
     #: entries are dropped (its barrier arrivals and sync chunks are withdrawn at once)
     client_linger: float = 60.0

@@ -5,10 +5,12 @@ limits); the request logic lives in :class:`~aps.server.core.ServerCore`.
 
 Limits (docs/operations.md, "Limits"): a connection must finish its handshake within
 ``handshake_timeout`` and every frame within ``frame_timeout`` of its first byte; a frame's
-declared size is charged, as soon as its header is in and before any of its body is buffered, to
-a per-connection and a server-wide budget of bytes in flight, and held until its request is done
-(a barrier or sync push holds it while it waits). A header over either budget is answered with a
-retriable TOO_LARGE and the connection is closed. While the peer does not read our replies, or
+declared size is checked against the per-connection budget as soon as its header is in, and its
+bytes are charged as they arrive (what a peer only declares costs nothing) to the server-wide
+budget of bytes in flight (``max_inflight_bytes``, or ``max_handshake_bytes`` while the
+connection is in its handshake) and held until its request is done (a barrier or sync push holds
+them while it waits). A frame over a budget is answered with a retriable TOO_LARGE and the
+connection is closed. While the peer does not read our replies, or
 has too many requests waiting, frames already received are left unparsed until it catches up.
 """
 
@@ -82,10 +84,17 @@ class ServerConnection(asyncio.BufferedProtocol):
         # limits: bytes in flight (declared frames + requests still waiting), deadlines
         self.decoder.on_header = self._on_header
         self.bytes_held = 0
-        self._frame_bytes = 0  # charged for the frame being received / handled right now
+        self._arrived = 0  # charged for bytes received and not yet handed out as a frame
+        self._frame_bytes = 0  # charged for the frame being handled right now
+        self._header_request = 0  # request id of the frame whose header came last
+        #: this connection's bytes are charged to the budget of connections not through the
+        #: handshake (max_handshake_bytes) until it is done, then to max_inflight_bytes
+        self._in_handshake_pool = True
         self._task_bytes: dict[asyncio.Future[Any], int] = {}
         self._registered = False  # counted as one of its client's connections (core)
         self._counted_as: str | None = None  # the address admission counted it under (None: refused)
+        #: admission stopped counting it (evicted, or refused once through its handshake)
+        self.uncounted = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
         self._partial_since: float | None = None  # loop time the frame in progress began
@@ -109,7 +118,11 @@ class ServerConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        if not self.server.admission.admit(address):
+        admitted, evicted = self.server.admission.admit(address, self)
+        for victim in evicted:  # idle in their handshake: they make room for this one
+            victim.uncounted = True
+            victim.abort("evicted: the oldest connection still in its handshake, to make room for a new one")
+        if not admitted:
             self.core.stats.connections_refused += 1
             self.closed = True
             self.handshake.close("refused: too many connections")
@@ -127,7 +140,8 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.closed = True
         if self._counted_as is None:
             return  # refused in connection_made: nothing was counted or held
-        self.server.admission.release(self._counted_as)
+        if not self.uncounted:
+            self.server.admission.release(self._counted_as, self)
         self._counted_as = None
         self.handshake.close(f"connection lost: {exc}" if exc is not None else "connection closed")
         self.server.connections.discard(self)
@@ -138,8 +152,8 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._handshake_timer = self._frame_timer = self._linger_timer = None
         # what a half-received frame had buffered goes now; requests still waiting release their
         # share when they finish (withdrawn just below if this was the client's last connection)
-        self._release(self._frame_bytes)
-        self._frame_bytes = 0
+        self._release(self._frame_bytes + self._arrived)
+        self._frame_bytes = self._arrived = 0
         self.decoder = wire.FrameDecoder(0)
         if self._registered:
             self._registered = False
@@ -167,14 +181,16 @@ class ServerConnection(asyncio.BufferedProtocol):
         if self.closed:
             return
         self.decoder.buffer_updated(nbytes)
-        self._process()
+        if self._charge_arrived():
+            self._process()
 
     def data_received(self, data: bytes) -> None:
         """Bytes handed over whole (also called with b"" to parse frames left unparsed)."""
         if self.closed:
             return
         self.decoder.receive_data(data)
-        self._process()
+        if self._charge_arrived():
+            self._process()
 
     def _process(self) -> None:
         completed = False
@@ -191,6 +207,9 @@ class ServerConnection(asyncio.BufferedProtocol):
             if frame is None:
                 break
             completed = True
+            size = wire.HEADER_SIZE + len(frame.payload)  # its bytes were charged as they arrived
+            self._arrived -= size
+            self._frame_bytes = size
             self._frame_received(frame)
             self._release(self._frame_bytes)  # unless a waiting request took it over
             self._frame_bytes = 0
@@ -199,31 +218,69 @@ class ServerConnection(asyncio.BufferedProtocol):
     # ----------------------------------------------------------------- limits
 
     def _on_header(self, opcode: int, request_id: int, length: int) -> None:
-        """The decoder has a frame's header: charge its size to the budgets, or refuse it."""
+        """The decoder has a frame's header: refuse it when its declared size could never be
+        held by this connection; nothing is charged for what is only declared."""
+        self._header_request = request_id
         size = wire.HEADER_SIZE + length
-        own, total = self.config.max_connection_bytes, self.config.max_inflight_bytes
-        if own and self.bytes_held + size > own:
+        own = self.config.max_connection_bytes
+        held = self.bytes_held - self._arrived  # by requests that wait
+        if own and held + size > own:
             problem = (
-                f"this connection has {self.bytes_held} bytes in flight and this frame's {size} would pass its "
+                f"this connection has {held} bytes in flight and this frame's {size} would pass its "
                 f"limit of {own} (aps-server --max-connection-bytes)"
             )
-        elif total and self.server.inflight_bytes + size > total:
-            problem = (
-                f"the server has {self.server.inflight_bytes} bytes in flight and this frame's {size} would pass "
-                f"its limit of {total} (aps-server --max-inflight-bytes)"
-            )
+            self._refuse_frame(request_id, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
+            raise _FrameRefused
+
+    def _charge_arrived(self) -> bool:
+        """Charge the bytes received since the last call to the budget this connection draws
+        on (memory is committed as bytes arrive, not when a header declares them: the decoder
+        maps a large body lazily); over it, refuse the frame in progress and return False."""
+        grow = self.decoder.buffered - self._arrived
+        if grow <= 0:
+            return True
+        if self._in_handshake_pool:
+            total, pool = self.config.max_handshake_bytes, self.server.handshake_bytes
+            what = "connections not through the handshake hold", "aps-server --max-handshake-bytes"
         else:
-            self.bytes_held += size
+            total, pool = self.config.max_inflight_bytes, self.server.inflight_bytes
+            what = "the server has", "aps-server --max-inflight-bytes"
+        if total and pool + grow > total:
+            problem = (
+                f"{what[0]} {pool} bytes in flight and {grow} more arrived, over the limit of {total} ({what[1]})"
+            )
+            self._refuse_frame(self._header_request, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
+            return False
+        self._arrived += grow
+        self._charge(grow)
+        return True
+
+    def _charge(self, size: int) -> None:
+        self.bytes_held += size
+        if self._in_handshake_pool:
+            self.server.handshake_bytes += size
+        else:
             self.server.inflight_bytes += size
-            self._frame_bytes = size
-            return
-        self._refuse_frame(request_id, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
-        raise _FrameRefused
 
     def _release(self, size: int) -> None:
         if size:
             self.bytes_held -= size
-            self.server.inflight_bytes -= size
+            if self._in_handshake_pool:
+                self.server.handshake_bytes -= size
+            else:
+                self.server.inflight_bytes -= size
+
+    def _through_handshake(self) -> None:
+        """The handshake is done: what this connection holds moves to the main budget, and it
+        counts as an established connection of its address (admission.py)."""
+        if self._in_handshake_pool and self.handshake.ready:
+            self._in_handshake_pool = False
+            self.server.handshake_bytes -= self.bytes_held
+            self.server.inflight_bytes += self.bytes_held
+            if self._counted_as is not None and not self.server.admission.established(self._counted_as, self):
+                self.uncounted = True
+                self.core.stats.connections_refused += 1
+                self.close("refused: too many connections from this address (max_connections_per_address)")
 
     def _refuse_frame(self, request_id: int, exc: ServerError) -> None:
         """Answer a refused frame and close without reading its body into memory."""
@@ -388,6 +445,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             return True
         if action is Action.HELLO:
             self.decoder.max_frame = self.handshake.frame_limit
+            self._through_handshake()  # without a token HELLO is the whole handshake
             self._send(
                 wire.HelloReply(
                     server_index=self.config.server_index,
@@ -438,6 +496,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._handshake_error(step, request_id)
             return
         self.decoder.max_frame = self.handshake.frame_limit
+        self._through_handshake()
         self._send(wire.Ok(op=wire.Op.AUTH), request_id)
         self._held = False
         self._update_reading()

@@ -24,6 +24,8 @@ class ConnectionContext(Protocol):
     inflight: set[asyncio.Task[Any]]
     #: bytes in flight over every connection, charged against ``config.max_inflight_bytes``
     inflight_bytes: int
+    #: bytes held by connections not through their handshake, against ``config.max_handshake_bytes``
+    handshake_bytes: int
     #: shutting down: new requests are refused with SHUTTING_DOWN
     closing: bool
     #: the throttle that answers wrong AUTHs late

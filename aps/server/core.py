@@ -295,9 +295,26 @@ class ServerCore(CheckpointHandlers, HashHandlers):
                 f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
                 f"({what}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
             )
+        self._tables_fit(spec, need)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[spec.name] = (spec, done)
         return self._build_table(spec, need, done)
+
+    def _tables_fit(self, spec: TableSpec, need: int) -> None:
+        """Refuse (BAD_REQUEST) the table that would take this server's tables, with those being
+        created, past --max-tables-bytes: a limit per table alone let one client create many."""
+        limit = self.config.max_tables_bytes
+        if not limit:
+            return
+        held = sum(shard.nbytes for shard in self.tables.values())
+        held += sum(self._table_nbytes(other) for other, _ in self._creating.values())
+        if held + need > limit:
+            raise ServerError(
+                ErrorCode.BAD_REQUEST,
+                f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {self.config.server_index}, "
+                f"whose {len(self.tables) + len(self._creating)} tables hold {held} ({_gib(held)}): over its limit "
+                f"for all tables of {limit} bytes ({_gib(limit)}; aps-server --max-tables-bytes)",
+            )
 
     def _table_nbytes(self, spec: TableSpec) -> int:
         """Bytes a new shard of ``spec`` takes, for the --max-table-bytes budget: a hash table

@@ -71,6 +71,8 @@ class PServer:
         self.inflight: set[asyncio.Task[Any]] = set()
         #: bytes in flight over every connection (max_inflight_bytes bounds it; connection.py)
         self.inflight_bytes = 0
+        #: bytes held by connections not through their handshake (max_handshake_bytes bounds it)
+        self.handshake_bytes = 0
         self.closing = False
         #: one listening socket per port (``config.num_ports`` consecutive ones)
         self._servers: list[asyncio.base_events.Server] = []

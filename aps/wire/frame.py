@@ -17,6 +17,7 @@ single payload byte is buffered, so a peer cannot make us allocate a huge body b
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,12 +53,13 @@ class Flag(IntFlag):
 
 @dataclass(slots=True)
 class Frame:
-    """One decoded frame: header fields plus its payload (a writable, 8-byte aligned buffer)."""
+    """One decoded frame: header fields plus its payload (a writable, 8-byte aligned buffer: a
+    bytearray, or an anonymous ``mmap`` for a large body)."""
 
     opcode: int
     flags: int
     request_id: int
-    payload: bytearray
+    payload: bytearray | mmap.mmap
 
 
 def encode_header(opcode: int, flags: int, request_id: int, length: int, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -92,7 +94,7 @@ class FrameDecoder:
         self._pos = 0
         self._end = 0
         self._pending: tuple[int, int, int] | None = None  # header of the body being filled
-        self._body: bytearray | None = None
+        self._body: mmap.mmap | None = None
         self._filled = 0
         self._lent_body = False  # the last get_buffer() view was into _body
         self._broken = False
@@ -190,8 +192,10 @@ class FrameDecoder:
         if length < _DIRECT_BODY:
             return None
         # a large body: give it its own buffer now; get_buffer() lends the rest of it to the
-        # transport, so the body is received in place
-        body = bytearray(length)
+        # transport, so the body is received in place. An anonymous mapping, not a bytearray
+        # (which zero-fills): its pages are committed as the bytes arrive, so a peer that
+        # declares a body and sends little of it costs what it sent, not what it declared
+        body = mmap.mmap(-1, length)
         body[:available] = memoryview(buf)[start:end]
         self._pos = self._end = 0
         self._body, self._pending, self._filled = body, (opcode, flags, request_id), available

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import aps
+from aps import wire
 from tests.conftest import ROOT, wait_port_file
 from tests.server.raw import Raw
 from tests.server.test_limits import pserver, served
@@ -33,8 +34,9 @@ async def test_connections_over_the_caps_are_closed_at_once_and_others_are_serve
         held = [await raw_from(server, "127.0.0.2") for _ in range(4)]
         for k, raw in enumerate(held):
             await raw.hello(client_id=100 + k)
-        extra = await raw_from(server, "127.0.0.2")
-        assert await extra.closed_by_peer(timeout=3) == b""  # closed before it was read from
+        extra = await raw_from(server, "127.0.0.2")  # admitted while in its handshake (counted apart)
+        extra.send(wire.Hello(client_id=199), 1)
+        assert await extra.closed_by_peer(timeout=3) == b""  # through it, over the address's cap: closed
         other = [await raw_from(server, "127.0.0.3") for _ in range(2)]
         for k, raw in enumerate(other):
             await raw.hello(client_id=200 + k)
@@ -51,6 +53,26 @@ async def test_connections_over_the_caps_are_closed_at_once_and_others_are_serve
         again = await raw_from(server, "127.0.0.2")
         await again.hello(client_id=300)
         for raw in (*other, again, extra, over_total):
+            raw.close()
+
+
+async def test_idle_connections_in_their_handshake_make_room_for_new_ones() -> None:
+    """Connections that never finish a handshake are counted apart from established ones: when
+    an address's handshaking slots (or the server's) are full, the oldest is closed for the new
+    one, so idle connections from a host cannot lock its clients out (before: 512 idle
+    connections from 127.0.0.1 took every per-address slot and 41 of 50 connects failed)."""
+    async with pserver(max_connections=8, max_connections_per_address=4) as server:
+        idle = [await raw_from(server, "127.0.0.2") for _ in range(4)]
+        client = await raw_from(server, "127.0.0.2")
+        await client.hello(client_id=1)  # served
+        assert await idle[0].closed_by_peer(timeout=3) == b""  # the oldest idle one made room
+        await client.call(wire.Ping(), 2)
+        others = [await raw_from(server, "127.0.0.3") for _ in range(4)]  # 8 open: the server is full
+        late = await raw_from(server, "127.0.0.4")
+        await late.hello(client_id=2)  # the oldest idle connection of any address made room
+        assert await idle[1].closed_by_peer(timeout=3) == b""
+        assert server.admission.evicted == 2 and server.core.stats.connections == 8
+        for raw in (*idle, client, *others, late):
             raw.close()
 
 
