@@ -17,7 +17,6 @@ single payload byte is buffered, so a peer cannot make us allocate a huge body b
 
 from __future__ import annotations
 
-import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +32,14 @@ HEADER_SIZE = HEADER.size  # 24
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 #: payloads longer than this are received straight into their own buffer instead of the shared one
 _DIRECT_BODY = 256 * 1024
-#: initial size of a decoder's receive buffer (it grows to hold a whole small frame)
-_RECV_CHUNK = 128 * 1024
-#: get_buffer() lends at least this much room (or what the transport hints), compacting first
+#: initial size of a decoder's receive buffer (it grows, by doubling, to hold a whole small
+#: frame): small, because every connection has one from its first byte, a hostile idle one too
+_RECV_CHUNK = 32 * 1024
+#: a receive buffer grown past this (by the first half of a big body) is replaced by a small one
+#: once that body has its own buffer
+_KEEP_BUF = 4 * 1024 * 1024
+#: get_buffer() lends at least this much room, compacting first; the transport's size hint
+#: (uvloop asks for 64 KiB on every read) never grows the buffer by itself, a frame does
 _MIN_ROOM = 16 * 1024
 
 
@@ -54,12 +58,12 @@ class Flag(IntFlag):
 @dataclass(slots=True)
 class Frame:
     """One decoded frame: header fields plus its payload (a writable, 8-byte aligned buffer: a
-    bytearray, or an anonymous ``mmap`` for a large body)."""
+    bytearray)."""
 
     opcode: int
     flags: int
     request_id: int
-    payload: bytearray | mmap.mmap
+    payload: bytearray
 
 
 def encode_header(opcode: int, flags: int, request_id: int, length: int, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -94,7 +98,7 @@ class FrameDecoder:
         self._pos = 0
         self._end = 0
         self._pending: tuple[int, int, int] | None = None  # header of the body being filled
-        self._body: mmap.mmap | None = None
+        self._body: bytearray | None = None
         self._filled = 0
         self._lent_body = False  # the last get_buffer() view was into _body
         self._broken = False
@@ -113,13 +117,16 @@ class FrameDecoder:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Writable room for the next bytes from the peer (``asyncio.BufferedProtocol``): the rest
         of a large frame's own body buffer while one is being received, else free space at the
-        end of the receive buffer (compacted or grown so there is at least ``sizehint`` or
-        16 KiB). Call :meth:`buffer_updated` with how many bytes were written into it."""
+        end of the receive buffer (compacted, or grown by doubling when that leaves less than
+        16 KiB). ``sizehint`` is honoured only within the room the buffer already has: a buffer
+        grows because a frame needs it, not because the transport could read more, so a
+        connection that sends a few bytes costs a few KiB, not the hint. Call
+        :meth:`buffer_updated` with how many bytes were written into it."""
         self._lent_body = self._body is not None and self._filled < len(self._body)
         if self._lent_body:
             assert self._body is not None
             return memoryview(self._body)[self._filled :]
-        want = max(sizehint, _MIN_ROOM)
+        want = _MIN_ROOM
         if len(self._buf) - self._end < want:
             self._compact()
             if len(self._buf) - self._end < want:  # grow by doubling: amortised, never per read
@@ -189,15 +196,19 @@ class FrameDecoder:
                 self._pos = self._end = 0
             self._announced = False
             return Frame(opcode, flags, request_id, payload)
-        if length < _DIRECT_BODY:
+        if length < _DIRECT_BODY or 2 * available < length:
             return None
-        # a large body: give it its own buffer now; get_buffer() lends the rest of it to the
-        # transport, so the body is received in place. An anonymous mapping, not a bytearray
-        # (which zero-fills): its pages are committed as the bytes arrive, so a peer that
-        # declares a body and sends little of it costs what it sent, not what it declared
-        body = mmap.mmap(-1, length)
+        # a large body, half of it in: give it its own buffer now; get_buffer() lends the rest of
+        # it to the transport, so the second half is received in place. Until half has arrived
+        # it grows in the receive buffer like a small frame, so a peer that declares a body and
+        # sends little of it commits at most twice what it sent, never what it declared. (An
+        # anonymous mmap per body, committed page by page, did the same for the memory but
+        # halved batched pull and push rates here: a page fault per 4 KiB of every body.)
+        body = bytearray(length)
         body[:available] = memoryview(buf)[start:end]
         self._pos = self._end = 0
+        if len(self._buf) > _KEEP_BUF:
+            self._buf = bytearray(_RECV_CHUNK)  # a new one: a view lent earlier may still be alive
         self._body, self._pending, self._filled = body, (opcode, flags, request_id), available
         return None
 

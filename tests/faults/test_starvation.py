@@ -68,7 +68,8 @@ def test_declared_bodies_commit_no_memory_and_starve_no_one(tmp_path: Path) -> N
         grown, value = asyncio.run(declared_bodies(server, 16, 64 * MIB, 1200))
         assert value == -2.0  # SGD lr 1 on a zero table: the second push was applied
         # what was received, plus each connection's own receive buffer (128 KiB) and bookkeeping
-        assert grown < 16 * 1200 + 16 * 256 * 1024, f"RSS grew {grown / MIB:.1f} MiB for 19 KB received"
+        # received bytes plus each connection's own receive buffer (32 KiB until a frame needs more)
+        assert grown < 16 * 1200 + 16 * 48 * 1024, f"RSS grew {grown / MIB:.2f} MiB for 19 KB received"
         print(f"RSS grew {grown / MIB:.2f} MiB with 16 x 64 MiB declared and 16 x 1.2 KB received")
     finally:
         server.stop()

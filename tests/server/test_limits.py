@@ -210,7 +210,9 @@ async def test_server_budget_counts_what_arrives_and_bounds_memory() -> None:
         await eventually(lambda: srv.core.stats.connections <= 32)
         grown = rss() - before
         assert srv.inflight_bytes <= 64 * MIB
-        assert grown < 100 * MIB, f"RSS grew by {grown / MIB:.0f} MiB (50 x 8 MiB would be 400)"
+        # a body's first half grows in its connection's receive buffer (by doubling) before it
+        # gets its own: memory is at most about twice the bytes held, never what was declared
+        assert grown < 2 * 64 * MIB + 32 * MIB, f"RSS grew by {grown / MIB:.0f} MiB (50 x 8 MiB would be 400)"
         refused = 0
         for raw in raws:
             try:
