@@ -143,7 +143,7 @@ async def test_trainer_api_async_uses_compute(corpus: Path) -> None:
     assert score(live, corpus) >= 0.9
 
 
-@pytest.mark.parametrize("mode", ["geo", "sync", "async", "half_async"])
+@pytest.mark.parametrize("mode", ["geo", "sync", "async", "half_async", "hybrid"])
 def test_aps_local_2x2_default_setting_in_every_mode(corpus: Path, tmp_path: Path, mode: str) -> None:
     """The model's default (window-shared negatives, linear decay over the run) through real
     processes, in every mode: 2 pservers, 2 trainers x 1 worker, as README's command line with
