@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test test-fast demo bench clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(PY) -m pytest -q tests
+
+# the suite without the tests marked slow (end-to-end runs of real processes): for development
+test-fast: venv
+	$(PY) -m pytest -q -m 'not slow' tests
 
 demo: venv
 	$(PY) examples/word2vec/demo.py
