@@ -36,6 +36,7 @@ from ..tls import client_context
 from ..validate import seconds
 from .args import addresses_of, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
+from .export import ExportInfo, export
 from .fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
 from .info import TableInfo, merge_info
 from .lanes import PortPlan
@@ -406,7 +407,7 @@ class PSClient:
         assert isinstance(reply, wire.BarrierReply)
         return reply.total
 
-    async def save(self, path: str, mode: str = "full", timeout: Timeout = None) -> None:
+    async def save(self, path: str, mode: str = "full", timeout: Timeout = None, *, extra: dict[str, Any] | None = None) -> None:
         """Every pserver writes its shard under ``path`` (a directory on the pservers' disks), all
         tagged with one new save id: a later load refuses shards of different saves.
 
@@ -414,10 +415,33 @@ class PSClient:
         at least its ``base_threshold``; "delta": those whose delta score reached its
         ``delta_threshold`` since a base or delta save last wrote them (a delta needs a base
         saved first; its manifest names that base's save id). Fixed and dense tables are saved
-        whole in every mode (docs/operations.md)."""
+        whole in every mode (docs/operations.md).
+
+        ``extra``: a JSON-able dict written into this save's manifests (their ``extra``), such
+        as an online trainer's position; loading the checkpoint gives it back."""
         if mode not in SAVE_MODES:
             raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
-        await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex, mode=None if mode == "full" else mode), timeout)
+        text = None
+        if extra is not None:
+            try:
+                text = json.dumps(extra)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"save extra must be JSON-serialisable: {exc}") from exc
+        wire_mode = None if mode == "full" and text is None else mode  # a present extra needs the mode before it
+        await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex, mode=wire_mode, extra=text), timeout)
+
+    async def export(self, root: str, kind: str, timeout: Timeout = None) -> ExportInfo:
+        """Write export ``root/<version>-<kind>/`` for serving (aps-serve) and return its
+        :class:`~aps.client.export.ExportInfo` (version, base version, path, key counts).
+
+        ``kind`` "base": every table, a hash table's keys whose score is at least its
+        ``base_threshold``; "delta": a hash table's keys whose delta score reached its
+        ``delta_threshold`` since the last base or delta export (fixed and dense tables whole in
+        both). The version is one more than the highest in ``root`` (relative: from the pservers'
+        checkpoint root); the export is complete once its manifest and done marker are written,
+        after every pserver's shard. ``root`` must be storage the pservers and this client see
+        at the same path (aps/client/export.py, docs/operations.md "Exports and serving")."""
+        return await export(self, root, kind, timeout)
 
     async def shrink(
         self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, timeout: Timeout = None

@@ -36,6 +36,8 @@ from urllib.parse import quote
 import numpy as np
 from tqdm import tqdm
 
+from ..digests import dir_sha256
+from ..durable import fsync_dir as _fsync_dir
 from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
@@ -57,15 +59,6 @@ def shard_dir_name(shard: int, num_shards: int) -> str:
 
 
 # ---------------------------------------------------------------- save
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_array(path: Path, array: np.ndarray) -> None:
@@ -116,7 +109,7 @@ def _write_table(directory: Path, prefix: str, shard: Shard, progress: tqdm | No
 
 def save_shard(
     path: str | os.PathLike[str], shards: dict[str, Shard], shard: int, num_shards: int, extra: dict[str, Any],
-    save_id: str = "", mode: str = "full", base_save_id: str | None = None,
+    save_id: str = "", mode: str = "full", base_save_id: str | None = None, previous_save_id: str | None = None,
 ) -> Path:
     """Atomically write server ``shard`` of ``num_shards``'s tables under ``path``; returns the dir.
 
@@ -127,7 +120,11 @@ def save_shard(
 
     ``mode`` (hash_checkpoint.py): "full", or "base" / "delta", which write only some of a hash
     table's keys (fixed and dense tables whole) and then reset the delta score of the keys they
-    wrote; a delta names the save id of the base it follows (``base_save_id``).
+    wrote; a delta names the save id of the base it follows (``base_save_id``). A base or delta
+    manifest also holds the SHA-256 of every file of the shard (``sha256``, by file name) and the
+    save id of the base or delta save this server wrote before it (``previous_save_id``; None:
+    none since it started or loaded): an export (aps/client/export.py) checks that no other such
+    save came between two of its own, since each resets the delta scores of the keys it wrote.
     """
     try:
         json.dumps(extra)
@@ -155,6 +152,7 @@ def save_shard(
                     progress.update(table.nbytes)
                 else:
                     tables[name] = _write_table(tmp, prefix, table, progress)
+        digests = {"sha256": dir_sha256(tmp), "previous_save_id": previous_save_id} if mode != "full" else {}
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -164,6 +162,7 @@ def save_shard(
             "save_id": save_id,
             "mode": mode,
             **({"base_save_id": base_save_id} if mode == "delta" else {}),
+            **digests,
             "written_at": time.time(),
             "written_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "tables": tables,

@@ -7,6 +7,7 @@ save or load runs in a thread, and the state a load installs.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -49,6 +50,9 @@ class CheckpointHandlers:
     #: the save id of the last base save this server wrote or loaded (None: none yet), which
     #: a delta save names as the base it follows
     base_save_id: str | None = None
+    #: the save id of the last base or delta save this server wrote (None: none since it
+    #: started or loaded); the next one's manifest names it, so an export sees a save between two
+    previous_save_id: str | None = None
 
     def _confine(self, path: str) -> str:
         """The real path of a checkpoint directory a client named, refused outside the root."""
@@ -73,28 +77,36 @@ class CheckpointHandlers:
                 ErrorCode.BAD_REQUEST,
                 f"a delta save follows a base save, and server {self.config.server_index} has written or loaded none: save mode='base' first",
             )
-        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode))
+        extra = _client_extra(msg.extra)
+        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode, extra))
 
     def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
         """Close the write gate now and run ``work`` (a save or load) while writes wait."""
         self.gate.close()
         return self.gate.exclusive(work)
 
-    async def write_checkpoint(self, path: str, save_id: str, shown: str | None = None, mode: str = "full") -> wire.Message:
+    async def write_checkpoint(
+        self, path: str, save_id: str, shown: str | None = None, mode: str = "full", extra: dict[str, Any] | None = None
+    ) -> wire.Message:
         """Write this server's shard under ``path`` from a thread; the caller holds the write
         gate, so the tables do not change until it is done (a consistent snapshot). ``mode``:
-        "full", "base" or "delta" (hash_checkpoint.py)."""
-        tables, extra = dict(self.tables), dict(self.extra)
+        "full", "base" or "delta" (hash_checkpoint.py). ``extra``: a client's keys for this
+        save's manifest, over the server's own, for this save only (an online trainer's
+        position describes the tables as they are now, not as a later save finds them)."""
+        tables, extra = dict(self.tables), {**self.extra, **(extra or {})}
         index, servers = self.config.server_index, self.config.num_servers
         started = time.monotonic()
         try:
             await asyncio.to_thread(
-                save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id
+                save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id,
+                previous_save_id=self.previous_save_id,
             )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
         if mode == "base":
             self.base_save_id = save_id
+        if mode != "full":
+            self.previous_save_id = save_id
         self.stats.last_save_seconds = time.monotonic() - started
         self.stats.saves += 1
         log.info("saved", path=path, tables=len(tables), save_id=save_id, mode=mode, seconds=round(self.stats.last_save_seconds, 3))
@@ -144,7 +156,21 @@ class CheckpointHandlers:
         self.specs = {name: shard.spec for name, shard in shards.items()}
         self.extra = dict(extra)
         self.base_save_id = None  # a delta follows a base this server wrote since
+        self.previous_save_id = None
         log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
+
+
+def _client_extra(text: str | None) -> dict[str, Any] | None:
+    """A SAVE's ``extra``: a JSON object, else BAD_REQUEST."""
+    if text is None:
+        return None
+    try:
+        extra = json.loads(text)
+    except ValueError as exc:
+        raise ServerError(ErrorCode.BAD_REQUEST, f"save extra is not JSON: {exc}") from None
+    if not isinstance(extra, dict):
+        raise ServerError(ErrorCode.BAD_REQUEST, f"save extra must be a JSON object, got {type(extra).__name__}")
+    return extra
 
 
 def checkpoint_root(root: str | None) -> str:
