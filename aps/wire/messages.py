@@ -182,12 +182,15 @@ class Save(Message):
     loader can tell shards of one save from a mix of two."""
 
     OP = Op.SAVE
-    FIELDS = (("path", "str"), ("save_id", "str"), ("mode", "str?"))
+    FIELDS = (("path", "str"), ("save_id", "str"), ("mode", "str?"), ("extra", "str?"))
     path: str = ""
     save_id: str = ""
     #: optional (new in version 3): "full", "base" or "delta" (hash tables' keys by score or
     #: delta score; docs/operations.md); absent: "full"
     mode: str | None = None
+    #: optional: a JSON object merged into this save's manifest ``extra`` (an online trainer's
+    #: position); needs ``mode`` sent
+    extra: str | None = None
 
 
 @dataclass(slots=True)
