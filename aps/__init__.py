@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .fleet import DistributedStrategy, Fleet
     from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
     from .server import PServer, ServerConfig, serve
-    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, HashTable, Normal, SparseTable, Uniform
+    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Ftrl, HashTable, Normal, SparseTable, Uniform
     from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
 
 __version__ = "0.1.0"
@@ -44,7 +44,7 @@ _LAZY = {
     "ClusterSpec": "cluster",
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
     **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
-                     "ExponentialDecay"), "specs"),
+                     "Ftrl", "ExponentialDecay"), "specs"),
     **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),
                     "trainer"),
     **dict.fromkeys(("Fleet", "DistributedStrategy"), "fleet"),
@@ -55,8 +55,8 @@ __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
     "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
     "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
-    "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "ExponentialDecay",
-    "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
+    "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "Ftrl",
+    "ExponentialDecay", "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
     "ServerError", "ConfigError", "TokenMissing", "DataError", "WorkerFailed", "ErrorCode",
 ]
 

@@ -129,10 +129,23 @@ class ExponentialDecay:
 
 
 # ---------------------------------------------------------------- optimizers
+#
+# Every optimizer takes two more fields, applied by the pserver to each gradient it receives,
+# after duplicate ids are summed and the push's scale (sync: 1 / trainers) is applied:
+#
+# * ``clip_norm`` (None: off): each sparse row's gradient g (one id or key) is scaled to
+#   ``g * clip_norm / max(|g|, clip_norm)``; the norm is a row's, so it does not depend on how
+#   many other rows the push carries nor on which pserver holds the row. A dense table's
+#   gradient is spread over pservers in blocks, where no one server sees its norm: an optimizer
+#   with clip_norm is refused on a dense table (docs/concepts.md, "Regularisation and clipping").
+# * ``l2`` (0: off): the penalty ``l2 / 2 * |w|^2``, the reference's L2Decay: ``g += l2 * w``
+#   after clipping and before the update, on the rows a push touches only (lazy, as the
+#   reference's sparse regularisation); every element of a dense block at each push. FTRL puts
+#   its l2 in its closed-form update instead, the same penalty.
 
 
 def _check_optimizer(opt: Any, **kinds: str) -> None:
-    _set_numbers(opt, lr="real", **kinds)
+    _set_numbers(opt, lr="real", l2="real", **kinds)
     if opt.lr <= 0:
         raise ConfigError(f"learning rate must be a positive finite number, got {opt.lr}")
     if opt.decay is not None and not isinstance(opt.decay, ExponentialDecay):
@@ -140,6 +153,18 @@ def _check_optimizer(opt: Any, **kinds: str) -> None:
     for name in ("epsilon", "initial_accumulator"):
         if name in kinds and getattr(opt, name) < 0:
             raise ConfigError(f"{type(opt).__name__}: {name} must be >= 0, got {getattr(opt, name)}")
+    _check_regularisation(opt)
+
+
+def _check_regularisation(opt: Any) -> None:
+    """``l2 >= 0``; ``clip_norm`` None (no clipping) or a positive number."""
+    owner = type(opt).__name__
+    if opt.l2 < 0:
+        raise ConfigError(f"{owner}: l2 must be >= 0, got {opt.l2}")
+    if opt.clip_norm is not None:
+        object.__setattr__(opt, "clip_norm", _real(owner, "clip_norm", opt.clip_norm))
+        if opt.clip_norm <= 0:
+            raise ConfigError(f"{owner}: clip_norm must be a positive number or null, got {opt.clip_norm}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +173,8 @@ class SGD:
 
     lr: float = 0.01
     decay: ExponentialDecay | None = None
+    l2: float = 0.0
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         _check_optimizer(self)
@@ -161,6 +188,8 @@ class Adagrad:
     epsilon: float = 1e-6
     initial_accumulator: float = 0.0
     decay: ExponentialDecay | None = None
+    l2: float = 0.0
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         _check_optimizer(self, epsilon="real", initial_accumulator="real")
@@ -183,6 +212,8 @@ class Adam:
     epsilon: float = 1e-8
     decay: ExponentialDecay | None = None
     bias_correction: str = "row"
+    l2: float = 0.0
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         _check_optimizer(self, beta1="real", beta2="real", epsilon="real")
@@ -192,7 +223,36 @@ class Adam:
             raise ConfigError(f"Adam bias_correction must be one of {', '.join(BIAS_CORRECTIONS)}, got {self.bias_correction!r}")
 
 
-Optimizer = Union[SGD, Adagrad, Adam]
+@dataclass(frozen=True)
+class Ftrl:
+    """FTRL-Proximal (McMahan et al. 2013, "Ad Click Prediction"), per coordinate, with state
+    ``z`` and ``n``::
+
+        sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;  z += g - sigma * w;  n += g^2
+        w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2)
+
+    Sparse tables update the pushed rows only. ``l1`` makes weights exactly zero (a sparse wide
+    part); ``l2`` is the same penalty as the other optimizers' but inside the closed form. The
+    weight is a function of (z, n) once a coordinate is updated, so tables start at zero
+    (``Constant(0)``) as in the paper. No decay: the schedule is ``alpha / (beta + sqrt(n))``."""
+
+    alpha: float = 0.05
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+    clip_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        _set_numbers(self, alpha="real", beta="real", l1="real", l2="real")
+        if self.alpha <= 0:
+            raise ConfigError(f"Ftrl: alpha must be a positive finite number, got {self.alpha}")
+        for name in ("beta", "l1"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"Ftrl: {name} must be >= 0, got {getattr(self, name)}")
+        _check_regularisation(self)
+
+
+Optimizer = Union[SGD, Adagrad, Adam, Ftrl]
 
 # ---------------------------------------------------------------- tables
 
@@ -242,6 +302,12 @@ class DenseTable:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
         _check_parts(self.name, self.init, self.optimizer)
+        if self.optimizer.clip_norm is not None:
+            raise ConfigError(
+                f"{owner}: clip_norm clips each row of a sparse table on the pserver that holds it; a dense "
+                "table's gradient is split in blocks over the pservers, none of which sees its norm: give "
+                "this table an optimizer without clip_norm"
+            )
 
     @property
     def kind(self) -> str:
@@ -318,15 +384,15 @@ def _check_name(name: str) -> None:
 def _check_parts(name: str, init: Any, optimizer: Any) -> None:
     if not isinstance(init, (Uniform, Constant, Normal)):
         raise ConfigError(f"table {name!r}: init must be Uniform, Constant or Normal, got {init!r}")
-    if not isinstance(optimizer, (SGD, Adagrad, Adam)):
-        raise ConfigError(f"table {name!r}: optimizer must be SGD, Adagrad or Adam, got {optimizer!r}")
+    if not isinstance(optimizer, (SGD, Adagrad, Adam, Ftrl)):
+        raise ConfigError(f"table {name!r}: optimizer must be SGD, Adagrad, Adam or Ftrl, got {optimizer!r}")
 
 
 # ---------------------------------------------------------------- (de)serialisation
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, SparseTable, DenseTable, HashTable)
+    for cls in (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl, SparseTable, DenseTable, HashTable)
 }
 
 

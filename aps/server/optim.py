@@ -21,6 +21,11 @@ applications. Sparse tables update only the pushed rows (lazy Adam); with
 ``bias_correction="row"`` each row has its own ``t`` (only touched rows advance), with ``"step"``
 every row takes ``t = step + 1`` of the shard and epsilon is added to the raw ``sqrt(v)``, which
 is PyTorch's ``SparseAdam`` exactly.
+
+Before any of them, each distinct row's summed gradient is scaled, clipped to ``clip_norm`` (the
+row's norm) and given ``l2 * w`` (L2 decay, on the pushed rows only): :func:`_shape_row`. Dense
+blocks take ``l2 * w`` on every element. FTRL-Proximal keeps ``z`` and ``n`` per coordinate and
+puts its l2 in the closed form (:func:`_ftrl_coord`).
 """
 
 from __future__ import annotations
@@ -30,13 +35,16 @@ import math
 import numpy as np
 from numba import njit
 
-from ..specs import SGD, Adagrad, Adam, Optimizer
+from ..specs import SGD, Adagrad, Adam, Ftrl, Optimizer
 
 # ---------------------------------------------------------------- schedule and state layout
 
 
 def learning_rate(opt: Optimizer, step: int) -> float:
-    """The learning rate for the application that follows ``step`` completed ones."""
+    """The learning rate for the application that follows ``step`` completed ones (FTRL's alpha:
+    its schedule is per coordinate)."""
+    if isinstance(opt, Ftrl):
+        return float(opt.alpha)
     if opt.decay is None:
         return float(opt.lr)
     return float(opt.lr) * opt.decay.factor(step)
@@ -50,6 +58,8 @@ def state_names(opt: Optimizer) -> tuple[str, ...]:
         return ("acc",)
     if isinstance(opt, Adam):
         return ("m", "v")
+    if isinstance(opt, Ftrl):
+        return ("z", "n")
     raise TypeError(f"unknown optimizer {opt!r}")
 
 
@@ -146,52 +156,96 @@ def _segment_sum(ids: np.ndarray, order: np.ndarray, start: int, grads: np.ndarr
 
 
 @njit(cache=True, nogil=True)
-def _sgd_rows(values, ids, grads, scale, lr, ordered):
-    order = np.empty(0, np.int64) if ordered else _push_order(ids)
-    g = np.empty(values.shape[1], np.float64)
-    i = 0
-    while i < ids.shape[0]:
-        row = ids[_at(order, i)]
-        i = _segment_sum(ids, order, i, grads, g)
+def _shape_row(g: np.ndarray, scale: float, clip: float, l2: float, values: np.ndarray, row: int) -> None:
+    """``g = clip(g * scale) + l2 * values[row]`` in place: the gradient a row's update uses.
+
+    ``clip`` > 0 scales the row's gradient to norm ``clip`` when it is longer (0: no clipping);
+    the decay term is added after, unclipped, as the reference adds its regulariser to the
+    clipped gradient."""
+    f = scale
+    if clip > 0.0:
+        sq = 0.0
         for c in range(g.shape[0]):
-            values[row, c] = values[row, c] - lr * (g[c] * scale)
+            sq += g[c] * g[c]
+        norm = np.sqrt(sq) * abs(scale)
+        if norm > clip:
+            f = scale * (clip / norm)
+    for c in range(g.shape[0]):
+        g[c] = g[c] * f
+    if l2 != 0.0:
+        for c in range(g.shape[0]):
+            g[c] += l2 * values[row, c]
 
 
 @njit(cache=True, nogil=True)
-def _adagrad_rows(values, accum, ids, grads, scale, lr, eps, ordered):
+def _scratch(values: np.ndarray, ids: np.ndarray, ordered: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What a sparse kernel walks a push with: the push's id order (see :func:`_push_order`;
+    empty when ``ordered`` or ascending) and a float64 row for each distinct row's gradient."""
     order = np.empty(0, np.int64) if ordered else _push_order(ids)
-    g = np.empty(values.shape[1], np.float64)
+    return order, np.empty(values.shape[1], np.float64)
+
+
+@njit(cache=True, nogil=True)
+def _next_row(ids, order, start, grads, g, scale, clip, l2, values):
+    """The row of the run of equal ids at ``start`` and the position after it, with the run's
+    gradient summed into ``g`` and shaped (:func:`_segment_sum`, :func:`_shape_row`)."""
+    row = ids[_at(order, start)]
+    end = _segment_sum(ids, order, start, grads, g)
+    _shape_row(g, scale, clip, l2, values, row)
+    return row, end
+
+
+@njit(cache=True, nogil=True)
+def _ftrl_coord(w: float, z: float, n: float, g: float, alpha: float, beta: float, l1: float, l2: float) -> tuple[float, float, float]:
+    """One FTRL-Proximal step of one coordinate: the new ``(w, z, n)``."""
+    n_new = n + g * g
+    z = z + g - (np.sqrt(n_new) - np.sqrt(n)) / alpha * w
+    if abs(z) <= l1:
+        return 0.0, z, n_new
+    return -(z - np.sign(z) * l1) / ((beta + np.sqrt(n_new)) / alpha + l2), z, n_new
+
+
+@njit(cache=True, nogil=True)
+def _sgd_rows(values, ids, grads, scale, clip, l2, lr, ordered):
+    order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        row = ids[_at(order, i)]
-        i = _segment_sum(ids, order, i, grads, g)
+        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
         for c in range(g.shape[0]):
-            gc = g[c] * scale
+            values[row, c] = values[row, c] - lr * g[c]
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_rows(values, accum, ids, grads, scale, clip, l2, lr, eps, ordered):
+    order, g = _scratch(values, ids, ordered)
+    i = 0
+    while i < ids.shape[0]:
+        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        for c in range(g.shape[0]):
+            gc = g[c]
             a = np.float64(accum[row, c]) + gc * gc
             accum[row, c] = a
             values[row, c] = values[row, c] - lr * gc / (np.sqrt(a) + eps)
 
 
 @njit(cache=True, nogil=True)
-def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps, table_t, ordered):
+def _adam_rows(values, m, v, t, ids, grads, scale, clip, l2, lr, beta1, beta2, eps, table_t, ordered):
     """Lazy Adam on the pushed rows: with per-row counts ``t`` (an empty ``t``: every row takes
     the shard's ``table_t`` and eps goes on the raw ``sqrt(v)``, as PyTorch's SparseAdam)."""
-    order = np.empty(0, np.int64) if ordered else _push_order(ids)
-    g = np.empty(values.shape[1], np.float64)
+    order, g = _scratch(values, ids, ordered)
     per_row = t.shape[0] > 0
     lr_t = lr * np.sqrt(1.0 - beta2**table_t) / (1.0 - beta1**table_t)
     eps_t = eps
     i = 0
     while i < ids.shape[0]:
-        row = ids[_at(order, i)]
-        i = _segment_sum(ids, order, i, grads, g)
+        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
         if per_row:
             t[row] += 1
             corr2 = np.sqrt(1.0 - beta2 ** t[row])
             lr_t = lr * corr2 / (1.0 - beta1 ** t[row])
             eps_t = eps * corr2
         for c in range(g.shape[0]):
-            gc = g[c] * scale
+            gc = g[c]
             mc = beta1 * m[row, c] + (1.0 - beta1) * gc
             vc = beta2 * v[row, c] + (1.0 - beta2) * gc * gc
             m[row, c] = mc
@@ -200,13 +254,25 @@ def _adam_rows(values, m, v, t, ids, grads, scale, lr, beta1, beta2, eps, table_
 
 
 @njit(cache=True, nogil=True)
-def _add_rows(values, ids, deltas, ordered):
-    order = np.empty(0, np.int64) if ordered else _push_order(ids)
-    d = np.empty(values.shape[1], np.float64)
+def _ftrl_rows(values, z, n, ids, grads, scale, clip, alpha, beta, l1, l2, ordered):
+    """FTRL-Proximal on the pushed rows (the clip applies to the gradient, l2 in the closed form)."""
+    order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        row = ids[_at(order, i)]
-        i = _segment_sum(ids, order, i, deltas, d)
+        row, i = _next_row(ids, order, i, grads, g, scale, clip, 0.0, values)
+        for c in range(g.shape[0]):
+            w, zc, nc = _ftrl_coord(values[row, c], z[row, c], n[row, c], g[c], alpha, beta, l1, l2)
+            values[row, c] = w
+            z[row, c] = zc
+            n[row, c] = nc
+
+
+@njit(cache=True, nogil=True)
+def _add_rows(values, ids, deltas, ordered):
+    order, d = _scratch(values, ids, ordered)
+    i = 0
+    while i < ids.shape[0]:
+        row, i = _next_row(ids, order, i, deltas, d, 1.0, 0.0, 0.0, values)
         for c in range(d.shape[0]):
             values[row, c] = values[row, c] + d[c]
 
@@ -227,20 +293,24 @@ def apply_sparse(
     """One optimizer application on the rows ``local_ids`` (duplicates summed first).
 
     Arrays must already be validated: values float32[rows, dim], ids int64[n] in range,
-    grads float32[n, dim]. ``step`` is the shard's count of completed applications (for decay).
+    grads float32[n, dim]. Each row's gradient is ``clip(sum * scale) + l2 * w`` (FTRL: l2 in
+    its closed form) with the spec's ``clip_norm`` and ``l2``. ``step`` is the shard's count of completed applications (for decay).
     ``ordered``: the caller knows the ids are ascending (:func:`scan_ids` said so), so the
     kernel neither checks nor sorts them; otherwise it checks in one pass and sorts if needed.
     """
     lr = learning_rate(opt, step)
+    scale, clip, l2 = float(scale), float(opt.clip_norm or 0.0), float(opt.l2)
     if isinstance(opt, SGD):
-        _sgd_rows(values, local_ids, grads, float(scale), lr, ordered)
+        _sgd_rows(values, local_ids, grads, scale, clip, l2, lr, ordered)
     elif isinstance(opt, Adagrad):
-        _adagrad_rows(values, state["acc"], local_ids, grads, float(scale), lr, float(opt.epsilon), ordered)
+        _adagrad_rows(values, state["acc"], local_ids, grads, scale, clip, l2, lr, float(opt.epsilon), ordered)
     elif isinstance(opt, Adam):
         _adam_rows(
-            values, state["m"], state["v"], state.get("t", _NO_ROW_STEPS), local_ids, grads, float(scale), lr,
+            values, state["m"], state["v"], state.get("t", _NO_ROW_STEPS), local_ids, grads, scale, clip, l2, lr,
             float(opt.beta1), float(opt.beta2), float(opt.epsilon), step + 1, ordered,
         )
+    elif isinstance(opt, Ftrl):
+        _ftrl_rows(values, state["z"], state["n"], local_ids, grads, scale, clip, lr, float(opt.beta), float(opt.l1), l2, ordered)
     else:
         raise TypeError(f"unknown optimizer {opt!r}")
 
@@ -255,29 +325,35 @@ def add_rows(values: np.ndarray, local_ids: np.ndarray, deltas: np.ndarray, orde
 
 
 @njit(cache=True, nogil=True)
-def _sgd_flat(p, g, scale, lr):
+def _sgd_flat(p, g, scale, l2, lr):
     for i in range(p.shape[0]):
-        p[i] = p[i] - lr * (np.float64(g[i]) * scale)
+        p[i] = p[i] - lr * (np.float64(g[i]) * scale + l2 * p[i])
 
 
 @njit(cache=True, nogil=True)
-def _adagrad_flat(p, accum, g, scale, lr, eps):
+def _adagrad_flat(p, accum, g, scale, l2, lr, eps):
     for i in range(p.shape[0]):
-        gi = np.float64(g[i]) * scale
+        gi = np.float64(g[i]) * scale + l2 * p[i]
         a = np.float64(accum[i]) + gi * gi
         accum[i] = a
         p[i] = p[i] - lr * gi / (np.sqrt(a) + eps)
 
 
 @njit(cache=True, nogil=True)
-def _adam_flat(p, m, v, g, scale, lr_t, beta1, beta2, eps_t):
+def _adam_flat(p, m, v, g, scale, l2, lr_t, beta1, beta2, eps_t):
     for i in range(p.shape[0]):
-        gi = np.float64(g[i]) * scale
+        gi = np.float64(g[i]) * scale + l2 * p[i]
         mi = beta1 * m[i] + (1.0 - beta1) * gi
         vi = beta2 * v[i] + (1.0 - beta2) * gi * gi
         m[i] = mi
         v[i] = vi
         p[i] = p[i] - lr_t * mi / (np.sqrt(vi) + eps_t)
+
+
+@njit(cache=True, nogil=True)
+def _ftrl_flat(p, z, n, g, scale, alpha, beta, l1, l2):
+    for i in range(p.shape[0]):
+        p[i], z[i], n[i] = _ftrl_coord(p[i], z[i], n[i], np.float64(g[i]) * scale, alpha, beta, l1, l2)
 
 
 @njit(cache=True, nogil=True)
@@ -298,23 +374,27 @@ def apply_dense(
     """One optimizer application on ``values[offset:offset + len(grads)]`` of a dense block.
 
     ``step`` is the block's count of completed applications: it sets the decayed lr and Adam's
-    ``t = step + 1``. Chunks of one logical push share the same ``step``.
+    ``t = step + 1``. Every element's gradient takes ``l2 * w`` (a dense table refuses
+    ``clip_norm``: no pserver sees its whole gradient). Chunks of one logical push share the same ``step``.
     """
     lo, hi = offset, offset + grads.shape[0]
     p = values[lo:hi]
     lr = learning_rate(opt, step)
+    scale, l2 = float(scale), float(opt.l2)
     if isinstance(opt, SGD):
-        _sgd_flat(p, grads, float(scale), lr)
+        _sgd_flat(p, grads, scale, l2, lr)
     elif isinstance(opt, Adagrad):
-        _adagrad_flat(p, state["acc"][lo:hi], grads, float(scale), lr, float(opt.epsilon))
+        _adagrad_flat(p, state["acc"][lo:hi], grads, scale, l2, lr, float(opt.epsilon))
     elif isinstance(opt, Adam):
         t = step + 1
         corr2 = math.sqrt(1.0 - opt.beta2**t)
         lr_t = lr * corr2 / (1.0 - opt.beta1**t)
         _adam_flat(
-            p, state["m"][lo:hi], state["v"][lo:hi], grads, float(scale), lr_t,
+            p, state["m"][lo:hi], state["v"][lo:hi], grads, scale, l2, lr_t,
             float(opt.beta1), float(opt.beta2), float(opt.epsilon) * corr2,
         )
+    elif isinstance(opt, Ftrl):
+        _ftrl_flat(p, state["z"][lo:hi], state["n"][lo:hi], grads, scale, lr, float(opt.beta), float(opt.l1), l2)
     else:
         raise TypeError(f"unknown optimizer {opt!r}")
 

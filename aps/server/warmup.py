@@ -16,14 +16,14 @@ import threading
 import numpy as np
 
 from ..sharding import dense_blocks
-from ..specs import SGD, Adagrad, Adam, Constant, DenseTable, Normal, SparseTable, Uniform
+from ..specs import SGD, Adagrad, Adam, Constant, DenseTable, Ftrl, Normal, SparseTable, Uniform
 from .tables import DenseShard, SparseShard
 
 
 def load_kernels() -> None:
     """Run every storage kernel once on tiny throw-away shards (each optimizer and initialiser)."""
     ids = np.array([0, 1, 1], dtype=np.int64)
-    for opt in (SGD(lr=0.1), Adagrad(lr=0.1), Adam(lr=0.1)):
+    for opt in (SGD(lr=0.1), Adagrad(lr=0.1), Adam(lr=0.1), Ftrl()):
         for init in (Uniform(-1, 1), Normal(0, 1), Constant(0)):
             sparse = SparseShard(SparseTable("warmup", rows=4, dim=2, init=init, optimizer=opt), 0, 1)
             sparse.track(2)  # change tracking's kernels too (tracking.py)
