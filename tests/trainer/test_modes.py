@@ -148,6 +148,16 @@ def test_geo_refuses_non_sgd_tables() -> None:
         Trainer(AdamModel(), Strategy(mode="geo"), ClusterSpec(["127.0.0.1:1"], 1))
 
 
+@pytest.mark.parametrize("opt", [aps.SGD(l2=1e-4), aps.SGD(clip_norm=1.0)])
+def test_geo_refuses_l2_and_clip_norm_which_only_the_pservers_apply(opt: aps.SGD) -> None:
+    class DecayModel(LinReg):
+        def tables(self):
+            return [aps.SparseTable("x", rows=4, dim=1, optimizer=opt)]
+
+    with pytest.raises(aps.ConfigError, match="table 'x' declares l2 or clip_norm, which only the pservers"):
+        Trainer(DecayModel(), Strategy(mode="geo"), ClusterSpec(["127.0.0.1:1"], 1))
+
+
 def test_trainer_without_pservers_is_an_error() -> None:
     with pytest.raises(aps.ConfigError, match="no pservers"):
         Trainer(LinReg(), Strategy(), ClusterSpec([], 1))

@@ -45,6 +45,12 @@ class GeoExchange(Mode):
                     f"geo mode trains locally with SGD, but table {spec.name!r} declares "
                     f"{type(spec.optimizer).__name__}; use SGD or another mode"
                 )
+            if spec.optimizer.l2 or spec.optimizer.clip_norm is not None:
+                # the pservers only add geo's deltas: their optimizer, decay and clip included, never runs
+                raise ConfigError(
+                    f"geo mode trains locally with plain SGD, but table {spec.name!r} declares l2 or "
+                    "clip_norm, which only the pservers' optimizer applies; drop them or use another mode"
+                )
 
     def __init__(self, link: Link) -> None:
         super().__init__(link)
