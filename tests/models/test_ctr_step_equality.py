@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,17 +121,18 @@ STRATEGIES = {"sync": aps.Strategy(mode="sync"), "hybrid": aps.Strategy(mode="hy
 
 
 def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Processes,
-               adam: tuple[str | None, ...], mode: str = "sync",
+               adam: tuple[str | None, ...] | Callable[[dict[str, np.ndarray]], list[Any]], mode: str = "sync",
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Reference], int]:
-    """20 steps in ``mode`` on a real pserver and on a reference per entry of ``adam``; returns
-    the pserver's tables before and after, the references, and how many rows were touched fewer
-    times than the step count (rows where the two Adam semantics part)."""
+    """20 steps in ``mode`` on a real pserver and on a reference per entry of ``adam`` (or the
+    references ``adam(initial tables)`` makes: objects with ``p`` and ``apply`` as
+    :class:`Reference`); returns the pserver's tables before and after, the references, and how
+    many rows were touched fewer times than the step count (rows where the two Adam semantics part)."""
     servers = processes.start_servers(1, trainers=1)
     st = StepTrainer(model, STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
     try:
         initial = asyncio.run(pull_all(servers, model))
         sparse = {t.name for t in model.sparse_tables()}
-        refs = [Reference(initial, sparse, model.lr, a) for a in adam]
+        refs = adam(initial) if callable(adam) else [Reference(initial, sparse, model.lr, a) for a in adam]
         batches = list(st.batches(lines))
         assert [b.examples for b in batches] == [BATCH] * STEPS
         seen: dict[str, np.ndarray] = {}

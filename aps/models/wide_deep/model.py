@@ -4,7 +4,8 @@
   slots, plus a linear term over the dense features (``wide.dense``, ``wide.b``);
 * **deep**: per-slot embeddings (``deep.emb``, dim 8) concatenated with the dense features ->
   FC 400 ReLU -> FC 400 ReLU -> FC 400 ReLU -> FC 1 (``deep1.w`` ... ``deep4.b``);
-* logit = wide + deep; sigmoid cross-entropy; Adam on the pservers for every table.
+* logit = wide + deep; sigmoid cross-entropy; Adam on the pservers for every table, or FTRL for
+  the wide part (``wide_optimizer=ftrl``, :mod:`.wide`).
 
 Gradients are of the batch *mean* loss; ``compute`` returns the summed loss (see
 :mod:`aps.models.ctr_dnn.model`, which this file follows line for line where it can). Data are
@@ -14,12 +15,15 @@ with a ``meta.json`` that says its 6 dense and 8 slot columns (``--model-arg met
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ...specs import Constant, DenseTable, Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
 from ..ctr_model import CriteoModel
+from .wide import wide_optimizer
 from ..layers import gather_slots, scatter_slots, scatter_sum_slots, sigmoid_xent, stack, sum_slots
 
 WIDE_SLOT = "wide.slot"
@@ -31,7 +35,9 @@ DEEP_EMB = "deep.emb"
 class WideDeep(CriteoModel):
     """wide&deep; every argument has a default and accepts text (``--model-arg``).
     ``init_range`` is the deep embedding's uniform init half-width; wide weights start at 0;
-    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam")."""
+    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam");
+    ``l2`` the L2 decay of every table; ``wide_optimizer=ftrl`` trains the wide part with FTRL
+    (``ftrl_alpha``, ``ftrl_beta``, ``ftrl_l1``; its l2 is ``l2``)."""
 
     name = "wide_deep"
     slot_tables = (WIDE_SLOT, DEEP_EMB)
@@ -51,25 +57,36 @@ class WideDeep(CriteoModel):
         admit_probability: float = 1.0,
         admit_count: int = 1,
         max_keys: int | None = None,
+        l2: float = 0.0,
+        wide_optimizer: str = "same",
+        ftrl_alpha: float = 0.05,
+        ftrl_beta: float = 1.0,
+        ftrl_l1: float = 0.0,
     ) -> None:
+        self.wide = (str(wide_optimizer), ftrl_alpha, ftrl_beta, ftrl_l1)
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
-            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys,
+            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
         fmt, r = self.format, self.init_range
+        wide = wide_optimizer(self.name, self.wide[0], optimizer, *self.wide[1:])
         self.layers = stack("deep", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 1)
         tables: list[TableSpec] = [
-            self._sparse_table(WIDE_SLOT, 1, Constant(0.0), optimizer),
+            self._sparse_table(WIDE_SLOT, 1, Constant(0.0), wide),
             self._sparse_table(DEEP_EMB, self.embedding_size, Uniform(-r, r), optimizer),
-            DenseTable(WIDE_DENSE, (max(fmt.dense, 1), 1), Constant(0.0), optimizer, seed=self.seed),
-            DenseTable(WIDE_BIAS, (1,), Constant(0.0), optimizer, seed=self.seed),
+            DenseTable(WIDE_DENSE, (max(fmt.dense, 1), 1), Constant(0.0), wide, seed=self.seed),
+            DenseTable(WIDE_BIAS, (1,), Constant(0.0), wide, seed=self.seed),
         ]
         for layer in self.layers:
             tables.extend(layer.tables(optimizer, self.seed))
         return tables
+
+    def describe(self) -> dict[str, Any]:
+        wide = {} if self.wide[0] == "same" else dict(zip(("wide_optimizer", "ftrl_alpha", "ftrl_beta", "ftrl_l1"), self.wide))
+        return {**super().describe(), **wide}
 
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""

@@ -1,0 +1,31 @@
+"""The optimizer of wide&deep's wide part (``wide.slot``, ``wide.dense``, ``wide.b``).
+
+``same``: the model's own optimizer, as the reference trains every table. ``ftrl``:
+FTRL-Proximal (McMahan et al. 2013), as CTR systems train their linear part: a per-coordinate
+step ``alpha / (beta + sqrt(n))`` suits weights of features seen a thousand times and once, and
+``l1`` holds rare ones at exactly zero. Its l2 is the model's ``l2``, the same penalty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ConfigError
+from ...specs import Ftrl, Optimizer
+
+WIDE_OPTIMIZERS = ("same", "ftrl")
+
+
+def wide_optimizer(model: str, name: str, optimizer: Optimizer, alpha: Any, beta: Any, l1: Any) -> Optimizer:
+    """The wide part's optimizer: ``optimizer`` itself (``same``) or FTRL with ``alpha``,
+    ``beta``, ``l1`` and ``optimizer``'s l2 (``ftrl``); text numbers accepted (``--model-arg``)."""
+    if name == "same":
+        return optimizer
+    if name != "ftrl":
+        raise ConfigError(f"{model} wide_optimizer must be one of {', '.join(WIDE_OPTIMIZERS)}, got {name!r}")
+    try:
+        return Ftrl(alpha=float(alpha), beta=float(beta), l1=float(l1), l2=optimizer.l2)
+    except ValueError:
+        raise ConfigError(f"{model} ftrl_alpha, ftrl_beta and ftrl_l1 must be numbers, got {alpha!r}, {beta!r}, {l1!r}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{model} {exc}") from None
