@@ -74,6 +74,8 @@ class ErrorCode(IntEnum):
     IO_ERROR = 11
     TOO_LARGE = 12
     TRAINER_GONE = 13
+    #: a write (push, create, load, save, shrink, ...) sent to aps-serve, a read-only store
+    READ_ONLY = 14
 
 
 #: codes for which repeating the same request may succeed (the client retries these)

@@ -50,6 +50,8 @@ Sparse = SparseTable | HashTable
 SAVE_MODES = ("full", "base", "delta")
 #: sends one request: (server, message, flags, lane, deadline, limit) -> reply (LinkPool.call)
 Call = Callable[..., Awaitable[wire.Message]]
+#: pulls ask for the model version (aps-serve answers with it; pservers ignore the bit)
+_MODEL_VERSION = int(wire.Flag.MODEL_VERSION)
 
 
 class PSClient:
@@ -101,6 +103,15 @@ class PSClient:
         self._coalescers: dict[str, PullCoalescer] = {}
         #: who owns which ids: fixed tables by id, hash tables by mixed key (aps/sharding.py)
         self._shardings = {False: SparseSharding(len(addresses)), True: SparseSharding(len(addresses), hashed=True)}
+        self._model_version: int | None = None
+
+    @property
+    def model_version(self) -> int | None:
+        """The model version (export) of the newest pull reply that carried one: aps-serve tags
+        every reply with the version it read; pservers do not (None until such a reply came).
+        With concurrent pulls, ``pull_sparse(..., with_version=True)`` says which of them
+        read which version."""
+        return self._model_version
 
     @property
     def num_servers(self) -> int:
@@ -198,14 +209,20 @@ class PSClient:
 
     # ----------------------------------------------------------------- sparse
 
-    async def pull_sparse(self, table: str, ids: Any, timeout: Timeout = True) -> np.ndarray:
+    async def pull_sparse(self, table: str, ids: Any, timeout: Timeout = True, *, with_version: bool = False) -> Any:
         """Rows for ``ids`` as float32 [len(ids), dim], in the caller's order (repeats allowed).
         A hash table's keys are any int64 (or uint64 feature signs); an unknown key reads its
-        initial row and is not inserted."""
+        initial row and is not inserted.
+
+        ``with_version=True``: ``(rows, model version)``, every row read from that one version
+        (aps-serve; a pull split over several requests that saw a new version arrive is pulled
+        again); the version is None from pservers, which have none."""
         spec = self._specs.get(table)
         if not isinstance(spec, (SparseTable, HashTable)):
             spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
+        if with_version:
+            return await self._budget(self._one_version(lambda: self._pull_sparse_parts(spec, ids)), timeout)
         if self.num_servers == 1 and len(ids):
             max_rows = self._pool.frame_budget() // (row_bytes(spec.dim))
             if len(ids) <= max_rows:
@@ -230,29 +247,53 @@ class PSClient:
     async def _pull_one(self, spec: Sparse, ids: np.ndarray, deadline: float | None, limit: float) -> np.ndarray:
         """One PULL_SPARSE to the only server (``ids`` validated, fitting one frame)."""
         msg = wire.PullSparse(table=spec.name, ids=ids)
-        reply = await self._call(0, msg, lane=self.ports.sparse_lane(0), deadline=deadline, limit=limit)
+        reply = await self._call(0, msg, _MODEL_VERSION, self.ports.sparse_lane(0), deadline, limit)
         assert isinstance(reply, wire.ArrayReply)
         self._versions.read(0, spec.name, reply.version)
+        if reply.model_version is not None:
+            self._model_version = reply.model_version
         return reply.values
 
+    def _model_versions(self, replies: list[Any]) -> set[int | None]:
+        """The model versions ``replies`` carry (None for a pserver's); notes the newest."""
+        seen = {r.model_version for r in replies}
+        known = [v for v in seen if v is not None]
+        if known:
+            self._model_version = max(known)
+        return seen
+
+    async def _one_version(self, pull: Callable[[], Awaitable[tuple[np.ndarray, set[int | None]]]]) -> tuple[np.ndarray, int | None]:
+        """``pull()`` again until all its parts come from one model version (a new version may
+        arrive between the requests of a split pull; the caller's timeout bounds the tries)."""
+        while True:
+            values, seen = await pull()
+            if len(seen) <= 1:
+                return values, next(iter(seen), None)
+
     async def _pull_sparse(self, spec: Sparse, ids: np.ndarray) -> np.ndarray:
+        return (await self._pull_sparse_parts(spec, ids))[0]
+
+    async def _pull_sparse_parts(self, spec: Sparse, ids: np.ndarray) -> tuple[np.ndarray, set[int | None]]:
+        """The rows of ``ids`` and the model versions their replies carried."""
         per = self._rows_per_frame(row_bytes(spec.dim))
         calls, targets, servers = [], [], []
         for share in shares(ids, self._sharding(spec)):
             lane = self.ports.sparse_lane(share.server)
             for chunk in chunks(len(share.ids), per):
                 if chunk.stop > chunk.start:
-                    calls.append(self._call(share.server, wire.PullSparse(table=spec.name, ids=share.ids[chunk]), lane=lane))
+                    msg = wire.PullSparse(table=spec.name, ids=share.ids[chunk])
+                    calls.append(self._call(share.server, msg, _MODEL_VERSION, lane))
                     targets.append(caller_rows(share.rows, chunk))
                     servers.append(share.server)
         replies = await gather(calls)
         self._versions.note(spec.name, [(k, -1) for k in servers], replies)
+        seen = self._model_versions(replies)
         if len(replies) == 1 and len(ids) and self.num_servers == 1:
-            return replies[0].values  # type: ignore[attr-defined,no-any-return]
+            return replies[0].values, seen  # type: ignore[attr-defined]
         out = np.empty((len(ids), spec.dim), dtype=np.float32)
         for rows, reply in zip(targets, replies):
             out[rows] = reply.values  # type: ignore[attr-defined]
-        return out
+        return out, seen
 
     async def _push_rows(
         self, table: str, ids: Any, values: Any, delta: bool, flags: int, timeout: Timeout, shows: Any = None, clicks: Any = None
@@ -354,20 +395,29 @@ class PSClient:
 
     # ----------------------------------------------------------------- dense
 
-    async def pull_dense(self, table: str, timeout: Timeout = True) -> np.ndarray:
-        """The whole dense table as float32 with the table's shape."""
+    async def pull_dense(self, table: str, timeout: Timeout = True, *, with_version: bool = False) -> Any:
+        """The whole dense table as float32 with the table's shape; ``with_version=True``:
+        ``(values, model version)`` as for :meth:`pull_sparse`."""
         spec = await self._dense_spec(table)
+        if with_version:
+            return await self._budget(self._one_version(lambda: self._pull_dense(spec)), timeout)
+        return (await self._budget(self._pull_dense(spec), timeout))[0]
+
+    async def _pull_dense(self, spec: DenseTable) -> tuple[np.ndarray, set[int | None]]:
+        table = spec.name
         parts = dense_parts(spec, self.num_servers, self.ports, self._rows_per_frame(4))
         calls = [
-            self._call(p.block.server, wire.PullDense(table=table, block=p.block.index, offset=p.offset, count=p.count), lane=p.lane)
+            self._call(
+                p.block.server, wire.PullDense(table=table, block=p.block.index, offset=p.offset, count=p.count), _MODEL_VERSION, p.lane
+            )
             for p in parts
         ]
-        replies = await self._budget(gather(calls), timeout)
+        replies = await gather(calls)
         self._versions.note(table, [(p.block.server, p.block.index) for p in parts], replies)
         out = np.empty(spec.size, dtype=np.float32)
         for p, reply in zip(parts, replies):
             out[p.start : p.start + p.count] = reply.values  # type: ignore[attr-defined]
-        return out.reshape(spec.shape)
+        return out.reshape(spec.shape), self._model_versions(replies)
 
     async def _push_dense(self, table: str, values: Any, delta: bool, flags: int, timeout: Timeout) -> None:
         spec = await self._dense_spec(table)

@@ -83,6 +83,11 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
         self.resumed = None
+        self._start_tables()
+
+    def _start_tables(self) -> None:
+        """The tables a pserver starts with: ``init_model``'s or ``resume``'s, else none."""
+        config = self.config
         # leftovers of saves killed midway (a shard's size each) go before anything is loaded
         tops = {self.checkpoint_root, config.checkpoint_dir, config.resume, config.init_model}
         remove_stale_saves([Path(p) for p in tops if p], shard_dir_name(config.server_index, config.num_servers), depth=2)

@@ -63,10 +63,11 @@ class _PortConnection(ServerConnection):
 class PServer:
     """One parameter server: owns a shard of every table and serves it over TCP."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, core: ServerCore | None = None) -> None:
+        """``core``: the request logic (default: a pserver's; aps-serve gives its read-only one)."""
         check_limits(config)
         self.config = config
-        self.core = ServerCore(config, on_all_done=self._all_trainers_done)
+        self.core = core if core is not None else ServerCore(config, on_all_done=self._all_trainers_done)
         self.connections: set[ServerConnection] = set()
         self.inflight: set[asyncio.Task[Any]] = set()
         #: bytes in flight over every connection (max_inflight_bytes bounds it; connection.py)

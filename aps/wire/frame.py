@@ -53,6 +53,9 @@ class Flag(IntFlag):
     #: PUSH_SPARSE_*: the ids are unique and ascending (a trainer's merged push); the server
     #: verifies it in its one pass over the ids and refuses the push (BAD_REQUEST) if not
     SORTED = 8
+    #: PULL_SPARSE / PULL_DENSE: tag the reply with the model version it was read at (aps-serve
+    #: does, in the reply's optional ``model_version``; a pserver ignores the bit)
+    MODEL_VERSION = 16
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ from .frame import HEADER, MAGIC, PROTOCOL_VERSION
 
 _U16 = struct.Struct("<H")
 _I64 = struct.Struct("<q")
+_I64x2 = struct.Struct("<qq")
 #: an int64 id vector's array header: dtype code, ndim 1, padding, length
 _IDS_HEAD = struct.Struct("<BB6xQ")
 #: a float32 row block's array header (dtype code, ndim 2, padding, rows, dim), then its data
@@ -75,26 +76,31 @@ def read_pull(payload: bytearray) -> tuple[str, np.ndarray] | None:
     return table, np.frombuffer(payload, dtype=_I64_DTYPE, count=count, offset=start)
 
 
-def encode_rows_reply(values: np.ndarray, version: int, op: int, request_id: int, flags: int, max_frame: int) -> bytes | None:
-    """A whole ARRAY reply frame carrying a few float32 rows, or None (use the generic codec)."""
+def encode_rows_reply(
+    values: np.ndarray, version: int, op: int, request_id: int, flags: int, max_frame: int, model_version: int | None = None
+) -> bytes | None:
+    """A whole ARRAY reply frame carrying a few float32 rows (and the optional model version
+    after the version), or None (use the generic codec)."""
     if values.dtype != _F32_DTYPE or values.ndim != 2 or not values.flags.c_contiguous:
         return None
     if values.nbytes > _INLINE_ARRAY:  # checked before copying: big replies go by reference
         return None
     data = values.tobytes()
     pad = -len(data) % 8
-    size = _ROWS_HEAD.size + len(data) + pad + 8
+    tail = _I64.pack(version) if model_version is None else _I64x2.pack(version, model_version)
+    size = _ROWS_HEAD.size + len(data) + pad + len(tail)
     if size > max_frame or not 0 <= request_id < 1 << 64:
         return None
     rows, dim = values.shape
     return b"".join((
         HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, 0, request_id, size, 0),
-        _ROWS_HEAD.pack(_F32_CODE, 2, rows, dim), data, _ZEROS[:pad], _I64.pack(version),
+        _ROWS_HEAD.pack(_F32_CODE, 2, rows, dim), data, _ZEROS[:pad], tail,
     ))
 
 
-def read_rows_reply(payload: bytearray) -> tuple[np.ndarray, int] | None:
-    """(rows, version) of an ARRAY reply holding a float32 matrix, or None (generic codec)."""
+def read_rows_reply(payload: bytearray) -> tuple[np.ndarray, int, int | None] | None:
+    """(rows, version, model version or None) of an ARRAY reply holding a float32 matrix, or
+    None (generic codec)."""
     end = len(payload)
     if end < _ROWS_HEAD.size + 8:
         return None
@@ -103,7 +109,9 @@ def read_rows_reply(payload: bytearray) -> tuple[np.ndarray, int] | None:
         return None
     count = rows * dim
     nbytes = 4 * count
-    if count == 0 or _ROWS_HEAD.size + nbytes + (-nbytes % 8) + 8 != end:
+    values_end = _ROWS_HEAD.size + nbytes + (-nbytes % 8)
+    if count == 0 or end not in (values_end + 8, values_end + 16):
         return None
-    (version,) = _I64.unpack_from(payload, end - 8)
-    return np.frombuffer(payload, dtype=_F32_DTYPE, count=count, offset=_ROWS_HEAD.size).reshape(rows, dim), version
+    (version,) = _I64.unpack_from(payload, values_end)
+    model_version = _I64.unpack_from(payload, values_end + 8)[0] if end > values_end + 8 else None
+    return np.frombuffer(payload, dtype=_F32_DTYPE, count=count, offset=_ROWS_HEAD.size).reshape(rows, dim), version, model_version

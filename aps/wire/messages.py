@@ -279,10 +279,13 @@ class ArrayReply(Message):
     updates applied so far to the table's shard (sparse) or to the block (dense) on this server.
     A push of a gradient computed from these values names it (``based_on``)."""
 
-    FIELDS = (("values", "arr"), ("version", "i64"))
+    FIELDS = (("values", "arr"), ("version", "i64"), ("model_version", "i64?"))
     op: int = 0
     values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
     version: int = 0
+    #: optional (new in version 3): the model version (export) the values come from, sent by
+    #: aps-serve when the request has the MODEL_VERSION flag; absent from a pserver
+    model_version: int | None = None
 
 
 @dataclass(slots=True)
@@ -376,7 +379,8 @@ def encode(msg: Message, request_id: int, flags: int = 0, max_frame: int = DEFAU
             frame = encode_pull(msg.table, msg.ids, request_id, int(flags), _PULL_OP, max_frame)  # type: ignore[attr-defined]
         else:
             frame = encode_rows_reply(
-                msg.values, msg.version, message_op(msg), request_id, int(flags) | _REPLY_BIT, max_frame  # type: ignore[attr-defined]
+                msg.values, msg.version, message_op(msg), request_id, int(flags) | _REPLY_BIT, max_frame,  # type: ignore[attr-defined]
+                msg.model_version,  # type: ignore[attr-defined]
             )
         if frame is not None:
             return [frame]
@@ -423,7 +427,7 @@ def decode(frame: Frame) -> Message:
         if frame.flags & _REPLY_BIT:
             rows = read_rows_reply(frame.payload)
             if rows is not None:
-                return ArrayReply(op=opcode, values=rows[0], version=rows[1])
+                return ArrayReply(op=opcode, values=rows[0], version=rows[1], model_version=rows[2])
         else:
             pull = read_pull(frame.payload)
             if pull is not None:

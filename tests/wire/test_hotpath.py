@@ -50,6 +50,21 @@ def test_rows_reply_bytes_and_message_equal_the_generic_codec(shape: tuple[int, 
         fast.values[0, 0] = 1.0  # a writable view of the received payload, as the generic one is
 
 
+@pytest.mark.parametrize("shape", [(1, 4), (3, 10), (100, 100)])
+def test_rows_reply_with_a_model_version_equals_the_generic_codec(shape: tuple[int, int]) -> None:
+    values = np.random.default_rng(4).random(shape, dtype=np.float32)
+    msg = wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=7, model_version=-(1 << 62))
+    raw = _bytes(wire.encode(msg, 9))
+    assert raw == _bytes(encode_generic(msg, 9))
+    plain = _bytes(wire.encode(wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=7), 9))
+    assert len(raw) == len(plain) + 8  # the optional field at the end; without it, the frame of before
+    fast, slow = wire.decode(_frame(raw)), decode_generic(_frame(raw))
+    assert isinstance(fast, wire.ArrayReply) and isinstance(slow, wire.ArrayReply)
+    assert (fast.version, fast.model_version) == (slow.version, slow.model_version) == (7, -(1 << 62))
+    assert np.array_equal(fast.values, values)
+    assert wire.decode(_frame(plain)).model_version is None  # type: ignore[attr-defined]
+
+
 def test_other_arrays_take_the_generic_codec_and_still_match() -> None:
     for ids in (np.arange(5, dtype=np.int32), np.arange(12, dtype=np.int64).reshape(3, 4), np.arange(10, dtype=np.int64)[::2]):
         msg = wire.PullSparse(table="t", ids=ids)
@@ -78,7 +93,8 @@ def test_broken_payloads_fail_as_the_generic_codec_fails(cut: int) -> None:
                 wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=np.ones((2, 3), np.float32), version=4)):
         raw = _bytes(wire.encode(msg, 5))
         payload = raw[wire.HEADER_SIZE:]
-        for broken in (payload[:cut], payload + b"\0" * 8, b"\xff\xff" + payload[2:]):
+        # 16 bytes more, not 8: 8 would be an ARRAY reply's optional model_version
+        for broken in (payload[:cut], payload + b"\0" * 16, b"\xff\xff" + payload[2:]):
             frame = _mangled(raw, broken)
             with pytest.raises(RemoteProtocolError) as generic:
                 decode_generic(frame)

@@ -1,0 +1,82 @@
+"""aps-serve: a read-only store that serves the newest model of an export root."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import structlog
+
+from ..errors import ConfigError
+from ..serving.server import DEFAULT_POLL, ServingServer
+from ..server.config import ServerConfig
+from ..wire import DEFAULT_MAX_FRAME
+from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
+
+DESCRIPTION = """\
+Serve the newest model of EXPORT_DIR (written by ps.export(root, kind="base"|"delta")) over the
+aps protocol, read-only: aps.connect(["HOST:PORT"]).pull_sparse / pull_dense / table_info work
+against it as against a cluster of one pserver; pushes and every other write are refused
+(READ_ONLY). It loads the newest complete base, applies the deltas after it in version order
+as their done markers appear (looking every --poll seconds), checks every file's SHA-256, and
+never reads an export without its done marker. Replies say which model version they come from.
+Several aps-serve processes may serve one EXPORT_DIR.
+
+environment:
+  token         APS_TOKEN (optional; as aps-server)
+
+example:
+  aps-serve /data/exports --port 7200 --poll 0.2
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aps-serve", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("export_dir", metavar="EXPORT_DIR", help="the export root (a directory of <version>-<kind> exports)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (default: 0, any free one)")
+    parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
+    parser.add_argument("--poll", type=float, default=DEFAULT_POLL, help=f"seconds between looks at EXPORT_DIR (default: {DEFAULT_POLL})")
+    parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default: 64 MiB)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    add_token_flags(parser, "clients must prove (HMAC challenge)")
+    add_logging_flags(parser)
+    return parser
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    log = structlog.get_logger("aps.serving")
+    if not os.path.isdir(args.export_dir):
+        raise ConfigError(f"EXPORT_DIR {args.export_dir}: no such directory")
+    if args.port_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.port_file))):
+        raise ConfigError(f"--port-file {args.port_file}: its directory does not exist")
+    token = token_from_args(args, os.environ.get("APS_TOKEN"), log.warning)
+    config = ServerConfig(
+        host=args.host, port=args.port, token=token, max_frame=args.max_frame, metrics_port=args.metrics_port,
+        exit_when_done=False, trainer_timeout=0.0,
+    )
+    server = await ServingServer(args.export_dir, config, args.poll).start()
+    if args.port_file:
+        with open(args.port_file + ".tmp", "w") as f:
+            f.write(f"{server.port}\n")
+        os.replace(args.port_file + ".tmp", args.port_file)
+
+    def stop(sig: signal.Signals) -> None:
+        log.info("signal received, stopping", signal=sig.name)
+        server.request_close()
+
+    on_signals(stop)
+    await server.wait_closed()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main("aps-serve", "serve", build_parser(), _amain, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""What aps-serve holds: one model version, read-only, built from a base export and the deltas
+after it (aps/serving/layout.py).
+
+A :class:`ServedModel` is never changed once it serves: applying a delta builds a new one (a
+hash table's index and rows copied, then the delta's keys written over them; fixed and dense
+tables come whole in every export, so they are just replaced), off the event loop, and the
+server swaps one reference. A lookup therefore always reads one version, and a swap holds the
+loop for no longer than an assignment.
+
+Reads are the pserver's: a hash table's unknown key reads its initial row computed from (table
+seed, key) (init_kernels.py), so serving and training agree on keys that were never exported;
+a key a shrink deleted before a base is not in that base, nor in what is built from it.
+
+Only the values are read of a shard's files (no optimizer state, no statistics), and every file
+read is checked against the SHA-256 the export's manifest gives for it before it is parsed.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..digests import bytes_sha256
+from ..errors import ConfigError
+from ..server.checkpoint import shard_dir_name
+from ..server.hash_index import HashIndex
+from ..server.init_kernels import init_key_rows, table_seed
+from ..sharding import sparse_local_rows
+from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
+
+
+class ServedHash:
+    """A hash table's exported keys and their rows, for lookups."""
+
+    def __init__(self, spec: HashTable, capacity: int = 1024) -> None:
+        self.spec = spec
+        self.seed = table_seed(spec.name, spec.seed)
+        self.index = HashIndex(max(1, capacity))
+        self.values = np.zeros((max(1, capacity), spec.dim), np.float32)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes + self.index.nbytes)
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys``; an unknown key reads its initial row (as on a pserver)."""
+        rows = self.index.lookup(keys)
+        out = np.take(self.values, rows, axis=0, mode="clip")
+        unknown = np.flatnonzero(rows < 0)
+        if unknown.size:
+            init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
+        return out
+
+    def put(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Set the rows of ``keys`` (unique), inserting the keys not held yet."""
+        need = len(self.index) + keys.shape[0]
+        if self.index.free_rows < keys.shape[0]:
+            capacity = max(need, 2 * self.index.row_capacity)
+            grown = np.zeros((capacity, self.spec.dim), np.float32)
+            used = self.index.rows_used
+            grown[:used] = self.values[:used]
+            self.values = grown
+            self.index.grow_rows(capacity)
+        self.values[self.index.insert(keys)] = values
+
+    def copy(self) -> ServedHash:
+        twin = copy.copy(self)
+        twin.index = copy.deepcopy(self.index)
+        twin.values = self.values.copy()
+        return twin
+
+
+class _Whole:
+    """A table exported whole (fixed and dense tables are, in every export): its values."""
+
+    def __init__(self, spec: Any, values: np.ndarray) -> None:
+        self.spec = spec
+        self.values = values
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes)
+
+
+class ServedFixed(_Whole):
+    """A fixed table's rows, ``values[id]``."""
+
+    spec: SparseTable
+
+    def __len__(self) -> int:
+        return int(self.spec.rows)
+
+    def pull(self, ids: np.ndarray) -> np.ndarray:
+        return self.values[ids]
+
+
+class ServedDense(_Whole):
+    """A dense table's values, flat (one block: aps-serve is a cluster of one server)."""
+
+    spec: DenseTable
+
+    def __len__(self) -> int:
+        return int(self.spec.size)
+
+
+Served = ServedHash | ServedFixed | ServedDense
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One version of the model: ``version`` (the export it was built up to), ``base_version``,
+    the tables by name (with ``specs`` as the export wrote them)."""
+
+    version: int
+    base_version: int
+    tables: dict[str, Served]
+    specs: dict[str, TableSpec]
+    written_at: float = 0.0
+    exports: list[int] = field(default_factory=list)
+
+
+def load_base(directory: Path, manifest: dict[str, Any]) -> ServedModel:
+    """The model of a base export (its manifest read and checked: layout.read_manifest)."""
+    files = _ExportFiles(directory, manifest)
+    tables: dict[str, Served] = {}
+    specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
+    for name, spec in specs.items():
+        if isinstance(spec, HashTable):
+            store = ServedHash(spec, int(manifest["tables"][name]["keys"]))
+            for keys, values in files.hash_parts(name, spec):
+                store.put(keys, values)
+            tables[name] = store
+        else:
+            tables[name] = files.whole(name, spec)
+    return _model(manifest, tables, specs, [int(manifest["version"])])
+
+
+def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -> ServedModel:
+    """A new model: ``model`` with the delta export written over it (``model`` is unchanged)."""
+    if manifest.get("previous_version") != model.version:
+        raise ConfigError(f"export {directory} follows version {manifest.get('previous_version')}, not {model.version}")
+    files = _ExportFiles(directory, manifest)
+    tables = dict(model.tables)
+    specs = dict(model.specs)
+    for name, entry in manifest["tables"].items():
+        spec = spec_from_dict(entry["spec"])
+        if name in specs and specs[name] != spec:
+            raise ConfigError(f"export {directory}: table {name!r} has another spec than in version {model.version}")
+        specs[name] = spec
+        if isinstance(spec, HashTable):
+            old = tables.get(name)
+            store = old.copy() if isinstance(old, ServedHash) else ServedHash(spec, int(entry["keys"]))
+            for keys, values in files.hash_parts(name, spec):
+                store.put(keys, values)
+            tables[name] = store
+        else:
+            tables[name] = files.whole(name, spec)
+    return _model(manifest, tables, specs, [*model.exports, int(manifest["version"])])
+
+
+def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str, TableSpec], exports: list[int]) -> ServedModel:
+    return ServedModel(
+        int(manifest["version"]), int(manifest["base_version"]), tables, specs, float(manifest.get("written_at", 0.0)), exports
+    )
+
+
+class _ExportFiles:
+    """Reads an export's shard files, each checked against its SHA-256 in the manifest."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.directory = directory
+        self.digests: dict[str, str] = manifest["files"]
+        self.num_shards = int(manifest["num_shards"])
+        self.shards = []
+        for k in range(self.num_shards):
+            name = shard_dir_name(k, self.num_shards)
+            self.shards.append((name, json.loads(self._read(f"{name}/manifest.json"))))
+
+    def _read(self, relative: str) -> bytes:
+        digest = self.digests.get(relative)
+        if digest is None:
+            raise ConfigError(f"export {self.directory}: {relative} is not in its manifest")
+        try:
+            data = (self.directory / relative).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"export {self.directory}: cannot read {relative}: {exc}") from exc
+        if bytes_sha256(data) != digest:
+            raise ConfigError(f"export {self.directory}: {relative} does not match its SHA-256 in the manifest")
+        return data
+
+    def _array(self, relative: str, npz_names: tuple[str, ...] = ()) -> Any:
+        data = self._read(relative)
+        try:
+            loaded = np.load(io.BytesIO(data), allow_pickle=False)
+            if npz_names:
+                with loaded:
+                    return [loaded[n] for n in npz_names]
+            return loaded
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise ConfigError(f"export {self.directory}: cannot parse {relative}: {exc}") from exc
+
+    def hash_parts(self, name: str, spec: HashTable) -> Any:
+        """(keys, values) of every logical shard file of hash table ``name``."""
+        for shard, manifest in self.shards:
+            for file in manifest["tables"][name]["files"].values():
+                keys, values = self._array(f"{shard}/{file}", ("keys", "values"))
+                if keys.dtype != np.int64 or values.dtype != np.float32 or values.shape != (keys.shape[0], spec.dim):
+                    raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
+                yield keys, values
+
+    def whole(self, name: str, spec: TableSpec) -> Served:
+        """A fixed or dense table put together from every shard's part."""
+        n = self.num_shards
+        if isinstance(spec, SparseTable):
+            out = np.empty((spec.rows, spec.dim), np.float32)
+            for k, (shard, manifest) in enumerate(self.shards):
+                part = self._array(f"{shard}/{manifest['tables'][name]['files']['values']}")
+                if part.shape != (sparse_local_rows(spec.rows, k, n), spec.dim) or part.dtype != np.float32:
+                    raise ConfigError(f"export {self.directory}: {shard} {name!r} values are {part.dtype}{part.shape}")
+                out[k::n] = part  # global row g = k + n * local
+            return ServedFixed(spec, out)
+        if isinstance(spec, DenseTable):
+            flat = np.empty(spec.size, np.float32)
+            covered = 0
+            for shard, manifest in self.shards:
+                for block in manifest["tables"][name]["blocks"]:
+                    part = self._array(f"{shard}/{block['files']['values']}")
+                    start, stop = int(block["start"]), int(block["stop"])
+                    if part.shape != (stop - start,) or part.dtype != np.float32 or not 0 <= start <= stop <= spec.size:
+                        raise ConfigError(f"export {self.directory}: {shard} {name!r} block [{start}, {stop}) is {part.dtype}{part.shape}")
+                    flat[start:stop] = part
+                    covered += stop - start
+            if covered != spec.size:
+                raise ConfigError(f"export {self.directory}: dense table {name!r} has {covered} of {spec.size} values")
+            return ServedDense(spec, flat)
+        raise ConfigError(f"export {self.directory}: table {name!r} has an unknown spec {spec!r}")

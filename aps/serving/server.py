@@ -1,0 +1,114 @@
+"""aps-serve as an embeddable object: a read-only pserver over an export root that follows it.
+
+The server listens as a pserver does (aps/server/pserver.py: handshake, token, TLS, limits,
+graceful shutdown, metrics) with a :class:`ServingCore`; a task looks at the root every
+``poll`` seconds and, when a new export is done, builds the next model in a thread
+(:class:`ExportFollower`) and swaps it in on the loop. The first model is built before the
+server listens, so a server started over an export root that holds one answers from it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import structlog
+
+from ..errors import ConfigError
+from ..server.config import ServerConfig
+from ..server.pserver import PServer
+from ..validate import seconds
+from .core import ServingCore
+from .follow import ExportFollower
+
+log = structlog.get_logger("aps.serving")
+
+#: seconds between two looks at the export root
+DEFAULT_POLL = 0.2
+
+
+class ServingServer:
+    """aps-serve: serves the newest model of the exports under ``root`` (see :func:`serve_exports`)."""
+
+    def __init__(self, root: str | os.PathLike[str], config: ServerConfig, poll: float = DEFAULT_POLL) -> None:
+        seconds("poll", poll, None)
+        if config.num_servers != 1 or config.server_index != 0:
+            raise ConfigError("aps-serve is a cluster of one server: every export holds the whole model")
+        self.root = os.fspath(root)
+        self.poll = poll
+        self.core = ServingCore(config, self.root)
+        self.server = PServer(config, core=self.core)
+        self.follower = ExportFollower(self.root)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def version(self) -> int | None:
+        """The model version served (None: no export loaded yet)."""
+        return None if self.core.model is None else self.core.model.version
+
+    async def start(self) -> ServingServer:
+        await self.advance()
+        await self.server.start()
+        self._task = asyncio.create_task(self._follow(), name="aps-serve follow")
+        return self
+
+    async def advance(self) -> bool:
+        """Look at the root once; True when a new model is served now."""
+        try:
+            model = await asyncio.to_thread(self.follower.advance)
+        except (OSError, ConfigError) as exc:  # an unreadable root: say so, look again next time
+            log.error("cannot read the export root", root=self.root, error=str(exc))
+            return False
+        self.core.refused = dict(self.follower.refused)
+        if model is None:
+            return False
+        self.core.install(model)
+        return True
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll)
+            await self.advance()
+
+    async def wait_closed(self) -> None:
+        await self.server.wait_closed()
+
+    def request_close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.server.request_close()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self.server.aclose()
+
+    async def __aenter__(self) -> ServingServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def serve_exports(
+    root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
+    poll: float = DEFAULT_POLL, **options: Any,
+) -> ServingServer:
+    """Start aps-serve inside the running event loop over the export root ``root`` and return it
+    once it listens (``server.port`` is the bound port). ``options``: any :class:`ServerConfig`
+    field (limits, TLS, ``metrics_port``, ...)."""
+    config = ServerConfig(host=host, port=port, token=token, exit_when_done=False, trainer_timeout=0.0, **options)
+    return await ServingServer(root, config, poll).start()
