@@ -22,7 +22,7 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
@@ -302,6 +302,12 @@ class TrainerProbe:
     auc: np.ndarray | None = None
     comm: Communicator | None = None
     monitor: Monitor | None = None
+    #: online training (aps-trainer --data-passes / --data-stream): the last pass's AUC of the
+    #: predictions made before training on it (None: no pass scored yet), passes trained, and
+    #: records read a second time after a restart (stream entries pending since a crash)
+    online_auc: float | None = None
+    passes: int | None = None
+    reread: int = 0
 
     def freeze(self) -> None:
         if self.stats is not None:
@@ -366,6 +372,7 @@ class TrainerCollector(Collector):
             auc, window = merged_auc(np.asarray(p.auc))
             yield gauge("aps_trainer_auc", "AUC of every prediction since the trainer started.", auc)
             yield gauge("aps_trainer_sliding_auc", "AUC of the last 20 batches of every worker.", window)
+        yield from _online_metrics(p, gauge, counter)
         comm = p.comm
         if comm is not None:
             out = GaugeMetricFamily(
@@ -384,6 +391,19 @@ class TrainerCollector(Collector):
                 yield gauge("aps_trainer_send_queue_depth", "Async mode: batches of gradients waiting to be sent.", depth)
                 yield gauge("aps_trainer_send_queue_capacity", "Async mode: send queue size (workers wait when full).",
                             comm.queue_capacity or 0)
+
+
+def _online_metrics(
+    p: TrainerProbe, gauge: Callable[[str, str, float], Metric], counter: Callable[[str, str, float], Metric]
+) -> Iterator[Metric]:
+    """An online trainer's numbers (nothing for a trainer of epochs over files)."""
+    if p.passes is None:
+        return
+    yield counter("aps_trainer_passes", "Online passes trained (each scored first, then trained on).", p.passes)
+    yield counter("aps_trainer_reread_records", "Records read a second time after a restart (stream entries "
+                  "pending since a crash, trained again from the checkpoint before them).", p.reread)
+    if p.online_auc is not None:
+        yield gauge("aps_trainer_online_auc", "AUC of the last pass's predictions, made before training on it.", p.online_auc)
 
 
 def trainer_registry(probe: TrainerProbe) -> CollectorRegistry:

@@ -85,7 +85,7 @@ def _parse(line: str) -> Record:
         raise ValueError(f"no \"event\": \"progress\" or \"epoch\" (got {record.get('event')!r})")
     if not _is_number(record.get("time")):
         raise ValueError("no numeric \"time\"")
-    for key in ("loss", "auc", "batch_auc", "examples_per_s"):
+    for key in ("loss", "auc", "batch_auc", "examples_per_s", "online_auc"):
         if record.get(key) is not None and not _is_number(record[key]):
             raise ValueError(f"{key!r} is not a number: {record[key]!r}")
     return record
@@ -155,6 +155,8 @@ PANELS = (
     Panel("loss", "loss"),
     Panel("AUC", "auc", companion="batch_auc"),
     Panel("examples/s", "examples_per_s"),
+    #: online training: each pass's AUC of the predictions made before training on it (one dot a pass)
+    Panel("online AUC", "online_auc"),
 )
 
 

@@ -13,8 +13,9 @@ import structlog
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..models import BUILTIN, build_model
-from ..trainer import Strategy, Trainer, TrainOptions
+from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from ..trainer.pool import stop_fork_server
+from ..trainer.sources.passdir import DEFAULT_DONE_FILE
 from ..trainer.strategy import MERGES, MODES
 from ..tls import ca_context
 from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
@@ -52,6 +53,7 @@ examples:
   aps-trainer --model my_model.py:MyModel --model-arg batch_size=64 --data part-*.txt
   aps-trainer --model ctr_dnn --data train/ --metrics-port 9200   # then: curl 127.0.0.1:9200/metrics
   aps-trainer --model ctr_dnn --data train/ --tensorboard runs/ctr   # then: tensorboard --logdir runs
+  aps-trainer --model ctr_dnn --data-passes /data/passes --pass-wait 3600 --save-dir online --resume
 """
 
 
@@ -72,12 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model and data")
     m.add_argument("--model", required=True, help="built-in name, module:Class or file.py:Class")
     m.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model constructor argument (repeatable)")
-    m.add_argument("--data", nargs="+", required=True, metavar="PATH", help="input files, directories or globs")
+    src = m.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", nargs="+", metavar="PATH", help="input files, directories or globs")
+    src.add_argument("--data-passes", metavar="ROOT",
+                     help="online training over pass folders ROOT/DAY/PASS/ (natural order, each trained once when "
+                     "its --done-file exists; each pass scored first: online AUC); see docs/operations.md")
     m.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
     m.add_argument("--pipe-command", help="run each file through this command (e.g. a DataGenerator script)")
     m.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
     m.add_argument("--chunk-bytes", type=int, default=1 << 20, help="bytes read per chunk (default 1 MiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of the workers' random numbers")
+    on = p.add_argument_group("online training (--data-passes)")
+    on.add_argument("--done-file", default=DEFAULT_DONE_FILE, metavar="NAME",
+                    help=f"a pass folder is complete once it holds NAME (default {DEFAULT_DONE_FILE}, what Hadoop and "
+                    "Spark jobs write); ROOT/NAME itself means no more passes will come")
+    on.add_argument("--pass-wait", type=float, default=600.0, metavar="SECONDS",
+                    help="wait up to SECONDS for the next pass to be complete, then stop (exit 0, reason logged; default 600)")
+    on.add_argument("--last-pass", metavar="DAY/PASS", help="stop after training this pass")
+    on.add_argument("--save-every-passes", type=int, default=1, metavar="N",
+                    help="trainer 0 saves SAVE_DIR/pass-SEQ with the position after every N passes (default 1; 0: never)")
+    on.add_argument("--resume", action="store_true",
+                    help="load the newest complete pass checkpoint in --save-dir and continue after its pass "
+                    "(none yet: start at the first pass)")
+    on.add_argument("--no-score", action="store_true", help="train each pass without scoring it first (no online AUC)")
     s = p.add_argument_group("mode and communicator")
     s.add_argument("--mode", choices=MODES, help="default: APS_MODE, else the model's preferred mode "
                    "(hybrid for ctr_dnn and wide_deep), else async")
@@ -167,10 +186,34 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
     return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
 
 
+def make_source(args: argparse.Namespace, trainer: Trainer) -> PassDir:
+    """The online source the flags name (--data-passes)."""
+    return PassDir(
+        args.data_passes,
+        trainer_id=trainer.trainer_id,
+        num_trainers=trainer.cluster.num_trainers,
+        done_file=args.done_file,
+        wait=args.pass_wait,
+        last_pass=args.last_pass,
+    )
+
+
+def online_options(args: argparse.Namespace) -> OnlineOptions:
+    if args.epochs != 1:
+        raise ConfigError("--epochs is for --data: online training trains each pass once")
+    if args.resume and args.no_save:
+        raise ConfigError("--resume reads the checkpoints in --save-dir: it cannot go with --no-save")
+    return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score)
+
+
 async def _amain(args: argparse.Namespace) -> int:
     log = structlog.get_logger("aps.trainer")
     trainer = make_trainer(args)
-    task = asyncio.ensure_future(trainer.atrain(args.data, args.epochs))
+    if args.data_passes:
+        online = online_options(args)
+        task = asyncio.ensure_future(trainer.atrain_passes(make_source(args, trainer), online))
+    else:
+        task = asyncio.ensure_future(trainer.atrain(args.data, args.epochs))
     stopped: list[signal.Signals] = []
 
     def stop(sig: signal.Signals) -> None:

@@ -1,6 +1,7 @@
 """Control messages between a trainer and its compute workers (over a multiprocessing pipe).
 
-Only small fixed records cross the pipe; bulk data (ids, gradients, rows) goes through the
+Only small fixed records cross the pipe (a record bigger than the pipe's buffer could be read
+half-written: the event loop may make the pipe non-blocking); bulk data (ids, gradients, rows) goes through the
 shared arrays. A record is ``kind:u8, answers:u8, step:i64, epoch:i64, examples:i64, steps:i64,
 clock:i64, counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
 one meaning in every kind that uses it; the others stay 0.
@@ -20,12 +21,15 @@ class Kind(IntEnum):
     EPOCH = 1  # train over your files once (epoch)
     OK = 2  # the request of kind ``answers`` you sent for ``step`` is done
     STOP = 3  # exit now
+    PASS = 4  # train once over the files listed in ``text`` (one per line), as pass ``epoch``
+    SCORE = 5  # score the files listed in ``text`` with the current parameters, no update
     # worker -> trainer
     PULL = 10  # refresh the rows whose ids are in my id mailbox half of ``step``; counts per sparse table
     GRADS = 11  # my gradients of ``step`` (``examples`` examples) are in my mailbox; counts per sparse table
     EPOCH_DONE = 12  # I finished ``epoch`` after ``steps`` steps in it
     ERROR = 13  # I failed; text says why (I exit after sending)
     READY = 14  # kernels compiled, arrays attached
+    SCORE_DONE = 15  # I scored ``examples`` examples in ``steps`` batches (AUC counts: shared ``scores``)
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Record:
     kind: Kind
     #: the worker step a PULL, GRADS or OK is about (its id mailbox half is ``step % 2``)
     step: int = 0
-    #: the epoch an EPOCH or EPOCH_DONE is about
+    #: the epoch an EPOCH or EPOCH_DONE is about; the pass sequence number of a PASS or SCORE
     epoch: int = 0
     #: GRADS: examples in the batch whose gradients are in the mailbox
     examples: int = 0
@@ -48,7 +52,7 @@ class Record:
     clock: int = 0
     #: PULL, GRADS: ids written to the mailbox, one count per sparse table in the model's order
     counts: list[int] = field(default_factory=list)
-    #: ERROR: what went wrong
+    #: ERROR: what went wrong; PASS, SCORE: the files to read, one per line
     text: str = ""
 
     def encode(self) -> bytes:

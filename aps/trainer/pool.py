@@ -92,6 +92,8 @@ class WorkerPool:
         self._ready_event: asyncio.Event | None = None
         self._epoch_done: set[int] = set()
         self._epoch_event: asyncio.Event | None = None
+        self._scores: dict[int, Record] = {}
+        self._scores_event: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._starter: threading.Thread | None = None
@@ -196,6 +198,10 @@ class WorkerPool:
                 self._ready_event.set()
         elif rec.kind == Kind.ERROR:
             self._fail(WorkerFailed(rec.text))
+        elif rec.kind == Kind.SCORE_DONE:  # the pool's own business: the communicator never sees it
+            self._scores[w] = rec
+            if len(self._scores) == len(self.specs) and self._scores_event is not None:
+                self._scores_event.set()
         else:
             if rec.kind == Kind.EPOCH_DONE:
                 self._epoch_done.add(w)
@@ -221,14 +227,28 @@ class WorkerPool:
     def send(self, w: int, rec: Record) -> None:
         self.conns[w].send_bytes(rec.encode())
 
-    async def run_epoch(self, epoch: int) -> None:
+    async def run_epoch(self, epoch: int, files: list[list[str]] | None = None) -> None:
         """Tell every worker to train one epoch and wait until all of them (and their last
-        requests) are done."""
+        requests) are done. ``files``: each worker's files of this epoch (an online pass),
+        instead of the files it was started with."""
         self._epoch_done = set()
         self._epoch_event = asyncio.Event()
         for w in range(len(self.specs)):
-            self.send(w, Record(Kind.EPOCH, epoch=epoch))
+            if files is None:
+                self.send(w, Record(Kind.EPOCH, epoch=epoch))
+            else:
+                self.send(w, Record(Kind.PASS, epoch=epoch, text="\n".join(files[w])))
         await self._wait(self._epoch_event, None, "epoch did not finish")
+
+    async def score(self, seq: int, files: list[list[str]]) -> list[Record]:
+        """Have every worker score its ``files`` of pass ``seq`` without updating anything, and
+        return their SCORE_DONE records (AUC counts, examples) in worker order."""
+        self._scores = {}
+        self._scores_event = asyncio.Event()
+        for w in range(len(self.specs)):
+            self.send(w, Record(Kind.SCORE, epoch=seq, text="\n".join(files[w])))
+        await self._wait(self._scores_event, None, "scoring did not finish")
+        return [self._scores[w] for w in range(len(self.specs))]
 
     async def stop(self, grace: float = 5.0) -> None:
         """Ask workers to exit, then make sure they did (SIGTERM, SIGKILL)."""

@@ -99,6 +99,9 @@ class SharedLayout:
     clock: ArraySpec
     #: processes that will attach (the trainer and its workers); the last removes the files
     attachers: int
+    #: per worker, the AUC counts of its last scoring pass (online training's predict-then-
+    #: train): ``[positives | negatives, bucket]``, kept apart from the training AUC
+    scores: ArraySpec | None = None
 
 
 _OWNER_LOCK = ".owner"
@@ -212,8 +215,9 @@ class SharedArrays:
         auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
         staleness = self._create("staleness", "float64", (num_workers, STALE_BUCKETS))
         clock = self._create("clock", "int64", (1,))
+        scores = self._create("scores", "float64", (num_workers, *auc_state_shape()[1:]))
         self.layout = SharedLayout(
-            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1
+            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores
         )
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
@@ -246,6 +250,7 @@ class Attached:
             self.auc = layout.auc.attach()
             self.staleness = layout.staleness.attach()
             self.clock = layout.clock.attach()
+            self.scores = layout.scores.attach() if layout.scores is not None else None
             self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
             self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
             self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]

@@ -11,7 +11,8 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO, TypeVar
 
 import structlog
 
@@ -28,13 +29,17 @@ from .ipc import Record
 from .model import Model
 from .modes import mode_class
 from .monitor import Monitor, RecordSink, terminal
+from .online import OnlineOptions, OnlineResult, train_passes
 from .pool import WorkerPool, start_fork_server
 from .shared import Attached, SharedArrays
+from .sources.base import Source
 from .strategy import Strategy
 from .tensorboard import TensorBoardSink
 from .worker import WorkerSpec
 
 log = structlog.get_logger("aps.trainer")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,6 +74,18 @@ class TrainOptions:
     ssl: Any = None
     #: seconds to wait at start for every pserver to accept connections (0: they must already)
     wait_pservers: float = 0.0
+
+
+@dataclass
+class Session:
+    """What a running trainer trains with: its worker pool, communicator, client and monitor."""
+
+    pool: WorkerPool
+    comm: Communicator
+    ps: PSClient
+    monitor: Monitor
+    #: the trainer's views of the shared arrays (the workers' stats, AUC and scores)
+    shared: Attached
 
 
 @dataclass
@@ -212,6 +229,19 @@ class Trainer:
             files=len(mine),
             **self.model.describe(),
         )
+        return await self.with_metrics(self._run(mine, per_worker, epochs))
+
+    def train_passes(self, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
+        """Blocking wrapper around :meth:`atrain_passes` (call it under ``if __name__ == "__main__":``)."""
+        return asyncio.run(self.atrain_passes(source, online))
+
+    async def atrain_passes(self, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
+        """Online training: score, then train every pass ``source`` hands out, checkpointing
+        its position as it goes, until the source has no more (:mod:`aps.trainer.online`)."""
+        return await train_passes(self, source, online)
+
+    async def with_metrics(self, work: Awaitable[T]) -> T:
+        """Await ``work`` while the metrics endpoint serves (with ``options.metrics_port``)."""
         if self.options.metrics_port is not None:
             self.metrics = MetricsEndpoint(
                 self.registry,
@@ -221,7 +251,7 @@ class Trainer:
                 port_file=self.options.metrics_port_file,
             ).start()
         try:
-            return await self._run(mine, per_worker, epochs)
+            return await work
         finally:
             if self.metrics is not None:
                 await self.metrics.aclose()
@@ -232,9 +262,28 @@ class Trainer:
         return self.metrics.port if self.metrics is not None else None
 
     async def _run(self, mine: list[str], per_worker: list[list[str]], epochs: int) -> TrainResult:
+        result = TrainResult(files=mine)
+
+        async def body(s: Session) -> None:
+            for epoch in range(epochs):
+                result.epochs.append(await self._epoch(epoch, s))
+
+        await self.session(per_worker, body)
+        log.info("trainer finished", trainer=self.trainer_id, epochs=epochs, final_loss=result.final_loss)
+        return result
+
+    async def session(
+        self,
+        per_worker: list[list[str]],
+        body: Callable[[Session], Awaitable[None]],
+        prepare: Callable[[PSClient], Awaitable[None]] | None = None,
+    ) -> None:
+        """Start the workers, connect, create the tables, run ``body`` (the epochs, or an online
+        trainer's passes), then stop everything; ``per_worker``: the files each worker was
+        started with. ``prepare`` runs once the tables exist, before the replica is filled (an
+        online trainer's resume loads its checkpoint there)."""
         assert self.strategy.workers is not None
         self.probe.comm = self.probe.monitor = None  # nothing of a previous run reported as this one's
-        result = TrainResult(files=mine)
         kind = mode_class(self.strategy.mode)
         shared = SharedArrays(self.model, self.strategy.workers, with_mailboxes=kind.mailboxes)
         pool: WorkerPool | None = None
@@ -275,6 +324,8 @@ class Trainer:
             await pool.watch(create_tables(ps, self.model, self.options.wait_pservers))
             if self.trainer_id == 0:  # the one that saves
                 await save_roots(ps, self.options.save_dir, "save_dir (aps-trainer --save-dir)")
+            if prepare is not None:
+                await pool.watch(prepare(ps))
             attached = Attached(shared.layout)
             self.probe.stats, self.probe.auc = attached.stats, attached.auc
             comm = Communicator(
@@ -286,13 +337,10 @@ class Trainer:
             log.info("workers ready", workers=len(pool), seconds=round(time.monotonic() - started, 2))
             monitor = make_monitor(self.options, attached, self.trainer_id, terminal() if self.options.live_line else None, ps)
             self.probe.monitor = monitor
-            for epoch in range(epochs):
-                result.epochs.append(await self._epoch(epoch, pool, comm, ps, monitor))
+            await body(Session(pool, comm, ps, monitor, attached))
             await pool.stop()
             await comm.stop()
             await ps.worker_done()
-            log.info("trainer finished", trainer=self.trainer_id, epochs=epochs, final_loss=result.final_loss)
-            return result
         finally:
             if pool is not None:
                 pool.kill()
@@ -302,23 +350,28 @@ class Trainer:
             self.probe.freeze()  # the shared memory goes away; keep the final numbers readable
             shared.close()
 
-    async def _epoch(self, epoch: int, pool: WorkerPool, comm: Communicator, ps: PSClient, monitor: Monitor) -> dict[str, Any]:
-        monitor.start_epoch()
-        comm.begin_epoch(epoch, set(range(len(pool))))
-        run = asyncio.ensure_future(pool.run_epoch(epoch))
+    async def train_epoch(self, epoch: int, s: Session, files: list[list[str]] | None = None) -> None:
+        """Train one epoch (``files``: each worker's files of it, else those it started with)
+        and end it as every trainer does (flush, epoch barrier); progress records meanwhile."""
+        s.monitor.start_epoch()
+        s.comm.begin_epoch(epoch, set(range(len(s.pool))))
+        run = asyncio.ensure_future(s.pool.run_epoch(epoch, files))
         try:
             while not run.done():
-                await asyncio.wait({run}, timeout=monitor.due_in())
-                comm.check()
+                await asyncio.wait({run}, timeout=s.monitor.due_in())
+                s.comm.check()
                 if not run.done():
-                    monitor.tick(epoch)
+                    s.monitor.tick(epoch)
             run.result()
         finally:
             run.cancel()
-        await comm.finish_epoch(epoch)
+        await s.comm.finish_epoch(epoch)
+
+    async def _epoch(self, epoch: int, s: Session) -> dict[str, Any]:
+        await self.train_epoch(epoch, s)
         extra: dict[str, Any] = {"mode": self.strategy.mode}
         if self.options.save_dir and self.trainer_id == 0:
             path = os.path.join(self.options.save_dir, f"epoch_{epoch}")  # relative: to the pservers' checkpoint root
-            await ps.save(path)
+            await s.ps.save(path)
             extra["saved"] = path
-        return monitor.end_epoch(epoch, extra)
+        return s.monitor.end_epoch(epoch, extra)

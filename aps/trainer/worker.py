@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -111,28 +111,34 @@ class Worker:
             rec = Record.decode(self.conn.recv_bytes())
             if rec.kind == Kind.STOP:
                 return
-            if rec.kind == Kind.EPOCH:
+            if rec.kind in (Kind.EPOCH, Kind.PASS):
                 steps_before = self.step
-                asyncio.run(self._epoch(rec.epoch))
+                self.stats[STAT["epoch"]] = rec.epoch
+                files = self.spec.files if rec.kind == Kind.EPOCH else _listed(rec.text)
+                asyncio.run(self._read(files, self._train))
                 self.conn.send_bytes(Record(Kind.EPOCH_DONE, epoch=rec.epoch, steps=self.step - steps_before).encode())
+            elif rec.kind == Kind.SCORE:
+                self.conn.send_bytes(self._score_pass(rec.epoch, _listed(rec.text)).encode())
 
-    async def _epoch(self, epoch: int) -> None:
-        self.stats[STAT["epoch"]] = epoch
+    async def _read(self, files: list[str], step: Callable[[Batch, Batch | None], object]) -> None:
+        """Run ``step(batch, next_batch)`` over every batch of ``files`` (one batch of look-ahead,
+        so async mode can prefetch the next batch's rows)."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.spec.queue_chunks)
         producer = asyncio.ensure_future(
-            feed_queue(self.spec.files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command)
+            feed_queue(files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command)
         )
         try:
-            # one batch of look-ahead, so async mode can prefetch the next batch's rows
             current: Batch | None = None
+            done = 0
             async for batch in self._batches(queue):
                 if current is not None:
-                    self._train(current, batch)
-                    if self.step % 16 == 0:
+                    step(current, batch)
+                    done += 1
+                    if done % 16 == 0:
                         await asyncio.sleep(0)  # let the reader refill the queue now and then
                 current = batch
             if current is not None:
-                self._train(current, None)
+                step(current, None)
             await producer
         finally:
             producer.cancel()
@@ -164,6 +170,38 @@ class Worker:
         s[STAT["steps"]] += 1
         s[STAT["compute_s"]] += time.perf_counter() - t0
         return loss
+
+    def _score_pass(self, seq: int, files: list[str]) -> Record:
+        """Predict every example of ``files`` with the current parameters and update nothing
+        (online training's "predict, then train"). The AUC counts of this pass alone go to this
+        worker's row of the shared ``scores`` (too big for a record on the pipe), and the
+        training numbers (loss, AUC, examples) stay as they were."""
+        auc = Auc()
+        scored = [0, 0]  # examples, batches
+
+        def score(batch: Batch, upcoming: Batch | None) -> None:
+            self._score(batch)
+            predicted = self.model.predictions(batch)
+            if predicted is not None:
+                auc.update(*predicted)
+            scored[0] += batch.examples
+            scored[1] += 1
+
+        asyncio.run(self._read(files, score))
+        assert self.shared.scores is not None
+        self.shared.scores[self.spec.worker_id] = auc.state[0]
+        return Record(Kind.SCORE_DONE, epoch=seq, examples=scored[0], steps=scored[1])
+
+    def _score(self, batch: Batch) -> None:
+        """The model's forward pass on ``batch`` with fresh rows; its gradients are dropped."""
+        if self.local_sgd:
+            grads = self._local_grads(batch)
+        else:
+            counts = self._publish(batch, self.step)
+            self._send(Record(Kind.PULL, step=self.step, counts=counts))
+            self._await(Kind.PULL, self.step)
+            grads = self._remote_grads(batch, counts, self.step)  # never sent: nothing is updated
+        self.model.compute(batch, self.params, grads)
 
     def _local_grads(self, batch: Batch) -> Grads:
         grads = Grads()
@@ -328,3 +366,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         finally:
             os._exit(1)
 
+
+def _listed(text: str) -> list[str]:
+    """The files of a PASS or SCORE record (one per line; none for an empty text)."""
+    return text.split("\n") if text else []

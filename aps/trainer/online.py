@@ -1,0 +1,160 @@
+"""Online training: passes from a source, each scored, then trained on, then checkpointed.
+
+``aps-trainer --data-passes ROOT`` (or ``--data-stream``) runs :func:`train_passes`. Per pass:
+
+1. *predict*: every worker scores its share of the pass with the current parameters (the
+   model's forward pass, nothing pushed) and the AUC of those predictions is the pass's
+   **online AUC** (PaddleRec reports the same): how well the model does on data it has not seen,
+   the number an online model is judged by. It goes to the pass's record (``online_auc`` in the
+   metrics file, so aps-plot draws it), to Prometheus (``aps_trainer_online_auc``) and to a log line;
+2. *train*: the same files are trained once, as an epoch (flush and barrier at its end);
+3. *checkpoint*: every ``save_every`` passes trainer 0 saves ``SAVE_DIR/pass-<seq>`` with the
+   source's position in the manifest, the trainers meet at a barrier, and the source is told
+   (a stream acknowledges the records the checkpoint covers only then). A trainer killed in a
+   pass loses that pass only: ``--resume`` loads the checkpoint and continues after it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import structlog
+
+from ..client import PSClient
+from ..errors import ConfigError
+from ..metrics import auc_from_counts
+from .files import assign_to_workers
+from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint
+from .pool import start_fork_server
+from .sources.base import Pass, Source
+
+if TYPE_CHECKING:
+    from .trainer import Session, Trainer
+
+log = structlog.get_logger("aps.trainer")
+
+
+@dataclass
+class OnlineOptions:
+    """How an online trainer runs its passes (the rest is :class:`TrainOptions`)."""
+
+    #: checkpoint after every N passes (0: never; needs ``TrainOptions.save_dir``)
+    save_every: int = 1
+    #: load the newest complete pass checkpoint in ``save_dir`` first and continue after it
+    resume: bool = False
+    #: score each pass before training on it (online AUC)
+    score: bool = True
+
+
+@dataclass
+class OnlineResult:
+    #: one record per pass trained: the monitor's epoch record with the pass's name,
+    #: ``online_auc`` and ``scored`` (examples scored) added
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    #: why the run ended (the source's reason)
+    stop_reason: str | None = None
+    #: the checkpoint resumed from (relative to the pservers' checkpoint root), if any
+    resumed_from: str | None = None
+
+
+def pass_auc(scores: np.ndarray) -> float | None:
+    """The AUC of the workers' predictions of one pass (their ``scores`` rows summed), None
+    when the model does not predict or nothing was scored."""
+    if not scores.any():
+        return None
+    pos, neg = scores.sum(axis=0)
+    return float(auc_from_counts(pos, neg))
+
+
+async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
+    """Run ``trainer`` over the passes of ``source`` until it has no more (see the module)."""
+    online = online or OnlineOptions()
+    if online.save_every < 0:
+        raise ConfigError(f"save_every must be >= 0 passes, got {online.save_every}")
+    if online.resume and not trainer.options.save_dir:
+        raise ConfigError("resume needs a save dir: the checkpoints to resume from are there (--save-dir)")
+    trainer.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
+    start_fork_server(type(trainer.model).__module__)
+    workers = trainer.strategy.workers
+    assert workers is not None
+    result = OnlineResult()
+    trainer.probe.passes = 0
+    log.info("online trainer starting", trainer=trainer.trainer_id, source=type(source).__name__, **trainer.model.describe())
+
+    async def prepare(ps: PSClient) -> None:
+        position = await _resume(trainer, ps, result) if online.resume else None
+        await source.open(position)
+
+    async def body(s: Session) -> None:
+        while (p := await source.next_pass()) is not None:
+            result.passes.append(await _one_pass(trainer, s, p, online, workers))
+            s.comm.check()
+            if online.save_every and trainer.options.save_dir and (len(result.passes) % online.save_every == 0):
+                await _checkpoint(trainer, s.ps, source, p, result.passes[-1])
+                await source.committed(p)
+        result.stop_reason = source.stop_reason
+        log.info("online training stopped", reason=result.stop_reason, passes=len(result.passes))
+
+    try:
+        await trainer.with_metrics(trainer.session([[] for _ in range(workers)], body, prepare))
+    finally:
+        await source.aclose()
+    return result
+
+
+async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions, workers: int) -> dict[str, Any]:
+    started = time.monotonic()
+    files = assign_to_workers(p.files, workers)
+    extra: dict[str, Any] = {"mode": trainer.strategy.mode, "pass": p.name, "files": len(p.files)}
+    if online.score:
+        assert s.shared.scores is not None
+        s.shared.scores[:] = 0
+        done = await s.pool.watch(s.pool.score(p.seq, files))
+        extra["scored"] = sum(r.examples for r in done)
+        auc = pass_auc(s.shared.scores)
+        if auc is not None:
+            extra["online_auc"] = trainer.probe.online_auc = auc
+    if p.reread:
+        extra["reread"] = p.reread
+        trainer.probe.reread += p.reread
+    await trainer.train_epoch(p.seq, s, files)
+    record = s.monitor.end_epoch(p.seq, extra)
+    trainer.probe.passes = (trainer.probe.passes or 0) + 1
+    log.info(
+        "pass trained", name=p.name, seq=p.seq, online_auc=extra.get("online_auc"), examples=record.get("examples"),
+        loss=record.get("loss"), seconds=round(time.monotonic() - started, 2),
+    )
+    return record
+
+
+async def _checkpoint(trainer: Trainer, ps: PSClient, source: Source, p: Pass, record: dict[str, Any]) -> None:
+    """Trainer 0 saves the tables with ``p``'s position; every trainer waits for that save, so
+    none pushes the next pass's gradients into it."""
+    assert trainer.options.save_dir is not None
+    path = pass_checkpoint(trainer.options.save_dir, p.seq)
+    if trainer.trainer_id == 0:
+        await ps.save(path, extra={KEY: await source.position(p)})
+        record["saved"] = path
+    await ps.barrier(f"aps.online.saved.{p.seq}", timeout=trainer.strategy.rpc_timeout)
+
+
+async def _resume(trainer: Trainer, ps: PSClient, result: OnlineResult) -> dict[str, Any] | None:
+    """Load the newest complete pass checkpoint (trainer 0 asks the pservers) and return its
+    position; None, with a warning, when there is none yet (a job's first start)."""
+    assert trainer.options.save_dir is not None
+    local = local_save_dir(trainer.options.save_dir, await ps.checkpoint_roots())
+    found = newest_checkpoint(local)
+    if found is None:
+        log.warning("resume: no complete pass checkpoint yet, starting at the first pass", save_dir=local)
+        position = None
+    else:
+        name, position = found
+        result.resumed_from = f"{trainer.options.save_dir.rstrip('/')}/{name}"
+        if trainer.trainer_id == 0:
+            await ps.load(result.resumed_from)
+        log.warning("resumed from a pass checkpoint", path=result.resumed_from, position=position)
+    await ps.barrier("aps.online.resumed", timeout=trainer.strategy.rpc_timeout)
+    return position
