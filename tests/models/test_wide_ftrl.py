@@ -1,5 +1,6 @@
 """wide&deep with FTRL on its wide part and L2 decay on every table (``wide_optimizer=ftrl``,
-``l2``): 20 sync steps through a real pserver equal numpy's, table by table; the arguments."""
+``l2``): 20 sync steps through a real pserver equal numpy's, table by table; the arguments, and
+CTR-DNN's ``l2``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 import aps
 from aps.models import build_model
+from aps.models.ctr_dnn.model import CtrDnn
 from aps.models.wide_deep.model import WIDE_BIAS, WIDE_DENSE, WIDE_SLOT, WideDeep
 from tests.conftest import Processes
 from tests.models.test_ctr_models import wide_deep_ref
@@ -70,3 +72,8 @@ def test_wide_optimizer_arguments() -> None:
         WideDeep(wide_optimizer="ftrl", ftrl_alpha=0)
     with pytest.raises(aps.ConfigError, match="wide_deep l2 must be a number >= 0, got -1"):
         WideDeep(l2=-1)
+
+
+def test_ctr_dnn_takes_l2_for_every_table() -> None:
+    assert {t.optimizer for t in CtrDnn(l2="0.0001").tables()} == {aps.Adam(lr=0.001, l2=1e-4)}
+    assert CtrDnn(l2=1e-4, optimizer="sgd", lr=0.1).describe()["l2"] == 1e-4

@@ -41,7 +41,8 @@ EMBEDDING = "SparseFeatFactors"
 class CtrDnn(CriteoModel):
     """The reference CTR-DNN; every argument has a default and accepts text (``--model-arg``).
     ``init_range`` is the embedding's uniform init half-width (the reference's 1.0);
-    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam")."""
+    ``bias_correction`` is sparse Adam's, ``row`` or ``step`` (docs/modes.md, "Sparse Adam");
+    ``l2`` the L2 decay of every table (docs/concepts.md, "Regularisation and clipping")."""
 
     name = "ctr_dnn"
     slot_tables = (EMBEDDING,)
@@ -61,11 +62,12 @@ class CtrDnn(CriteoModel):
         admit_probability: float = 1.0,
         admit_count: int = 1,
         max_keys: int | None = None,
+        l2: float = 0.0,
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
-            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys,
+            table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
         )
 
     def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
