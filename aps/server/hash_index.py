@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from ..mixer import mix64
+from .prefetch import LINE, prefetch
 
 _EMPTY = 0
 _TOMB = -1
@@ -42,6 +43,12 @@ MAX_ROWS = (1 << 31) - 2
 _KEY = 0  # slot columns
 _ROW = 1
 _MIN_SLOTS = 1024
+#: a bulk call asks for key i + _AHEAD's slot while it probes key i, so a batch's cache misses
+#: overlap instead of coming one after another (measured at 10 M keys: 10k lookups 170 us at 64,
+#: 440 us probing one key at a time)
+_AHEAD = 64
+#: a gather asks for the slab lines of row i + _ROWS_AHEAD while it copies row i
+_ROWS_AHEAD = 8
 
 # meta: counters the kernels update in place
 _LIVE = 0  # keys held (both slot arrays)
@@ -87,15 +94,55 @@ def _place(t: np.ndarray, key: np.int64, row: int) -> int:
     return fresh
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _ask(t, old, key):
+    """Prefetch ``key``'s first slot in both slot arrays."""
+    prefetch(t, _start(key, t.shape[0] - 1), 0)
+    if old.shape[0]:
+        prefetch(old, _start(key, old.shape[0] - 1), 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_of(t, old, key):
+    s = _find(t, key)
+    if s >= 0:
+        return t[s, _ROW] - 1
+    s = _find(old, key)
+    return old[s, _ROW] - 1 if s >= 0 else -1
+
+
 @njit(cache=True, nogil=True)
 def _lookup(t, old, keys, out):
-    for i in range(keys.shape[0]):
-        s = _find(t, keys[i])
-        if s >= 0:
-            out[i] = t[s, _ROW] - 1
+    n = keys.shape[0]
+    for i in range(min(n, _AHEAD)):
+        _ask(t, old, keys[i])
+    for i in range(n):
+        if i + _AHEAD < n:
+            _ask(t, old, keys[i + _AHEAD])
+        out[i] = _row_of(t, old, keys[i])
+
+
+@njit(cache=True, nogil=True)
+def _gather(t, old, keys, values, rows, out):
+    """``rows[i]``: key i's row or -1; ``out[i] = values[rows[i]]`` for held keys, each row's
+    lines asked for :data:`_ROWS_AHEAD` rows ahead. Returns how many keys are unknown."""
+    _lookup(t, old, keys, rows)
+    n = keys.shape[0]
+    dim = values.shape[1]
+    row_bytes = dim * values.itemsize
+    unknown = 0
+    for i in range(n):
+        j = i + _ROWS_AHEAD
+        if j < n and rows[j] >= 0:
+            for b in range(0, row_bytes, LINE):
+                prefetch(values, rows[j], b)
+        r = rows[i]
+        if r < 0:
+            unknown += 1
             continue
-        s = _find(old, keys[i])
-        out[i] = old[s, _ROW] - 1 if s >= 0 else -1
+        for c in range(dim):
+            out[i, c] = values[r, c]
+    return unknown
 
 
 @njit(cache=True, nogil=True)
@@ -103,14 +150,15 @@ def _insert(t, old, free, meta, max_used, keys, start, out):
     """Insert ``keys[start:]`` until done or the new slot array is full; returns where it stopped.
     The caller made sure there are enough free rows."""
     for i in range(start, keys.shape[0]):
+        if i == start:
+            for j in range(i, min(keys.shape[0], i + _AHEAD)):
+                _ask(t, old, keys[j])
+        elif i + _AHEAD < keys.shape[0]:
+            _ask(t, old, keys[i + _AHEAD])
         key = keys[i]
-        s = _find(t, key)
-        if s >= 0:
-            out[i] = t[s, _ROW] - 1
-            continue
-        s = _find(old, key)
-        if s >= 0:
-            out[i] = old[s, _ROW] - 1
+        held = _row_of(t, old, key)
+        if held >= 0:
+            out[i] = held
             continue
         if meta[_USED] >= max_used:
             return i
@@ -256,6 +304,15 @@ class HashIndex:
         out = np.empty(keys.shape[0], np.int64)
         _lookup(self._t, self._old, keys, out)
         return out
+
+    def gather(self, keys: np.ndarray, values: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
+        """``out[i] = values[row of keys[i]]`` for held keys (rows of unknown keys are left as
+        they were); returns the rows (-1 where absent) and how many keys are unknown. ``values``: a C-contiguous 2-d slab this
+        index's rows point into; ``out``: float rows of the same width. One compiled pass that
+        overlaps the probes' and the rows' cache misses (a pull's whole work)."""
+        keys = _keys_array(keys)
+        rows = np.empty(keys.shape[0], np.int64)
+        return rows, int(_gather(self._t, self._old, keys, values, rows, out))
 
     def insert(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, allocating rows for absent keys (repeats get one row).

@@ -62,20 +62,6 @@ _ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
 
 
 @njit(cache=True, nogil=True)
-def _gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
-    """``out[i] = values[rows[i]]`` for held rows; returns how many rows are -1 (unknown keys)."""
-    unknown = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        if r < 0:
-            unknown += 1
-            continue
-        for c in range(values.shape[1]):
-            out[i, c] = values[r, c]
-    return unknown
-
-
-@njit(cache=True, nogil=True)
 def _add_stats(show, click, delta, last, rows, shows, clicks, step, nonclk, clk):
     """Add each pushed occurrence's show and click (1 and 0 when not given) to its row."""
     for i in range(rows.shape[0]):
@@ -186,9 +172,9 @@ class HashSparseStore(HashChangeTracking):
         """Rows of ``keys``, float32[n, dim]; an unknown key reads its initial row and stays
         unknown."""
         keys = _check_keys(self.name, keys)
-        rows = self.index.lookup(keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        if _gather(self.values, rows, out):
+        rows, unknown = self.index.gather(keys, self.values, out)
+        if unknown:
             at = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self._seed, keys[at], at, out)
         return out

@@ -36,6 +36,17 @@ def check_against(index: HashIndex, model: DictModel, capacity: int) -> None:
     assert index.free_rows == capacity - len(held)
 
 
+def check_gather(index: HashIndex, keys: np.ndarray, want: list[int], capacity: int) -> None:
+    """gather copies each held key's slab row and leaves an unknown key's output row alone."""
+    values = np.arange(capacity * 3, dtype=np.float32).reshape(capacity, 3)
+    out = np.full((len(keys), 3), -7.0, np.float32)
+    rows, unknown = index.gather(keys, values, out)
+    assert rows.tolist() == want
+    assert unknown == sum(r < 0 for r in want)
+    expect = np.array([values[r] if r >= 0 else [-7.0] * 3 for r in want], np.float32).reshape(-1, 3)
+    assert out.tobytes() == expect.tobytes()
+
+
 @settings(max_examples=150, deadline=None)
 @given(ops_st)
 def test_index_behaves_like_a_dict(ops):
@@ -53,7 +64,9 @@ def test_index_behaves_like_a_dict(ops):
             for k, r in zip(keys, rows.tolist()):
                 assert r == model.rows.pop(k, -1)
         elif op == "lookup":
-            assert index.lookup(arr).tolist() == [model.rows.get(k, -1) for k in keys]
+            want = [model.rows.get(k, -1) for k in keys]
+            assert index.lookup(arr).tolist() == want
+            check_gather(index, arr, want, capacity)
         elif op == "step":
             index.rehash_step(budget)
         else:
@@ -94,6 +107,32 @@ def test_growth_and_resize_in_pieces_keep_every_key():
     again = index.insert(deleted)
     assert sorted(again.tolist()) == sorted(rows[::3].tolist())
     assert index.free_rows == 0
+
+
+def test_gather_of_large_batches_during_a_resize_reads_every_row():
+    """A pull's fused lookup and copy, over several prefetch blocks, while keys live in both the
+    old and the new slot array, with unknown and repeated keys mixed in."""
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(I64_MIN, I64_MAX, 20_000, dtype=np.int64, endpoint=True))
+    index = HashIndex(len(keys))
+    rows = index.insert(keys)
+    index.rehash(2 * len(keys))
+    index.rehash_step(len(keys))  # part drained: keys in both arrays
+    assert index.resizing
+    values = rng.standard_normal((len(keys), 64)).astype(np.float32)
+    unknown = rng.integers(I64_MIN, I64_MAX, 500, dtype=np.int64, endpoint=True)
+    unknown = unknown[~np.isin(unknown, keys)]
+    pick = rng.integers(0, len(keys), 3000)
+    batch = np.concatenate([keys[pick], unknown])
+    order = rng.permutation(len(batch))
+    batch = batch[order]
+    want = np.concatenate([rows[pick], np.full(len(unknown), -1)])[order]
+    out = np.zeros((len(batch), 64), np.float32)
+    got, missing = index.gather(batch, values, out)
+    assert got.tolist() == want.tolist()
+    assert missing == len(unknown)
+    assert (out[want >= 0] == values[want[want >= 0]]).all()
+    assert not out[want < 0].any()
 
 
 def test_insert_refuses_more_keys_than_free_rows_and_changes_nothing():
