@@ -15,6 +15,7 @@ from ..errors import ConfigError
 from ..models import BUILTIN, build_model
 from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from ..trainer.pool import stop_fork_server
+from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
 from ..trainer.strategy import MERGES, MODES
 from ..tls import ca_context
@@ -79,23 +80,32 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--data-passes", metavar="ROOT",
                      help="online training over pass folders ROOT/DAY/PASS/ (natural order, each trained once when "
                      "its --done-file exists; each pass scored first: online AUC); see docs/operations.md")
+    src.add_argument("--data-stream", metavar="redis://HOST:PORT/STREAM",
+                     help="online training from a Redis stream (one input line per entry, field 'line'), read "
+                     "through a consumer group, --pass-records entries to a pass; needs pip install 'aps[stream]'")
     m.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
     m.add_argument("--pipe-command", help="run each file through this command (e.g. a DataGenerator script)")
     m.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
     m.add_argument("--chunk-bytes", type=int, default=1 << 20, help="bytes read per chunk (default 1 MiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of the workers' random numbers")
-    on = p.add_argument_group("online training (--data-passes)")
+    on = p.add_argument_group("online training (--data-passes, --data-stream)")
     on.add_argument("--done-file", default=DEFAULT_DONE_FILE, metavar="NAME",
                     help=f"a pass folder is complete once it holds NAME (default {DEFAULT_DONE_FILE}, what Hadoop and "
                     "Spark jobs write); ROOT/NAME itself means no more passes will come")
     on.add_argument("--pass-wait", type=float, default=600.0, metavar="SECONDS",
-                    help="wait up to SECONDS for the next pass to be complete, then stop (exit 0, reason logged; default 600)")
+                    help="wait up to SECONDS for the next pass to be complete (a stream: a pass is what arrived in "
+                    "SECONDS if fewer than --pass-records), then stop (exit 0, reason logged; default 600)")
     on.add_argument("--last-pass", metavar="DAY/PASS", help="stop after training this pass")
     on.add_argument("--save-every-passes", type=int, default=1, metavar="N",
                     help="trainer 0 saves SAVE_DIR/pass-SEQ with the position after every N passes (default 1; 0: never)")
     on.add_argument("--resume", action="store_true",
                     help="load the newest complete pass checkpoint in --save-dir and continue after its pass "
                     "(none yet: start at the first pass)")
+    on.add_argument("--pass-records", type=int, default=100_000, metavar="N",
+                    help="a stream pass: N entries read by this trainer (default 100000)")
+    on.add_argument("--stream-group", metavar="NAME",
+                    help="the stream's consumer group, one per job (default aps:STREAM); each trainer is "
+                    "consumer trainer-ID of it")
     on.add_argument("--no-score", action="store_true", help="train each pass without scoring it first (no online AUC)")
     s = p.add_argument_group("mode and communicator")
     s.add_argument("--mode", choices=MODES, help="default: APS_MODE, else the model's preferred mode "
@@ -186,8 +196,17 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
     return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
 
 
-def make_source(args: argparse.Namespace, trainer: Trainer) -> PassDir:
-    """The online source the flags name (--data-passes)."""
+def make_source(args: argparse.Namespace, trainer: Trainer) -> Source:
+    """The online source the flags name (--data-passes, --data-stream)."""
+    if args.data_stream:
+        return RedisStream(
+            args.data_stream,
+            group=args.stream_group,
+            trainer_id=trainer.trainer_id,
+            records=args.pass_records,
+            wait=args.pass_wait,
+            parts=trainer.strategy.workers or 1,
+        )
     return PassDir(
         args.data_passes,
         trainer_id=trainer.trainer_id,
@@ -209,7 +228,7 @@ def online_options(args: argparse.Namespace) -> OnlineOptions:
 async def _amain(args: argparse.Namespace) -> int:
     log = structlog.get_logger("aps.trainer")
     trainer = make_trainer(args)
-    if args.data_passes:
+    if args.data_passes or args.data_stream:
         online = online_options(args)
         task = asyncio.ensure_future(trainer.atrain_passes(make_source(args, trainer), online))
     else:

@@ -1,6 +1,7 @@
-"""Exactly once across a SIGKILL, with real processes: aps-trainer over pass folders is killed
-in the middle of a pass, started again with --resume, and every record ends up trained exactly
-once (the pserver counts: CountingLR pushes -1 per record into row RECORD_ID of table seen)."""
+"""Exactly once across a SIGKILL, with real processes: aps-trainer over pass folders, and over a
+Redis stream, is killed in the middle of a pass, started again with --resume, and every record
+ends up trained exactly once (the pserver counts: CountingLR pushes -1 per record into row
+RECORD_ID of table seen)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def counts(address: str, n: int) -> np.ndarray:
 
 
 def start_trainer(processes: Processes, tmp: Path, address: str, *extra: str) -> subprocess.Popen:
+    source = extra if "--data-stream" in extra else ("--data-passes", str(tmp / "passes"), "--pass-wait", "20", *extra)
     return processes.start(
         "aps-trainer", "--pservers", address, "--model", MODEL, "--model-arg", "pause=0.03", "--workers", "2",
-        "--mode", "async", "--data-passes", str(tmp / "passes"), "--pass-wait", "20", "--save-dir", str(tmp / "online"),
-        "--metrics", str(tmp / "metrics.jsonl"), "--print-period", "0", *extra, env={"PYTHONPATH": str(ROOT)},
+        "--mode", "async", "--save-dir", str(tmp / "online"), "--metrics", str(tmp / "metrics.jsonl"),
+        "--print-period", "0", *source, env={"PYTHONPATH": str(ROOT)},
     )
 
 
@@ -80,3 +82,33 @@ def test_a_trainer_killed_mid_pass_resumes_without_losing_or_repeating_a_record(
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     passes = [r["pass"] for r in records if r["event"] == "epoch"]
     assert passes == ["20261126/0001", "20261126/0002", "20261126/0003", "20261126/0004"]
+
+
+def test_a_stream_trainer_killed_mid_pass_rereads_its_pending_entries_once(
+    processes: Processes, tmp_path: Path, redis_url: str
+) -> None:
+    import redis
+
+    (address,) = processes.start_servers(1, 1, "--checkpoint-root", str(tmp_path), "--no-exit-when-done")
+    n, total = 2 * PER_PASS, 8 * PER_PASS  # four passes of n entries
+    r = redis.Redis.from_url(redis_url)
+    for i in range(total):
+        r.xadd("clicks", {"line": f"{i} {1 - i % 2} {i % 2}"})
+    stream = ("--data-stream", f"{redis_url}/clicks", "--pass-records", str(n), "--pass-wait", "2")
+    victim = start_trainer(processes, tmp_path, address, *stream)
+    checkpoint = tmp_path / "online" / "pass-000001" / "shard-00000-of-00001" / "manifest.json"
+    wait_for(alive(victim, checkpoint.exists), 90, "the checkpoint after pass 2")
+    third = slice(2 * n, 3 * n)
+    wait_for(alive(victim, lambda: counts(address, total)[third].sum() > 0), 30, "pass 3 trained on", 0.01)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(10) == -signal.SIGKILL
+    assert 0 < counts(address, total)[third].sum() < n  # the kill left a partial pass behind
+    assert r.xpending("clicks", "aps:clicks")["pending"] >= n  # pass 3 read, never acknowledged
+    again = start_trainer(processes, tmp_path, address, *stream, "--resume")
+    assert again.wait(120) == 0
+    seen = counts(address, total + 100)
+    assert seen[:total].tolist() == [1.0] * total and not seen[total:].any()  # none lost, none twice
+    assert r.xpending("clicks", "aps:clicks")["pending"] == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    resumed = [rec for rec in records if rec["event"] == "epoch"][2:]  # the passes of the second run
+    assert resumed[0]["epoch"] == 2 and resumed[0]["reread"] == n and sum(rec["examples"] for rec in resumed) == 2 * n

@@ -94,3 +94,17 @@ async def test_each_trainer_gets_its_share_of_a_pass_and_the_done_file_name_is_c
     assert shares == [["part-00000", "part-00001", "part-00002"], ["part-00003", "part-00004"]]
     with pytest.raises(ConfigError, match="no such directory"):
         PassDir(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--epochs", "2"], "--epochs is for --data: online training trains each pass once"),
+    (["--resume", "--no-save"], "--resume reads the checkpoints in --save-dir: it cannot go with --no-save"),
+])
+def test_aps_trainer_online_misuse_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                               expected: str) -> None:
+    from aps.cli.trainer import main
+
+    code = main(["--pservers", "127.0.0.1:1", "--model", "tests.online.models:CountingLR",
+                 "--data-passes", str(tmp_path), "--metrics", str(tmp_path / "m.jsonl"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and expected in err, err

@@ -6,10 +6,13 @@ covering a pass is written (a stream acknowledges its records only then). The tr
 in :mod:`aps.trainer.online`; the sources are:
 
 * :class:`PassDir` (``aps-trainer --data-passes ROOT``): folders ``ROOT/<day>/<pass>/``, each
-  complete once its done-file exists.
+  complete once its done-file exists;
+* :class:`RedisStream` (``aps-trainer --data-stream redis://HOST:PORT/STREAM``): a Redis stream
+  read through a consumer group, N entries to a pass (redis-py is imported only when it opens).
 """
 
 from .base import Pass, Source
 from .passdir import PassDir, natural_key
+from .redis_stream import RedisStream
 
-__all__ = ["Pass", "PassDir", "Source", "natural_key"]
+__all__ = ["Pass", "PassDir", "RedisStream", "Source", "natural_key"]

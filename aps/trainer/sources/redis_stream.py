@@ -1,0 +1,214 @@
+"""A Redis stream as an online source: a consumer group per job, each trainer a consumer.
+
+``aps-trainer --data-stream redis://HOST:PORT/STREAM``: every stream entry holds one input line
+in its field ``line`` (the model's own format, as a line of a file). Each trainer reads with
+``XREADGROUP`` as consumer ``trainer-ID`` of the job's group, so the trainers share the stream
+without overlap; ``records`` entries (or what came before the stream went quiet for ``wait``
+seconds) make one pass. A pass's lines are spooled into one file per worker, so the workers read
+them as they read any pass.
+
+Exactly once, with the checkpoints (:mod:`aps.trainer.online`):
+
+* an entry is acknowledged (``XACK``) only once a checkpoint covering it is written, so a
+  trainer that dies leaves the entries it read since in the group's pending list;
+* the checkpoint's position holds, per consumer, the id of the last entry it covers (each
+  trainer writes its pass's last id into the hash ``<group>:covered`` when it reads the pass;
+  trainer 0 saves them all);
+* ``--resume`` loads that checkpoint, acknowledges this consumer's pending entries up to its
+  covered id (the checkpoint has them: a crash came between the save and the XACK) and trains
+  the rest again first; how many is the pass's ``reread`` (metrics: ``aps_trainer_reread_records``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+
+from ...errors import ConfigError
+from .base import Pass
+
+log = structlog.get_logger("aps.trainer")
+
+FIELD = b"line"
+#: entries asked for per XREADGROUP
+READ_COUNT = 1000
+
+
+def parse_stream_url(url: str) -> tuple[str, int, str]:
+    """``redis://HOST:PORT/STREAM`` -> (host, port, stream)."""
+    parts = urlsplit(url)
+    stream = parts.path.lstrip("/")
+    if parts.scheme != "redis" or not parts.hostname or not stream:
+        raise ConfigError(f"stream must be redis://HOST:PORT/STREAM, got {url!r}")
+    return parts.hostname, parts.port or 6379, stream
+
+
+def _id_key(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class RedisStream:
+    """Passes of ``records`` entries of a Redis stream, for trainer ``trainer_id``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        group: str | None = None,
+        trainer_id: int = 0,
+        records: int = 100_000,
+        wait: float = 600.0,
+        parts: int = 1,
+        spool_dir: str | None = None,
+    ) -> None:
+        self.host, self.port, self.stream = parse_stream_url(url)
+        if records < 1:
+            raise ConfigError(f"records per pass must be >= 1, got {records}")
+        if not wait > 0:
+            raise ConfigError(f"stream wait must be > 0 seconds, got {wait}")
+        self.group = group or f"aps:{self.stream}"
+        self.consumer = f"trainer-{trainer_id}"
+        self.trainer_id = trainer_id
+        self.records, self.wait, self.parts = records, wait, max(1, parts)
+        self.spool_parent = spool_dir
+        self.stop_reason: str | None = None
+        self._redis: Any = None
+        self._spool: str | None = None
+        self._seq = 0
+        self._pending: list[bytes] = []  # entries to train first (re-read on resume)
+        self._lines: dict[bytes, bytes] = {}  # their lines
+        self._unacked: list[bytes] = []  # read, not yet covered by a written checkpoint
+        self._last_file: list[str] = []
+
+    @property
+    def covered_key(self) -> str:
+        return f"{self.group}:covered"
+
+    async def open(self, position: dict[str, Any] | None) -> None:
+        try:
+            import redis.asyncio as aioredis
+            from redis.exceptions import ResponseError
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise ConfigError("--data-stream needs redis-py: pip install 'aps[stream]'") from exc
+        if position and (position.get("source") != "redis" or position.get("stream") != self.stream):
+            raise ConfigError(f"the checkpoint's position {position!r} is not of stream {self.stream!r}")
+        self._redis = aioredis.Redis(host=self.host, port=self.port)
+        try:
+            await self._redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._spool = tempfile.mkdtemp(prefix="aps-stream-", dir=self.spool_parent)
+        covered = (position or {}).get("covered", {}).get(self.consumer)
+        if position:
+            self._seq = int(position["seq"]) + 1
+        await self._take_pending(covered)
+
+    async def _take_pending(self, covered: str | None) -> None:
+        """This consumer's pending entries: those the checkpoint covers are acknowledged, the
+        others trained first."""
+        start = "0"
+        done: list[bytes] = []
+        while True:
+            reply = await self._redis.xreadgroup(self.group, self.consumer, {self.stream: start}, count=READ_COUNT)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            for entry_id, fields in entries:
+                if covered is not None and _id_key(entry_id) <= _id_key(covered):
+                    done.append(entry_id)
+                else:
+                    self._pending.append(entry_id)
+                    self._lines[entry_id] = fields.get(FIELD, b"") if fields else b""
+            start = entries[-1][0]
+        if done:
+            await self._redis.xack(self.stream, self.group, *done)
+        log.info("stream opened", stream=self.stream, group=self.group, consumer=self.consumer,
+                 acknowledged=len(done), reread=len(self._pending))
+
+    async def next_pass(self) -> Pass | None:
+        self._clear_last()
+        ids: list[bytes] = []
+        lines: list[bytes] = []
+        reread = 0
+        while self._pending and len(ids) < self.records:
+            entry_id = self._pending.pop(0)
+            ids.append(entry_id)
+            lines.append(self._lines.pop(entry_id))
+            reread += 1
+        deadline = time.monotonic() + self.wait
+        while len(ids) < self.records:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            reply = await self._redis.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=min(READ_COUNT, self.records - len(ids)),
+                block=max(1, int(left * 1000)),
+            )
+            for entry_id, fields in reply[0][1] if reply else []:
+                ids.append(entry_id)
+                lines.append(fields.get(FIELD, b"") if fields else b"")
+        if not ids:
+            self.stop_reason = f"no new entry in stream {self.stream} within --pass-wait {self.wait:g} s"
+            return None
+        seq = self._seq
+        self._seq += 1
+        self._unacked.extend(ids)
+        last = ids[-1].decode()
+        await self._redis.hset(self.covered_key, f"{seq}:{self.consumer}", last)
+        files = self._spool_lines(seq, lines)
+        name = f"{self.stream}@{last}"
+        return Pass(seq, name, files, {"source": "redis", "stream": self.stream, "seq": seq}, reread=reread)
+
+    def _spool_lines(self, seq: int, lines: list[bytes]) -> list[str]:
+        assert self._spool is not None
+        files = []
+        for k in range(min(self.parts, len(lines))):
+            path = os.path.join(self._spool, f"pass-{seq:06d}.part-{k:03d}")
+            with open(path, "wb") as f:
+                for line in lines[k :: self.parts]:
+                    f.write(line.rstrip(b"\n") + b"\n")
+            files.append(path)
+        self._last_file = files
+        return files
+
+    def _clear_last(self) -> None:
+        for path in self._last_file:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._last_file = []
+
+    async def position(self, done: Pass) -> dict[str, Any]:
+        """``done``'s position with every consumer's covered id (read back from Redis, where
+        each trainer wrote its own when it read the pass)."""
+        prefix = f"{done.seq}:"
+        raw = await self._redis.hgetall(self.covered_key)
+        covered = {k.decode()[len(prefix):]: v.decode() for k, v in raw.items() if k.decode().startswith(prefix)}
+        return {**done.position, "covered": covered}
+
+    async def committed(self, done: Pass) -> None:
+        """Acknowledge every entry read so far: the checkpoint just written covers them."""
+        if self._unacked:
+            await self._redis.xack(self.stream, self.group, *self._unacked)
+            self._unacked = []
+        stale = [k for k in await self._redis.hkeys(self.covered_key) if int(k.decode().split(":")[0]) < done.seq]
+        if stale and self.trainer_id == 0:
+            await self._redis.hdel(self.covered_key, *stale)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool = None
