@@ -14,6 +14,7 @@ from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..models import BUILTIN, build_model
 from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
+from ..trainer.online_exports import ExportOptions
 from ..trainer.pool import stop_fork_server
 from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--stream-group", metavar="NAME",
                     help="the stream's consumer group, one per job (default aps:STREAM); each trainer is "
                     "consumer trainer-ID of it")
+    on.add_argument("--export-dir", metavar="ROOT",
+                    help="trainer 0 exports for aps-serve into ROOT (relative: the pservers' checkpoint root): a base "
+                    "after the first pass and at new days, deltas between (docs/operations.md)")
+    on.add_argument("--delta-every", type=int, default=1, metavar="N", help="a delta export every N passes (default 1)")
+    on.add_argument("--base-every", type=int, default=1, metavar="N",
+                    help="shrink every hash table and export a base every N days (default 1)")
     on.add_argument("--no-score", action="store_true", help="train each pass without scoring it first (no online AUC)")
     s = p.add_argument_group("mode and communicator")
     s.add_argument("--mode", choices=MODES, help="default: APS_MODE, else the model's preferred mode "
@@ -222,7 +229,8 @@ def online_options(args: argparse.Namespace) -> OnlineOptions:
         raise ConfigError("--epochs is for --data: online training trains each pass once")
     if args.resume and args.no_save:
         raise ConfigError("--resume reads the checkpoints in --save-dir: it cannot go with --no-save")
-    return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score)
+    export = ExportOptions(args.export_dir, args.delta_every, args.base_every) if args.export_dir else None
+    return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score, export=export)
 
 
 async def _amain(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from ..client import PSClient
 from ..errors import ConfigError
 from ..metrics import auc_from_counts
 from .files import assign_to_workers
+from .online_exports import Exporter, ExportOptions
 from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint
 from .pool import start_fork_server
 from .sources.base import Pass, Source
@@ -47,6 +48,8 @@ class OnlineOptions:
     resume: bool = False
     #: score each pass before training on it (online AUC)
     score: bool = True
+    #: exports for serving after passes (trainer 0); None: none
+    export: ExportOptions | None = None
 
 
 @dataclass
@@ -88,12 +91,24 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
         position = await _resume(trainer, ps, result) if online.resume else None
         await source.open(position)
 
+    exporter = Exporter(online.export, trainer.model) if online.export is not None else None
+
     async def body(s: Session) -> None:
         while (p := await source.next_pass()) is not None:
-            result.passes.append(await _one_pass(trainer, s, p, online, workers))
+            record = await _one_pass(trainer, s, p, online, workers)
+            result.passes.append(record)
             s.comm.check()
-            if online.save_every and trainer.options.save_dir and (len(result.passes) % online.save_every == 0):
-                await _checkpoint(trainer, s.ps, source, p, result.passes[-1])
+            saving = bool(online.save_every and trainer.options.save_dir and len(result.passes) % online.save_every == 0)
+            if trainer.trainer_id == 0:
+                if saving:
+                    record["saved"] = await _save(trainer, s.ps, source, p)
+                if exporter is not None:
+                    record.update(await exporter.after_pass(s.ps, p))
+            if saving or exporter is not None:
+                # every trainer waits for trainer 0's save and export: none pushes the next
+                # pass's gradients into them
+                await s.ps.barrier(f"aps.online.saved.{p.seq}", timeout=trainer.strategy.rpc_timeout)
+            if saving:
                 await source.committed(p)
         result.stop_reason = source.stop_reason
         log.info("online training stopped", reason=result.stop_reason, passes=len(result.passes))
@@ -130,15 +145,12 @@ async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions
     return record
 
 
-async def _checkpoint(trainer: Trainer, ps: PSClient, source: Source, p: Pass, record: dict[str, Any]) -> None:
-    """Trainer 0 saves the tables with ``p``'s position; every trainer waits for that save, so
-    none pushes the next pass's gradients into it."""
+async def _save(trainer: Trainer, ps: PSClient, source: Source, p: Pass) -> str:
+    """Save the tables with the position after ``p`` (trainer 0); returns the path."""
     assert trainer.options.save_dir is not None
     path = pass_checkpoint(trainer.options.save_dir, p.seq)
-    if trainer.trainer_id == 0:
-        await ps.save(path, extra={KEY: await source.position(p)})
-        record["saved"] = path
-    await ps.barrier(f"aps.online.saved.{p.seq}", timeout=trainer.strategy.rpc_timeout)
+    await ps.save(path, extra={KEY: await source.position(p)})
+    return path
 
 
 async def _resume(trainer: Trainer, ps: PSClient, result: OnlineResult) -> dict[str, Any] | None:

@@ -22,6 +22,9 @@ class Pass:
     position: dict[str, Any] = field(default_factory=dict)
     #: records of this pass read a second time (a stream's entries pending since a crash)
     reread: int = 0
+    #: the day the pass belongs to (a pass folder's day; a stream's UTC date): a new day is
+    #: when an exporting trainer shrinks its hash tables and writes a base
+    day: str = ""
 
 
 class Source(Protocol):

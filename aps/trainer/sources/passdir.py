@@ -169,7 +169,7 @@ class PassDir:
         files = split_files(pass_files(os.path.join(self.root, name), self.done_file), self.trainer_id, self.num_trainers)
         seq = self._seq
         self._after, self._seq = name, seq + 1
-        return Pass(seq, name, files, {"source": "passes", "pass": name, "seq": seq})
+        return Pass(seq, name, files, {"source": "passes", "pass": name, "seq": seq}, day=name.split("/")[0])
 
     async def position(self, done: Pass) -> dict[str, Any]:
         """The pass's name and number: every trainer takes the same passes."""

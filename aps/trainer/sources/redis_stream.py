@@ -166,7 +166,8 @@ class RedisStream:
         await self._redis.hset(self.covered_key, f"{seq}:{self.consumer}", last)
         files = self._spool_lines(seq, lines)
         name = f"{self.stream}@{last}"
-        return Pass(seq, name, files, {"source": "redis", "stream": self.stream, "seq": seq}, reread=reread)
+        day = time.strftime("%Y%m%d", time.gmtime())
+        return Pass(seq, name, files, {"source": "redis", "stream": self.stream, "seq": seq}, reread=reread, day=day)
 
     def _spool_lines(self, seq: int, lines: list[bytes]) -> list[str]:
         assert self._spool is not None
