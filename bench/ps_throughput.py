@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from machine import machine_busy_seconds, process_cpu_seconds  # bench/machine.py
+from ps_hash_rows import bench_hash, hash_report  # bench/ps_hash_rows.py
 
 import aps
 
@@ -307,6 +308,33 @@ class ApsServerProcess:
 # ----------------------------------------------------------------------------- aps side
 
 
+async def measure_row(
+    ps: Any, table: str, name: str, op: Callable[[int, int], Awaitable[Any]], workers: int, per: int, dim: int,
+    warmup: float, duration: float, server_pid: int | None, retry: Retry, log: Callable[[str], None], coalesced: bool = False,
+) -> dict[str, Any]:
+    """One row: ``workers`` callers of ``op`` for ``duration`` s after ``warmup``, measured again
+    while other processes disturbed it (:class:`Retry`). ``coalesced``: also the callers' pulls
+    answered per request ``ps`` sent for ``table``."""
+    best: dict[str, Any] | None = None
+    for attempt in range(retry.retries + 1):
+        sent, served = ps.coalescing(table)
+        with CpuMeter(server_pid) as cpu:
+            count, elapsed, lat = await run_async_load(op, workers, warmup, duration)
+        row = _summary(count, elapsed, lat, per, dim)
+        row.update(cpu.as_dict(), attempts=attempt + 1)
+        if coalesced:  # callers' pulls answered per request the client sent
+            sent_after, served_after = ps.coalescing(table)
+            row["pulls_per_request"] = (served_after - served) / max(1, sent_after - sent)
+            row["wire_requests_per_s"] = row["requests_per_s"] / row["pulls_per_request"]
+        best = retry.keep(best, row)
+        if not retry.again(row, attempt, warmup + duration):
+            break
+        log(f"  (row {name} disturbed: other processes used {row['other_cpu']:.2f} CPU; measuring again)")
+    assert best is not None
+    log(f"  aps   {name:<20} {best['requests_per_s']:>10,.0f} req/s  p50 {best['p50_us']:>9.1f} us  {_cpu_note(best)}")
+    return best
+
+
 async def bench_aps(
     address: str, wl: Workload, conc: int, warmup: float, duration: float, server_pid: int | None,
     retry: Retry, log: Callable[[str], None], busy_poll: float = 0.0002, callers: tuple[int, ...] = (64, 256),
@@ -361,24 +389,8 @@ async def bench_aps(
         if spinner is not None:
             plan.append(("small_c1_spin", small_spin, 1, 1))
         for name, op, workers, per in plan:
-            best: dict[str, Any] | None = None
-            for attempt in range(retry.retries + 1):
-                sent, served = ps.coalescing(TABLE)
-                with CpuMeter(server_pid) as cpu:
-                    count, elapsed, lat = await run_async_load(op, workers, warmup, duration)
-                row = _summary(count, elapsed, lat, per, wl.dim)
-                row.update(cpu.as_dict(), attempts=attempt + 1)
-                if op is small_pipelined:  # callers' pulls answered per request the client sent
-                    sent_after, served_after = ps.coalescing(TABLE)
-                    row["pulls_per_request"] = (served_after - served) / max(1, sent_after - sent)
-                    row["wire_requests_per_s"] = row["requests_per_s"] / row["pulls_per_request"]
-                best = retry.keep(best, row)
-                if not retry.again(row, attempt, warmup + duration):
-                    break
-                log(f"  (row {name} disturbed: other processes used {row['other_cpu']:.2f} CPU; measuring again)")
-            assert best is not None
-            res[name] = best
-            log(f"  aps   {name:<20} {res[name]['requests_per_s']:>10,.0f} req/s  p50 {res[name]['p50_us']:>9.1f} us  {_cpu_note(res[name])}")
+            res[name] = await measure_row(ps, TABLE, name, op, workers, per, wl.dim, warmup, duration, server_pid, retry, log,
+                                          coalesced=op is small_pipelined)
         stats = await ps.stats()
         res["server_stats"] = next(iter(stats.values()))
     finally:
@@ -758,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure a row again (up to this many times) when other processes used the CPUs meanwhile (default 2)")
     p.add_argument("--retry-seconds", type=float, default=None,
                    help="total seconds that re-measuring disturbed rows may add (default 40; 10 with --quick)")
+    p.add_argument("--hash-keys", type=int, default=None,
+                   help="keys of the hash table measured beside the fixed one (default 10,000,000; 100,000 with --quick; "
+                        "0: skip). For issue 20's comparison give --rows the same number")
     p.add_argument("--profile-server", metavar="PATH", help="run the pserver under cProfile and dump pstats to PATH")
     args = p.parse_args(argv)
 
@@ -769,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ids, --dim, --rows and --concurrency must be positive")
     if args.ids > rows:
         p.error("--ids must not exceed the table's rows")
+    hash_keys = args.hash_keys if args.hash_keys is not None else (100_000 if args.quick else 10_000_000)
+    if 0 < hash_keys < args.ids:
+        p.error("--hash-keys must be 0 or at least --ids")
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -815,6 +833,14 @@ def main(argv: list[str] | None = None) -> int:
             server.address, wl, conc, warmup, duration, server.pid, retry, log, busy_poll=args.busy_poll,
             callers=tuple(int(x) for x in args.callers.split(",") if x.strip()),
         ))
+        if hash_keys:
+            assert server.pid is not None
+
+            async def measure(ps: Any, table: str, name: str, op: Any, workers: int, per: int) -> dict[str, Any]:
+                return await measure_row(ps, table, name, op, workers, per, args.dim, warmup, duration, server.pid, retry, log)
+
+            log(f"aps: a hash table of {hash_keys:,} keys on the same pserver")
+            results["aps_hash"] = asyncio.run(bench_hash(server.address, hash_keys, args.ids, args.dim, conc, server.pid, measure, log))
     finally:
         server.stop()
 
@@ -834,6 +860,10 @@ def main(argv: list[str] | None = None) -> int:
     results["retry_seconds_spent"] = retry.spent
 
     table, checks = build_table(results, conc)
+    if results.get("aps_hash"):
+        hash_table, hash_checks = hash_report(results["aps"], results["aps_hash"], conc)
+        table += "\n\n" + hash_table
+        checks.update(hash_checks)
     results["checks"] = checks
     header = (
         f"## aps vs Redis, one server on loopback ({rows:,} rows x dim {args.dim}, "
@@ -843,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Latencies: lower is better (ratio < 1 favours aps).\n"
         f"Machine: {results['machine']['cpu_count']} CPUs, Python {results['machine']['python']}, numpy {results['machine']['numpy']}"
     )
-    measured_rows: list[dict[str, Any]] = list(results["aps"].values())
+    measured_rows: list[dict[str, Any]] = list(results["aps"].values()) + list((results.get("aps_hash") or {}).values())
     if isinstance(results.get("redis"), dict):
         for by_client in results["redis"]["by_client"].values():
             measured_rows.extend(by_client.values())
