@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from ..digests import bytes_sha256
 from ..errors import ConfigError
@@ -36,13 +37,29 @@ from ..sharding import sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
 
 
+@njit(cache=True, nogil=True)
+def _gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    """``out[i] = values[rows[i]]`` for held rows; returns how many rows are -1 (unknown keys).
+    One compiled call: a one-key lookup's cost is mostly calls like this one."""
+    unknown = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            unknown += 1
+            continue
+        for c in range(values.shape[1]):
+            out[i, c] = values[r, c]
+    return unknown
+
+
 class ServedHash:
     """A hash table's exported keys and their rows, for lookups."""
 
     def __init__(self, spec: HashTable, capacity: int = 1024) -> None:
         self.spec = spec
         self.seed = table_seed(spec.name, spec.seed)
-        self.index = HashIndex(max(1, capacity))
+        # slots for ``capacity`` keys at once: no resize while a base is put in
+        self.index = HashIndex(max(1, capacity), slots=2 * capacity)
         self.values = np.zeros((max(1, capacity), spec.dim), np.float32)
 
     def __len__(self) -> int:
@@ -55,9 +72,9 @@ class ServedHash:
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys``; an unknown key reads its initial row (as on a pserver)."""
         rows = self.index.lookup(keys)
-        out = np.take(self.values, rows, axis=0, mode="clip")
-        unknown = np.flatnonzero(rows < 0)
-        if unknown.size:
+        out = np.empty((keys.shape[0], self.spec.dim), np.float32)
+        if _gather(self.values, rows, out):
+            unknown = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
         return out
 
@@ -72,12 +89,20 @@ class ServedHash:
             self.values = grown
             self.index.grow_rows(capacity)
         self.values[self.index.insert(keys)] = values
+        if self.index.resizing:  # a version is built off the loop: finish the resize here, not in lookups
+            self.index.rehash_step(self.index.slots)
 
     def copy(self) -> ServedHash:
         twin = copy.copy(self)
         twin.index = copy.deepcopy(self.index)
         twin.values = self.values.copy()
         return twin
+
+
+def warm_up() -> None:
+    """Load (or compile, on a first run) the kernels a lookup runs, so that the first lookup a
+    server answers does not wait for them."""
+    ServedHash(HashTable("warm_up", dim=1), 1).pull(np.zeros(1, np.int64))
 
 
 class _Whole:

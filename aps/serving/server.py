@@ -21,6 +21,7 @@ from ..server.pserver import PServer
 from ..validate import seconds
 from .core import ServingCore
 from .follow import ExportFollower
+from .model import warm_up
 
 log = structlog.get_logger("aps.serving")
 
@@ -56,7 +57,7 @@ class ServingServer:
         return None if self.core.model is None else self.core.model.version
 
     async def start(self) -> ServingServer:
-        await self.advance()
+        await asyncio.gather(asyncio.to_thread(warm_up), self.advance())
         await self.server.start()
         self._task = asyncio.create_task(self._follow(), name="aps-serve follow")
         return self
