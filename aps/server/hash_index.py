@@ -21,7 +21,12 @@ lookup tries the new one then the old, an insert goes to the new one, and each c
 fills. A caller that wants the drain done sooner or at a quiet time calls :meth:`rehash_step`
 with a slot budget (each call is O(budget), e.g. 1 M slots in a few ms) between requests, or
 runs it in an executor thread (the kernels release the GIL) while no other call uses the index:
-the index has one writer at a time, like every table on a pserver.
+the index has one writer at a time, like every table on a pserver. The old array is drained in
+slot order; a probe of it skips the slots below the drain's cursor (as if tombstones:
+:func:`_find`), so the pages behind the cursor go back to the OS as the drain passes them
+(:mod:`.pages`): a resize never holds two whole slot arrays, which a table kept at its
+``max_keys`` cap (tombstones force a resize now and then) would otherwise pay in resident
+memory each time.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from ..mixer import mix64
+from .pages import release_pages
 from .prefetch import LINE, prefetch
 
 _EMPTY = 0
@@ -56,6 +62,7 @@ _USED = 1  # keys + tombstones in the new slot array
 _NFREE = 2  # rows on the free list
 _HIGH = 3  # rows [high, capacity) were never used
 _OLD_LIVE = 4  # keys still in the old slot array
+_CURSOR = 5  # old slots below it are drained: never read again, their pages given back
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -64,20 +71,25 @@ def _start(key: np.int64, mask: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _find(t: np.ndarray, key: np.int64) -> int:
-    """The slot of ``t`` holding ``key``, or -1."""
+def _find(t: np.ndarray, key: np.int64, lo: int) -> int:
+    """The slot of ``t`` holding ``key``, or -1. ``lo``: 0, or for an old slot array being
+    drained the drain's cursor: slots below it hold nothing live and may read as anything
+    (their pages went back to the OS: zeros), so a probe skips them as if they were tombstones."""
     size = t.shape[0]
     if size == 0:
         return -1
     mask = size - 1
     s = _start(key, mask)
-    while True:
+    for _ in range(size - lo):
+        if s < lo:
+            s = lo
         r = t[s, _ROW]
         if r == _EMPTY:
             return -1
         if r > 0 and t[s, _KEY] == key:
             return s
         s = (s + 1) & mask
+    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -103,30 +115,30 @@ def _ask(t, old, key):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_of(t, old, key):
-    s = _find(t, key)
+def _row_of(t, old, lo, key):
+    s = _find(t, key, 0)
     if s >= 0:
         return t[s, _ROW] - 1
-    s = _find(old, key)
+    s = _find(old, key, lo)
     return old[s, _ROW] - 1 if s >= 0 else -1
 
 
 @njit(cache=True, nogil=True)
-def _lookup(t, old, keys, out):
+def _lookup(t, old, lo, keys, out):
     n = keys.shape[0]
     for i in range(min(n, _AHEAD)):
         _ask(t, old, keys[i])
     for i in range(n):
         if i + _AHEAD < n:
             _ask(t, old, keys[i + _AHEAD])
-        out[i] = _row_of(t, old, keys[i])
+        out[i] = _row_of(t, old, lo, keys[i])
 
 
 @njit(cache=True, nogil=True)
-def _gather(t, old, keys, values, rows, out):
+def _gather(t, old, lo, keys, values, rows, out):
     """``rows[i]``: key i's row or -1; ``out[i] = values[rows[i]]`` for held keys, each row's
     lines asked for :data:`_ROWS_AHEAD` rows ahead. Returns how many keys are unknown."""
-    _lookup(t, old, keys, rows)
+    _lookup(t, old, lo, keys, rows)
     n = keys.shape[0]
     dim = values.shape[1]
     row_bytes = dim * values.itemsize
@@ -156,7 +168,7 @@ def _insert(t, old, free, meta, max_used, keys, start, out):
         elif i + _AHEAD < keys.shape[0]:
             _ask(t, old, keys[i + _AHEAD])
         key = keys[i]
-        held = _row_of(t, old, key)
+        held = _row_of(t, old, meta[_CURSOR], key)
         if held >= 0:
             out[i] = held
             continue
@@ -178,12 +190,12 @@ def _insert(t, old, free, meta, max_used, keys, start, out):
 def _delete(t, old, free, meta, keys, out):
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _find(t, key)
+        s = _find(t, key, 0)
         if s >= 0:
             row = t[s, _ROW] - 1
             t[s, _ROW] = _TOMB
         else:
-            s = _find(old, key)
+            s = _find(old, key, meta[_CURSOR])
             if s < 0:
                 out[i] = -1
                 continue
@@ -197,26 +209,39 @@ def _delete(t, old, free, meta, keys, out):
 
 
 @njit(cache=True, nogil=True)
-def _migrate(t, old, meta, cursor, budget):
-    """Move the keys of old slots ``[cursor, cursor + budget)`` into ``t``; returns the new
-    cursor. Moved slots become tombstones so the old array's probe runs stay intact."""
+def _migrate(t, old, meta, budget):
+    """Move the keys of old slots ``[cursor, cursor + budget)`` into ``t`` and advance the
+    cursor past them (probes of the old array skip what is below it: :func:`_find`)."""
+    cursor = meta[_CURSOR]
     stop = min(old.shape[0], cursor + budget)
     for s in range(cursor, stop):
         r = old[s, _ROW]
         if r > 0:
             meta[_USED] += _place(t, old[s, _KEY], r - 1)
-            old[s, _ROW] = _TOMB
             meta[_OLD_LIVE] -= 1
-    return stop
+    meta[_CURSOR] = stop
 
 
 @njit(cache=True, nogil=True)
-def _collect(t, keys, rows, n):
-    """Append the (key, row) pairs of one slot array to ``keys``/``rows`` from ``n``; new n."""
-    for s in range(t.shape[0]):
+def _collect(t, lo, keys, rows, n):
+    """Append the (key, row) pairs of slots ``[lo, end)`` of one slot array to ``keys``/``rows``
+    from ``n``; new n."""
+    for s in range(lo, t.shape[0]):
         if t[s, _ROW] > 0:
             keys[n] = t[s, _KEY]
             rows[n] = t[s, _ROW] - 1
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _keys_of(t, lo, marked, keys, n):
+    """Append the keys of held slots ``[lo, end)`` of ``t`` whose row is marked to ``keys`` from
+    ``n``; new n."""
+    for s in range(lo, t.shape[0]):
+        r = t[s, _ROW]
+        if r > 0 and marked[r - 1]:
+            keys[n] = t[s, _KEY]
             n += 1
     return n
 
@@ -259,9 +284,8 @@ class HashIndex:
             size *= 2
         self._t = _slots(size)
         self._old = _slots(0)
-        self._cursor = 0
         self._free = np.zeros(row_capacity, np.int32)
-        self._meta = np.zeros(5, np.int64)
+        self._meta = np.zeros(6, np.int64)
 
     # ------------------------------------------------------------ sizes
 
@@ -302,7 +326,7 @@ class HashIndex:
         """The row of each key, -1 where absent."""
         keys = _keys_array(keys)
         out = np.empty(keys.shape[0], np.int64)
-        _lookup(self._t, self._old, keys, out)
+        _lookup(self._t, self._old, self._meta[_CURSOR], keys, out)
         return out
 
     def gather(self, keys: np.ndarray, values: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
@@ -312,7 +336,7 @@ class HashIndex:
         overlaps the probes' and the rows' cache misses (a pull's whole work)."""
         keys = _keys_array(keys)
         rows = np.empty(keys.shape[0], np.int64)
-        return rows, int(_gather(self._t, self._old, keys, values, rows, out))
+        return rows, int(_gather(self._t, self._old, self._meta[_CURSOR], keys, values, rows, out))
 
     def insert(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, allocating rows for absent keys (repeats get one row).
@@ -347,9 +371,24 @@ class HashIndex:
         n = len(self)
         keys = np.empty(n, np.int64)
         rows = np.empty(n, np.int64)
-        got = _collect(self._old, keys, rows, _collect(self._t, keys, rows, 0))
+        got = _collect(self._old, self._meta[_CURSOR], keys, rows, _collect(self._t, 0, keys, rows, 0))
         assert got == n, (got, n)
         return keys, rows
+
+    def held_rows(self) -> np.ndarray:
+        """bool[:attr:`rows_used`]: which rows a key holds (all but the free list's). One byte a
+        row, so a whole-table walk by row (eviction) needs no copy of the keys."""
+        held = np.ones(self.rows_used, np.bool_)
+        held[self._free[: self._meta[_NFREE]]] = False
+        return held
+
+    def keys_of(self, marked: np.ndarray, count: int) -> np.ndarray:
+        """The keys whose rows are marked in ``marked`` (bool, one per row below
+        :attr:`rows_used`, ``count`` of them True and held), in slot order."""
+        keys = np.empty(count, np.int64)
+        got = _keys_of(self._old, self._meta[_CURSOR], marked, keys, _keys_of(self._t, 0, marked, keys, 0))
+        assert got == count, (got, count)
+        return keys
 
     def grow_rows(self, row_capacity: int) -> None:
         """Allow rows up to ``row_capacity`` (never shrinks; the slab's owner grows it alongside)."""
@@ -369,7 +408,7 @@ class HashIndex:
         """Begin draining into a slot array sized for ``live`` keys (allocated lazily: zeros)."""
         self._old = self._t
         self._meta[_OLD_LIVE] = len(self)
-        self._cursor = 0
+        self._meta[_CURSOR] = 0
         size = _slot_count(live)
         self._t = _slots(size)
         self._meta[_USED] = 0
@@ -387,10 +426,13 @@ class HashIndex:
         O(budget) work, so a caller can spread a resize over many short calls."""
         if not self.resizing:
             return True
-        self._cursor = _migrate(self._t, self._old, self._meta, self._cursor, max(0, int(budget)))
-        if self._cursor >= self._old.shape[0]:
+        before = int(self._meta[_CURSOR])
+        _migrate(self._t, self._old, self._meta, max(0, int(budget)))
+        cursor = int(self._meta[_CURSOR])
+        if cursor >= self._old.shape[0]:
             assert self._meta[_OLD_LIVE] == 0
             self._old = _slots(0)
-            self._cursor = 0
+            self._meta[_CURSOR] = 0
             return True
+        release_pages(self._old, before, cursor)
         return False

@@ -45,6 +45,7 @@ from numba import njit
 from ..errors import ErrorCode
 from ..specs import HashTable
 from . import optim
+from .hash_evict import mark_victims
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from .tables import _bad, _check_scale, _check_values
@@ -297,19 +298,15 @@ class HashSparseStore(HashChangeTracking):
     def evict_plan(self, count: int, protected_rows: np.ndarray | None = None) -> np.ndarray:
         """The ``count`` (at most) held keys of lowest score, never one whose row is in
         ``protected_rows``. Reads the index and statistics only (see the module's note)."""
-        keys, rows = self.index.items()
-        # slot order is hash order: shuffled, so that keys of equal score (often most of them)
-        # go at random and not from the low slots, whose tombstones would then pile up into one
-        # run that every probe crossing it walks to its end
-        shuffle = np.random.default_rng((self._seed, self.evicted)).permutation(keys.shape[0])
-        keys, rows = keys[shuffle], rows[shuffle]
-        score = show_click_score(self.show[rows], self.click[rows])
-        if protected_rows is not None and protected_rows.size:
-            score[np.isin(rows, protected_rows)] = math.inf
-        k = min(int(count), int(np.isfinite(score).sum()))
-        if k <= 0:
-            return np.empty(0, np.int64)
-        return keys[np.argpartition(score, k - 1)[:k]]
+        # by row, never a copy of every key: a cap's eviction runs while the table is at its
+        # cap, and its temporaries (one byte and at most 8 bytes a key) count against it
+        marked = self.index.held_rows()
+        guard = np.zeros(marked.shape[0] if protected_rows is not None and protected_rows.size else 0, np.bool_)
+        if guard.size:
+            guard[protected_rows] = True
+        k = mark_victims(marked, guard, self.show, self.click, int(count), np.uint64(self._seed),
+                          np.uint64(self.evicted), NONCLK_COEFF, CLICK_COEFF)
+        return self.index.keys_of(marked, k)
 
     @property
     def eviction_due(self) -> int:

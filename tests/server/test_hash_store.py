@@ -205,3 +205,32 @@ def test_a_cap_evicting_keys_of_equal_score_spreads_its_tombstones_over_the_slot
     slots = store.index._t[:, 1]
     runs = np.diff(np.flatnonzero(np.concatenate([[True], slots == 0, [True]])))
     assert runs.max() < 200, f"a run of {runs.max()} slots without an empty one"
+
+
+def test_evict_plan_takes_the_lowest_scores_with_ties_at_random_and_never_a_protected_row():
+    """The plan walks rows, not a copy of every key: the keys it names score no higher than any
+    key it leaves (protected rows aside), ties at the cut are drawn at random, and a key whose
+    row is protected is never named."""
+    store = HashSparseStore(HashTable("capped", dim=2))
+    rng = np.random.default_rng(11)
+    keys = np.unique(rng.integers(I64_MIN, I64_MAX, 5_000, dtype=np.int64))
+    shows = rng.integers(1, 6, len(keys)).astype(np.float32)  # five scores, ~1000 keys each
+    store.push_grad(keys, np.zeros((len(keys), 2), np.float32), shows=shows)
+    store.delete_keys(keys[::7])  # freed rows are not held: never named
+    held, rows = store.index.items()
+    protected = rows[:300]
+    plan = store.evict_plan(1_500, protected)
+    assert len(plan) == 1_500 and len(np.unique(plan)) == 1_500
+    assert not np.isin(plan, held[:300]).any() and np.isin(plan, held).all()
+    score = dict(zip(held.tolist(), show_click_score(store.show[rows], store.click[rows]).tolist()))
+    named = np.array([score[k] for k in plan.tolist()])
+    left = np.array([score[k] for k in held[300:].tolist() if k not in set(plan.tolist())])
+    assert named.max() <= left.min()
+    cut = named.max()
+    assert (named < cut).sum() < 1_500 < (named <= cut).sum() + (left == cut).sum()  # the cut falls in a tie
+    again = store.evict_plan(1_500, protected)
+    np.testing.assert_array_equal(np.sort(again), np.sort(plan))  # same counter: the same draw
+    store.delete_keys(plan[:10])
+    other = store.evict_plan(1_500, protected)  # another eviction count: other ties
+    assert set(other.tolist()) - set(plan.tolist())
+    assert len(store.evict_plan(10**9)) == len(store)

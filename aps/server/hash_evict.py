@@ -1,0 +1,96 @@
+"""Which keys a hash table shard's ``max_keys`` cap evicts: the lowest scores, found by row.
+
+Why by row and compiled: the cap evicts while the table is at its cap, so whatever the search
+allocates comes on top of the cap's memory, and the search runs in a thread beside the event
+loop, so it must not hold the GIL. Copying every key with its row, a shuffle and float64 scores
+(numpy, as before) cost about 56 bytes a key (56 MiB at 1 M keys, 30% over the cap's own bytes)
+and held the GIL through each sort. Here the walk reads the statistics by slab row with one byte
+a row saying which rows are held, selects the cut with an in-place quickselect over 8 bytes a
+candidate, and marks the victims in that same byte array; :meth:`HashIndex.keys_of` then names
+their keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .init_kernels import key_uniform
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _score(show, click, r, nonclk, clk):
+    s = np.float64(show[r])
+    c = np.float64(click[r])
+    return nonclk * (s - c) + clk * c
+
+
+@njit(cache=True, nogil=True)
+def _select_kth(vals, k):
+    """The k-th smallest (0-based) of ``vals``, which it reorders in place (quickselect)."""
+    lo, hi = 0, vals.shape[0] - 1
+    while lo < hi:
+        pivot = vals[(lo + hi) // 2]
+        i, j = lo, hi
+        while i <= j:
+            while vals[i] < pivot:
+                i += 1
+            while vals[j] > pivot:
+                j -= 1
+            if i <= j:
+                vals[i], vals[j] = vals[j], vals[i]
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            return vals[k]
+    return vals[k]
+
+
+@njit(cache=True, nogil=True)
+def mark_victims(held, guard, show, click, count, seed, counter, nonclk, clk):
+    """Leave ``held[r]`` True only for the ``count`` (at most) held rows of lowest score that
+    ``guard`` does not protect (``guard`` empty: none is). Rows whose score ties the cut are
+    taken uniformly at random (selection sampling on stateless draws per row), so a cap's
+    victims of equal score are spread over the slots. Returns how many rows are marked."""
+    n = held.shape[0]
+    guarded = guard.shape[0] > 0
+    m = 0
+    for r in range(n):
+        if held[r] and not (guarded and guard[r]):
+            m += 1
+    k = min(count, m)
+    if k <= 0:
+        held[:] = False
+        return 0
+    vals = np.empty(m, np.float64)
+    m = 0
+    for r in range(n):
+        if held[r] and not (guarded and guard[r]):
+            vals[m] = _score(show, click, r, nonclk, clk)
+            m += 1
+    cut = _select_kth(vals, k - 1)
+    below = ties = 0
+    for i in range(m):
+        if vals[i] < cut:
+            below += 1
+        elif vals[i] == cut:
+            ties += 1
+    need = k - below  # ties to take, >= 1
+    seen = taken = 0
+    for r in range(n):
+        if not held[r] or (guarded and guard[r]):
+            held[r] = False
+            continue
+        s = _score(show, click, r, nonclk, clk)
+        if s == cut:
+            keep = key_uniform(seed, r, counter) * (ties - seen) < need - taken
+            seen += 1
+            taken += keep
+            held[r] = keep
+        else:
+            held[r] = s < cut
+    return k

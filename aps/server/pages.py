@@ -1,0 +1,50 @@
+"""Give the memory pages of part of a numpy array back to the OS (``madvise(MADV_DONTNEED)``).
+
+Why: a hash index resizes by draining an old slot array into a new one in pieces; until the
+last piece, both arrays were resident, so a table at its ``max_keys`` cap briefly held its index
+twice (32 MiB more at 1 M keys) every time tombstones forced a resize. The drained part of the
+old array is never read again (probes skip it), so its pages can go back as the drain passes
+them. After this call the pages read as zeros if touched; only whole pages inside the array
+are given back, never memory beyond it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import numpy as np
+
+_PAGE = mmap.PAGESIZE
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+
+def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    if not sys.platform.startswith("linux") or _DONTNEED is None:
+        return None
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+
+
+def release_pages(arr: np.ndarray, start: int, stop: int) -> int:
+    """Give back the whole pages of rows ``[0, stop)`` of the C-contiguous ``arr`` that begin at
+    or after row ``start`` rounded down to its page (the caller's previous ``stop``): the rows
+    must never be read again unless rewritten. Returns the bytes given back (0 where the
+    platform has no madvise)."""
+    if _MADVISE is None or stop <= start or not arr.flags.c_contiguous:
+        return 0
+    row = arr.strides[0]
+    base = arr.ctypes.data
+    first = max(base + start * row - (base + start * row) % _PAGE, -(-base // _PAGE) * _PAGE)
+    last = base + stop * row - (base + stop * row) % _PAGE
+    if last <= first:
+        return 0
+    if _MADVISE(first, last - first, _DONTNEED) != 0:
+        return 0  # a hint: memory simply stays resident
+    return last - first
