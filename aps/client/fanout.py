@@ -63,9 +63,7 @@ def shares(ids: np.ndarray, sharding: SparseSharding) -> list[Share]:
     num_servers = sharding.num_servers
     if num_servers == 1:
         return [Share(0, slice(None), ids)]
-    owner = sharding.owners(ids)
-    order = np.argsort(owner, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=num_servers))))
+    order, bounds = sharding.group(ids)
     out = []
     for k in range(num_servers):
         rows = order[int(bounds[k]) : int(bounds[k + 1])]

@@ -102,3 +102,24 @@ async def test_gather_cancels_the_rest_on_the_first_failure() -> None:
     with pytest.raises(aps.ConnectionLost, match="gone"):
         await gather([slow(), fails(), slow()])
     assert cancelled == [True, True]
+
+
+@pytest.mark.parametrize("num_servers", [2, 3, 5])
+@pytest.mark.parametrize("hashed", [False, True])
+def test_group_is_a_stable_sort_by_owner_in_one_pass(num_servers: int, hashed: bool) -> None:
+    """SparseSharding.group (the client's split, one compiled counting pass) gives what a stable
+    argsort of the owners gives: each server's ids, each part in the caller's order."""
+    rng = np.random.default_rng(num_servers)
+    if hashed:
+        ids = rng.integers(-(1 << 63), (1 << 63) - 1, 5_000, dtype=np.int64, endpoint=True)
+        ids[:4] = [0, -1, -(1 << 63), (1 << 63) - 1]
+    else:
+        ids = rng.integers(0, 10_000, 5_000, dtype=np.int64)
+    sharding = SparseSharding(num_servers, hashed=hashed)
+    order, bounds = sharding.group(ids)
+    owner = sharding.owners(ids)
+    np.testing.assert_array_equal(order, np.argsort(owner, kind="stable"))
+    np.testing.assert_array_equal(np.diff(bounds), np.bincount(owner, minlength=num_servers))
+    assert bounds[0] == 0 and bounds[-1] == len(ids)
+    empty_order, empty_bounds = sharding.group(np.empty(0, np.int64))
+    assert empty_order.size == 0 and not empty_bounds.any()
