@@ -64,6 +64,7 @@ def anchors(path: Path) -> set[str]:
 # ------------------------------------------------------------------ the library example
 
 
+@pytest.mark.slow
 def test_readme_library_example_runs(tmp_path: Path) -> None:
     """It starts an in-process pserver on port 0 and saves to ./model, so it runs in tmp_path."""
     code = library_example()

@@ -353,6 +353,7 @@ def test_eval_flag_misuse_is_an_argparse_error(eval_script: ModuleType, checkpoi
     assert capsys.readouterr().err.rstrip().endswith(f"eval.py: error: {expected}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     ([], "the following arguments are required: --model"),
     (["--", "--model", "ctr_dnn"], "one of the arguments --data --data-passes is required"),
@@ -366,6 +367,7 @@ def test_aps_local_checks_trainer_options_before_starting_anything(tmp_path: Pat
     assert not (tmp_path / "log" / "pserver.0.log").exists()  # no pserver was started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     (["--host", "256.1.1.1", "--port", "0"], "host '256.1.1.1' does not resolve to an address here"),
     (["--trainers", "0"], "--trainers must be >= 1, got 0"),

@@ -109,6 +109,7 @@ def test_library_call_without_auc_returns_the_path(tmp_path: Path) -> None:
     assert out == tmp_path / "curves.png" and png_size(out) == (500, 400) and out.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 async def test_a_short_real_run_draws_curves_not_dots(tmp_path: Path) -> None:
     """A trainer with default options that trains for about 3 s (15 batches of 0.2 s: the
     demo's 20-second epoch, shorter) writes enough progress records for every curve to be a

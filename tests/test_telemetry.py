@@ -192,6 +192,7 @@ def test_cli_flags_reach_the_configs(tmp_path: Path) -> None:
     )).options.metrics_port is None
 
 
+@pytest.mark.slow
 def test_aps_server_cli_writes_metrics_port_file(tmp_path: Path) -> None:
     port_file, metrics_file, log = tmp_path / "ps.port", tmp_path / "ps.metrics.port", tmp_path / "ps.log"
     with open(log, "wb") as out:

@@ -51,6 +51,7 @@ def assert_same_as_metrics_file(run: dict[str, list[ScalarEvent]], metrics: Path
         assert [(e.step, e.value) for e in run[tag]] == [(r["epoch"], pytest.approx(r[key], rel=1e-6)) for r in epochs]
 
 
+@pytest.mark.slow
 def test_aps_local_writes_one_run_per_trainer_with_auc(tmp_path: Path) -> None:
     """Two trainers of a CTR model (which predicts, so AUC is there) paced to last seconds:
     DIR/trainer-0 and DIR/trainer-1 each hold several steps of every scalar."""
@@ -75,6 +76,7 @@ def test_aps_local_writes_one_run_per_trainer_with_auc(tmp_path: Path) -> None:
         assert_same_as_metrics_file(board, tmp_path / "log" / f"trainer.{k}.metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_step_trainer_writes_tensorboard_scalars(tmp_path: Path, processes: Processes) -> None:
     """The library's option: a user's step loop (a linear model: no AUC) that lasts 2 s."""
     make_data(tmp_path / "data", files=1, lines_per_file=640)

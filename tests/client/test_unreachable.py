@@ -16,6 +16,7 @@ from aps.errors import ConnectionLost, RequestTimeout
 EMB = aps.SparseTable("emb", rows=8, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
 
 
+@pytest.mark.slow
 async def test_a_save_to_a_dead_pserver_is_reported_at_once_and_fails_naming_it() -> None:
     srv = await aps.serve()
     address = srv.address

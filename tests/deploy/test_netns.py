@@ -46,6 +46,7 @@ def _wait_listening(port_file: Path, proc: subprocess.Popen, timeout: float = 90
     raise TimeoutError(f"{port_file} not written in {timeout} s")
 
 
+@pytest.mark.slow
 def test_two_pservers_two_trainers_on_four_hosts(tmp_path: Path) -> None:
     reason = unavailable()
     if reason:

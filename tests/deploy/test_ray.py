@@ -45,6 +45,7 @@ def _args(tmp_path: Path, *trainer: str) -> list[str]:
             "--data", str(tmp_path / "data"), "--no-save", *trainer]
 
 
+@pytest.mark.slow
 def test_two_by_two_trains_through_ray(local_ray: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(_args(tmp_path, "--epochs", "6")) == 0
     out = capsys.readouterr().out
@@ -74,6 +75,7 @@ async def wait_for_connections(addresses: list[str], k: int, count: int, timeout
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_killed_pserver_fails_the_job_and_stops_the_rest(local_ray: Any, tmp_path: Path) -> None:
     opts, trainer_args = parse_args(_args(tmp_path, "--epochs", "200"))
     out = io.StringIO()
@@ -112,6 +114,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_roles_ray_cannot_place_fail_with_the_cpus_asked(local_ray: Any, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     argv = _args(tmp_path, "--epochs", "1")
@@ -133,6 +136,7 @@ def _word2vec_args(tmp_path: Path, *extra: str) -> list[str]:
             "--workers", "1", "--no-save"]
 
 
+@pytest.mark.slow
 def test_a_trainer_failing_at_start_fails_the_job_while_a_role_waits_for_cpus(
         local_ray: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """1 pserver + 2 trainers at 1 CPU each on the 2-CPU Ray: one trainer cannot be placed while
@@ -157,6 +161,7 @@ def test_a_trainer_failing_at_start_fails_the_job_while_a_role_waits_for_cpus(
     assert re.search(r"^pserver.0\s+\S+\s+stopped \(", captured.out, re.M), captured.out
 
 
+@pytest.mark.slow
 def test_word2vec_one_by_two_async_with_the_defaults(local_ray: Any, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """word2vec with its default setting (linear schedule) in async mode, the trainer's default,

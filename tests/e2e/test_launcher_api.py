@@ -96,6 +96,7 @@ def test_a_process_that_asked_to_die_with_its_parent_does_when_the_parent_is_sig
 # ----------------------------------------------------------------------------- aps.launch
 
 
+@pytest.mark.slow
 def test_launch_trains_a_user_model_and_returns_each_roles_result(tmp_path: Path) -> None:
     # the model by its module name, as every test loads it: numba's on-disk cache of its kernels
     # remembers the module name it was compiled under, so one file must not be loaded under two
@@ -172,6 +173,7 @@ def test_a_pserver_process_that_cannot_start_is_a_config_error_with_its_log(tmp_
         PServerProcess.start("--no-such-flag", log_path=tmp_path / "ps.log")
 
 
+@pytest.mark.slow
 def test_a_trainer_started_before_its_pserver_waits_for_it(tmp_path: Path) -> None:
     """aps-trainer --wait-pservers: started 1.5 s before the pserver it names, it trains and
     exits 0; without the flag it fails at once, naming the pserver."""

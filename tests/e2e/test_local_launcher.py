@@ -260,6 +260,7 @@ def test_a_script_pserver_that_never_listens_fails_the_start(tmp_path: Path) -> 
 # ----------------------------------------------------------------------------- whole clusters
 
 
+@pytest.mark.slow
 def test_2x2_cluster_trains_and_every_role_exits_0(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "trainer.0.log").write_text("STALE from an earlier run\n")
@@ -346,6 +347,7 @@ def test_pserver_that_cannot_bind_fails_fast_before_any_trainer(tmp_path: Path) 
     assert_all_gone([pid for pid, _ in table.values() if pid])
 
 
+@pytest.mark.slow
 def test_pservers_still_running_after_trainers_is_a_failure(tmp_path: Path) -> None:
     result = run_local(tmp_path, "1x1", "--server-grace", "1",
                        "--trainer-cmd", trainer_cmd(tmp_path, TRAINER_FORGETS_WORKER_DONE))
@@ -357,6 +359,7 @@ def test_pservers_still_running_after_trainers_is_a_failure(tmp_path: Path) -> N
     assert_all_gone([pid for pid, _ in table.values()])
 
 
+@pytest.mark.slow
 def test_processes_a_role_leaves_behind_are_killed(tmp_path: Path) -> None:
     # --no-exit-when-done: the pserver is stopped as soon as the trainers are done, by design
     result = run_local(tmp_path, "1x1", "--server-args=--no-exit-when-done",
@@ -412,6 +415,7 @@ def test_children_die_when_launcher_is_sigkilled(tmp_path: Path) -> None:
     assert_all_gone(kids)
 
 
+@pytest.mark.slow
 def test_tty_status_line_then_ctrl_c(tmp_path: Path) -> None:
     """On a terminal the status line is rewritten in place and shows each trainer's last log
     line; SIGINT (Ctrl-C) stops everything with exit 130."""
@@ -453,6 +457,7 @@ def test_tty_status_line_then_ctrl_c(tmp_path: Path) -> None:
     assert_all_gone([pid for pid, _ in table.values()])
 
 
+@pytest.mark.slow
 def test_timeout_stops_everything_with_124(tmp_path: Path) -> None:
     result = run_local(tmp_path, "1x1", "--timeout", "1.5", "--trainer-cmd", trainer_cmd(tmp_path, TRAINER_SLEEPS))
     assert result.returncode == 124
@@ -463,6 +468,7 @@ def test_timeout_stops_everything_with_124(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- metrics: summary, ports
 
 
+@pytest.mark.slow
 def test_summary_shows_each_trainers_last_epoch_from_its_metrics_file(tmp_path: Path) -> None:
     """Real aps-trainers (a small linear regression): aps-local names each one's metrics file
     under --log-dir (replacing last run's), and the summary shows that file's last epoch."""
@@ -571,6 +577,7 @@ def free_port_run(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
+@pytest.mark.slow
 def test_real_roles_serve_metrics_on_the_ports_aps_local_gives_them(tmp_path: Path) -> None:
     make_data(tmp_path / "data", files=2, lines_per_file=100)
     base = free_port_run(3)

@@ -17,6 +17,7 @@ from examples.linreg.model import make_data
 MODES = [("sync", 0.5, 6), ("half_async", 0.4, 6), ("async", 0.1, 6), ("geo", 0.25, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,lr,epochs", MODES, ids=[m[0] for m in MODES])
 def test_aps_local_2x2(tmp_path: Path, mode: str, lr: float, epochs: int) -> None:
     make_data(tmp_path / "data", files=4, lines_per_file=1500)

@@ -18,6 +18,7 @@ from tests.e2e.test_local_launcher import assert_all_gone, launcher_argv, summar
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.mark.slow
 def test_an_absolute_save_dir_outside_the_working_directory_gets_the_checkpoint(tmp_path: Path) -> None:
     make_data(tmp_path / "data", files=1, lines_per_file=300)
     run_dir, save = tmp_path / "run", tmp_path / "out" / "model"  # neither below the other; save not made yet

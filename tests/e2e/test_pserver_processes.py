@@ -7,6 +7,7 @@ import asyncio
 import signal
 
 import numpy as np
+import pytest
 
 import aps
 
@@ -81,6 +82,7 @@ async def drive(addresses: list[str], rng: np.random.Generator) -> dict[str, np.
     return expected
 
 
+@pytest.mark.slow
 def test_two_pservers_then_warm_start_three(processes, tmp_path) -> None:
     rng = np.random.default_rng(0)
     addresses = _start(processes, tmp_path, 2)

@@ -79,6 +79,7 @@ def wait_workers(proc: subprocess.Popen, count: int, timeout: float = 60.0) -> l
     raise TimeoutError("workers did not start")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_trainer_and_workers(processes, tmp_path: Path, sig: signal.Signals) -> None:
     proc = start_trainer(processes, tmp_path, "tests.trainer.fault_models:SlowLinReg")
@@ -89,6 +90,7 @@ def test_signal_stops_trainer_and_workers(processes, tmp_path: Path, sig: signal
     assert wait_gone(kids) == []
 
 
+@pytest.mark.slow
 def test_worker_crash_fails_trainer_without_orphans(processes, tmp_path: Path) -> None:
     proc = start_trainer(processes, tmp_path, "tests.trainer.fault_models:CrashingLinReg")
     kids = wait_workers(proc, 2)
@@ -98,6 +100,7 @@ def test_worker_crash_fails_trainer_without_orphans(processes, tmp_path: Path) -
     assert wait_gone(kids) == []
 
 
+@pytest.mark.slow
 def test_sigkill_of_trainer_takes_workers_down(processes, tmp_path: Path) -> None:
     proc = start_trainer(processes, tmp_path, "tests.trainer.fault_models:SlowLinReg")
     kids = wait_workers(proc, 2)

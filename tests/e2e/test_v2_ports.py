@@ -47,6 +47,7 @@ async def server_stats(address: str) -> dict:
         return (await ps.stats())[address]
 
 
+@pytest.mark.slow
 def test_pserver_and_trainers_from_v2_names(tmp_path: Path, processes: Processes) -> None:
     make_data(tmp_path / "data", files=4, lines_per_file=1500)
     port = free_run(3)

@@ -53,6 +53,7 @@ async def row(address: str, table: str = "t", index: int = 3) -> float:
         return float((await ps.pull_sparse(table, [index]))[0, 0])
 
 
+@pytest.mark.slow
 def test_periodic_keep_last_k_sigterm_and_resume(processes: Processes, tmp_path: Path) -> None:
     cluster = Cluster(processes, tmp_path, 1, 1, "--checkpoint-dir", "ckpt", "--checkpoint-every", "0.2", "--keep-checkpoints", "2")
     address = cluster.addresses[0]
@@ -75,6 +76,7 @@ def test_periodic_keep_last_k_sigterm_and_resume(processes: Processes, tmp_path:
     assert f"path=ckpt/{complete[-1].name}" in cluster.server_log(0, 1).read_text()
 
 
+@pytest.mark.slow
 def test_kill_during_own_checkpoint_resumes_from_the_previous_one(processes: Processes, tmp_path: Path) -> None:
     cluster = Cluster(processes, tmp_path, 1, 1, "--checkpoint-dir", "ckpt", "--checkpoint-every", "0.3")
     address = cluster.addresses[0]
@@ -103,6 +105,7 @@ def test_kill_during_own_checkpoint_resumes_from_the_previous_one(processes: Pro
     wait_for(lambda: not own_checkpoints(ckpt)[1], 60, "torn checkpoint removed")
 
 
+@pytest.mark.slow
 def test_kill_during_cluster_save_torn_checkpoint_refused(processes: Processes, tmp_path: Path) -> None:
     cluster = Cluster(processes, tmp_path, 2, 1)
     manifest = [tmp_path / "ckpt" / f"shard-0000{k}-of-00002" / "manifest.json" for k in range(2)]

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for
 from examples.linreg.model import make_data
@@ -18,6 +20,7 @@ from examples.linreg.model import make_data
 DEADLINE = 8.0
 
 
+@pytest.mark.slow
 def test_a_pserver_that_stays_dead_is_named_at_once_and_in_the_final_error(processes: Processes, tmp_path: Path) -> None:
     data = tmp_path / "data"
     make_data(data, files=2, lines_per_file=400)

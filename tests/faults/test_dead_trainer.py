@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for
 from examples.linreg.model import make_data
@@ -29,6 +31,7 @@ def start(processes: Processes, tmp: Path, mode: str) -> Cluster:
     return cluster
 
 
+@pytest.mark.slow
 def test_sync_survivor_fails_naming_the_dead_trainer(processes: Processes, tmp_path: Path) -> None:
     cluster = start(processes, tmp_path, "sync")
     survivor, victim = cluster.trainers_started
@@ -46,6 +49,7 @@ def test_sync_survivor_fails_naming_the_dead_trainer(processes: Processes, tmp_p
     assert "trainer gone" in server_log and "trainer=1" in server_log
 
 
+@pytest.mark.slow
 def test_async_survivor_finishes_and_pserver_exits(processes: Processes, tmp_path: Path) -> None:
     cluster = start(processes, tmp_path, "async")
     survivor, victim = cluster.trainers_started

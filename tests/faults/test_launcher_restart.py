@@ -100,6 +100,7 @@ def pserver_pid(index: int, launcher: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_aps_local_restarts_a_killed_pserver_and_the_job_finishes(tmp_path: Path) -> None:
     """SIGKILL pserver 1 of an async 2x1 job mid-training: aps-local starts it again from its
     checkpoint and every role exits 0."""

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for
 from examples.linreg.model import make_data
@@ -54,6 +56,7 @@ def pause_past_the_timeout(cluster: Cluster, until: Callable[[], bool] = lambda:
     return time.monotonic()
 
 
+@pytest.mark.slow
 def test_async_paused_trainer_rejoins_and_both_finish(processes: Processes, tmp_path: Path) -> None:
     epochs = 12
     cluster = start(processes, tmp_path, "async", epochs)
@@ -72,6 +75,7 @@ def test_async_paused_trainer_rejoins_and_both_finish(processes: Processes, tmp_
     assert cluster.servers[0].wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_sync_paused_trainer_is_told_it_was_dropped(processes: Processes, tmp_path: Path) -> None:
     cluster = start(processes, tmp_path, "sync", epochs=200, timeout=SYNC_TIMEOUT)
     survivor, paused = cluster.trainers_started

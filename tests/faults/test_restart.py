@@ -7,6 +7,8 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, model_loss, wait_for
 from examples.linreg.model import make_data
@@ -35,6 +37,7 @@ def run_job(processes: Processes, tmp: Path, data: Path, mode: str, kill: bool) 
     return model_loss(tmp / "model" / f"epoch_{EPOCHS - 1}", data), cluster
 
 
+@pytest.mark.slow
 def test_pserver_killed_and_resumed_mid_training(processes: Processes, tmp_path: Path) -> None:
     data = tmp_path / "data"
     make_data(data, files=4, lines_per_file=1000)

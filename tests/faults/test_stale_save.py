@@ -10,6 +10,8 @@ import signal
 import threading
 from pathlib import Path
 
+import pytest
+
 import aps
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for
@@ -38,6 +40,7 @@ async def save(address: str, path: str, deadline: float = 120.0) -> None:
         await ps.save(path)
 
 
+@pytest.mark.slow
 def test_a_save_killed_midway_leaves_nothing_behind_after_a_restart_or_the_next_save(processes: Processes, tmp_path: Path) -> None:
     cluster = Cluster(processes, tmp_path, 1, 1, "--no-exit-when-done")
     address = cluster.addresses[0]

@@ -60,6 +60,7 @@ async def declared_bodies(server: ServerProcess, conns: int, declared: int, sent
             writer.close()
 
 
+@pytest.mark.slow
 def test_declared_bodies_commit_no_memory_and_starve_no_one(tmp_path: Path) -> None:
     """16 connections declaring 64 MiB and sending 1.2 KB each filled the 1 GiB in-flight budget
     and made the server commit 1 GiB: a real 256 KiB push was refused TOO_LARGE."""
@@ -91,6 +92,7 @@ async def unauthenticated_fill(server: ServerProcess, conns: int, token: str) ->
             writer.close()
 
 
+@pytest.mark.slow
 def test_unauthenticated_connections_have_a_budget_of_their_own(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("the-token\n")
     server = ServerProcess.start(
@@ -116,6 +118,7 @@ async def idle_then_client(server: ServerProcess, idle: int, token: str | None) 
             writer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, "the-token"], ids=["no_token", "token"])
 def test_idle_connections_from_one_host_do_not_lock_it_out(tmp_path: Path, token: str | None) -> None:
     """512 idle connections from 127.0.0.1 took every per-address slot: 41 of 50 connects failed."""

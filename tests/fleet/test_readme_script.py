@@ -26,6 +26,7 @@ def losses(log: Path) -> list[float]:
     return [float(x) for x in re.findall(r"^TRAIN ---> pass: \d+ step: \d+ loss: ([0-9.]+)$", log.read_text(), re.M)]
 
 
+@pytest.mark.slow
 def test_readme_script_trains_in_every_role(tmp_path: Path, data: Path) -> None:
     """Through aps-launch, as README shows it, on 2 pservers in geo (test_scripts.py runs the
     same kind of script through aps-local in every mode)."""

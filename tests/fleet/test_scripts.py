@@ -64,6 +64,7 @@ def summary_exits(stdout: str) -> dict[str, str]:
 MODES = [("sync", 0.01), ("async", 0.01), ("geo", 0.5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,lr", MODES, ids=[m for m, _ in MODES])
 def test_aps_local_runs_the_script_in_every_role(tmp_path: Path, data: Path, mode: str, lr: float) -> None:
     done = run([sys.executable, str(BIN / "aps-local"), "1x2", "--status-interval", "0", "--",
@@ -80,6 +81,7 @@ def test_aps_local_runs_the_script_in_every_role(tmp_path: Path, data: Path, mod
     assert "pserver stopped" in (tmp_path / "log" / "pserver.0.log").read_text()
 
 
+@pytest.mark.slow
 def test_aps_launch_runs_ctr_dnn_and_the_first_worker_saves(tmp_path: Path, data: Path) -> None:
     done = run([sys.executable, str(BIN / "aps-launch"), "--server-num", "1", "--worker-num", "2", "--status-interval",
                 "0", str(CTR_DNN), *script_args(data, "async", 0.01), "--epochs", "2", "--save", "model/ctr"], tmp_path)
@@ -107,6 +109,7 @@ def test_aps_launch_runs_ctr_dnn_and_the_first_worker_saves(tmp_path: Path, data
     assert "model/ctr/epoch_1" in (tmp_path / "log" / "pserver.0.log").read_text()
 
 
+@pytest.mark.slow
 def test_local_cluster_sh_runs_the_program_it_is_given(tmp_path: Path, data: Path) -> None:
     ports = f"{free_port()},{free_port()}"
     program = " ".join([str(WIDE_DEEP), *script_args(data, "sync", 0.01)])
@@ -133,6 +136,7 @@ def test_local_cluster_sh_fails_fast_and_leaves_nothing_behind(tmp_path: Path, d
     assert leftover == []
 
 
+@pytest.mark.slow
 def test_older_paddle_names_run_a_pserver_and_a_trainer(tmp_path: Path, data: Path) -> None:
     """PADDLE_TRAINING_ROLE / PADDLE_PSERVER_IPS / PADDLE_PSERVER_PORT / PADDLE_TRAINERS /
     PADDLE_CURRENT_IP / PADDLE_TRAINER_ID, set by hand, no launcher."""

@@ -149,6 +149,7 @@ def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
         StepTrainer(LinReg(), aps.Strategy(), aps.ClusterSpec([], 1), 0)
 
 
+@pytest.mark.slow
 def test_barrier_worker_waits_for_every_trainer(processes: Processes) -> None:
     servers = processes.start_servers(1, trainers=2)
     trainers = [StepTrainer(LinReg(), aps.Strategy(mode="async"), aps.ClusterSpec(servers, 2), i).start()

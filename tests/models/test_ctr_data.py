@@ -100,6 +100,7 @@ def test_make_data_meta_and_summary(small_data: tuple[Path, str]) -> None:
     assert f"{meta['bayes_auc_test']:.4f}" in stdout and "positive rate" in stdout
 
 
+@pytest.mark.slow
 def test_make_data_is_deterministic_by_seed(small_data: tuple[Path, str], tmp_path: Path) -> None:
     out, _ = small_data
     same, other = tmp_path / "same", tmp_path / "other"
@@ -193,6 +194,7 @@ def test_prepare_adult_from_wheel(adult_wheel: Path, tmp_path: Path) -> None:
     assert {r[13] for r in train} == {"Male", "Female"}
 
 
+@pytest.mark.slow
 def test_prepare_adult_is_stable_and_reads_the_csv_gz(adult_wheel: Path, tmp_path: Path) -> None:
     """The same split from the wheel and from the bare .csv.gz inside it (the split is by row number)."""
     import zipfile

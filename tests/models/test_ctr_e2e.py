@@ -87,6 +87,7 @@ MODES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,shape,model_args,trainer_args", MODES, ids=[m[0] for m in MODES])
 def test_ctr_dnn_reaches_bayes_auc(tmp_path: Path, ctr_data: tuple[Path, dict], mode: str, shape: str,
                                    model_args: list[str], trainer_args: list[str]) -> None:
@@ -101,6 +102,7 @@ def test_ctr_dnn_reaches_bayes_auc(tmp_path: Path, ctr_data: tuple[Path, dict], 
     assert result["auc"] >= meta["bayes_auc_test"] - AUC_GAP, (result, meta["bayes_auc_test"])
 
 
+@pytest.mark.slow
 def test_ctr_dnn_incremental_training(tmp_path: Path, ctr_data: tuple[Path, dict]) -> None:
     """One epoch over a quarter of the data (100,000 lines: far from converged); then a new
     cluster whose pservers start from that checkpoint (``--init-model``) trains another: the
@@ -118,6 +120,7 @@ def test_ctr_dnn_incremental_training(tmp_path: Path, ctr_data: tuple[Path, dict
     assert auc_2 >= auc_1, (auc_1, auc_2)
 
 
+@pytest.mark.slow
 def test_wide_deep_trains_and_infers(tmp_path: Path, ctr_data: tuple[Path, dict]) -> None:
     """wide&deep, async, one epoch over 100,000 lines, through two pservers (its dense tables are
     split in blocks across them): test AUC within 0.03 of the Bayes AUC (ctr_dnn reaches 0.787 on

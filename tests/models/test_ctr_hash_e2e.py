@@ -58,6 +58,7 @@ async def _table_info(checkpoint: Path, servers: int) -> TableInfo:
             await s.aclose()
 
 
+@pytest.mark.slow
 def test_ctr_dnn_on_hash_tables_through_aps_local_2x2(tmp_path: Path, small_data: Path) -> None:
     one = ["--workers", "1"]
     fixed_epochs = train(tmp_path, small_data, "2x2", "hybrid", ARGS, epochs=1, save="fixed", trainer_extra=one)

@@ -56,6 +56,7 @@ async def _shrink(servers: list[str], table: str, threshold: float) -> tuple[int
         return before, await ps.shrink(table, decay=1.0, threshold=threshold)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", sorted(STRATEGIES))
 @pytest.mark.parametrize("name", sorted(MODELS))

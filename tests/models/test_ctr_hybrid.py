@@ -31,6 +31,7 @@ def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape,bound", [("1x2", None), ("2x2", 2)])
 def test_hybrid_through_aps_local(tmp_path: Path, small_data: Path, shape: str, bound: int | None) -> None:
     extra = [] if bound is None else ["--max-staleness", str(bound)]

@@ -184,6 +184,7 @@ def test_sgd_steps_equal_the_reference(name: str, mode: str, tmp_path: Path, pro
     assert_tables_equal(final, ref.p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(STRATEGIES))
 @pytest.mark.parametrize("bias_correction", ["row", "step"])
 @pytest.mark.parametrize("name", sorted(MODELS))

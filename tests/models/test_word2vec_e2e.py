@@ -92,6 +92,7 @@ def test_random_vectors_fail_the_planted_analogies(corpus: Path) -> None:
     assert score(np.random.default_rng(0).normal(size=(vocab, 16)), corpus) < 0.1
 
 
+@pytest.mark.slow
 async def test_trainer_api_geo_1_pserver_1_trainer_2_workers(corpus: Path, tmp_path: Path) -> None:
     server = await aps.serve(port=0, num_trainers=1, exit_when_done=False, checkpoint_root=str(tmp_path))
     try:
@@ -127,6 +128,7 @@ async def test_trainer_api_geo_1_pserver_1_trainer_2_workers(corpus: Path, tmp_p
     assert gensim_accuracy == pytest.approx(accuracy)
 
 
+@pytest.mark.slow
 async def test_trainer_api_async_uses_compute(corpus: Path) -> None:
     """Async mode takes the other path: rows pulled per batch, ``compute`` gradients pushed and
     applied by the pserver's SGD."""
@@ -143,6 +145,7 @@ async def test_trainer_api_async_uses_compute(corpus: Path) -> None:
     assert score(live, corpus) >= 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["geo", "sync", "async", "half_async", "hybrid"])
 def test_aps_local_2x2_default_setting_in_every_mode(corpus: Path, tmp_path: Path, mode: str) -> None:
     """The model's default (window-shared negatives, linear decay over the run) through real

@@ -22,6 +22,7 @@ async def _client(address: str, **kw) -> aps.PSClient:
     return await aps.connect([address], timeout=20, **kw)
 
 
+@pytest.mark.slow
 async def test_spinning_client_reads_what_a_sleeping_one_reads(processes) -> None:
     """Against a real aps-server process: one-id pulls, pushes and batched pulls interleaved,
     with every link spinning; rows equal a plain client's and the numpy model's."""
@@ -47,6 +48,7 @@ async def test_spinning_client_reads_what_a_sleeping_one_reads(processes) -> Non
         await spinning.aclose()
 
 
+@pytest.mark.slow
 async def test_a_spinning_caller_does_not_starve_other_tasks(processes) -> None:
     """A tight loop of spun pulls never awaits a pending future; the link still lets the event
     loop run at least every few milliseconds, so a ticker task keeps ticking."""
@@ -78,6 +80,7 @@ async def test_a_spinning_caller_does_not_starve_other_tasks(processes) -> None:
         await ps.aclose()
 
 
+@pytest.mark.slow
 async def test_a_pserver_killed_while_the_client_spins_fails_the_call(processes) -> None:
     (address,) = processes.start_servers(1, 1)
     ps = await _client(address, busy_poll=0.05, deadline=0.5, retries=0)

@@ -102,6 +102,7 @@ async def attack_and_measure(server: ServerProcess, token: str | None, seed: int
     return Outcome(total, readings, probe.checks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, "fuzz-token-5f1c"], ids=["no_token", "token"])
 def test_hostile_frames_do_not_crash_leak_or_starve(tmp_path: Path, token: str | None) -> None:
     seed = fuzz_seed()
@@ -191,6 +192,7 @@ async def open_with(port: int, first: bytes) -> list[tuple[int, wire.Message]]:
     return replies
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, "first-token-9d2e"], ids=["no_token", "token"])
 def test_a_first_frame_other_than_hello_is_refused_and_closes(tmp_path: Path, token: str | None) -> None:
     """Before the handshake any frame but a well-formed HELLO gets one error and the connection
@@ -292,6 +294,7 @@ async def held_wrong_auths_then_valid_client(server: ServerProcess, token: str, 
             writer.close()
 
 
+@pytest.mark.slow
 def test_wrong_token_guesses_do_not_lock_out_a_client_with_the_token(tmp_path: Path) -> None:
     """Throttling guesses must slow the guesser, not the clients that hold the token. When a
     right AUTH waited behind an address's failed ones, with 20 wrong AUTHs held open it waited

@@ -170,6 +170,7 @@ def saved_keys(path: Path) -> np.ndarray:
     return np.sort(keys)
 
 
+@pytest.mark.slow
 def test_base_and_delta_saves_hold_exactly_the_keys_their_rule_says(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     keys = random_keys(2000, seed=5)
@@ -217,6 +218,7 @@ def test_base_and_delta_saves_hold_exactly_the_keys_their_rule_says(tmp_path: Pa
     assert len(files) == LOGICAL_SHARDS and sum(len(np.load(f)["keys"]) for f in files) == 0
 
 
+@pytest.mark.slow
 async def test_save_modes_through_the_client(tmp_path: Path) -> None:
     keys = random_keys(400, seed=6)
     async with cluster(2, tmp_path) as (servers, ps):
@@ -240,6 +242,7 @@ async def test_save_modes_through_the_client(tmp_path: Path) -> None:
     np.testing.assert_array_equal(written, np.union1d(keys[:10], keys[shows * 6 * 0.1 < 1.5]))
 
 
+@pytest.mark.slow
 def test_a_torn_or_mixed_hash_checkpoint_is_refused(tmp_path: Path) -> None:
     keys = random_keys(800, seed=8)
     parts = [HashSparseStore(spec(admit_count=1)) for _ in range(2)]
@@ -277,6 +280,7 @@ def test_a_torn_or_mixed_hash_checkpoint_is_refused(tmp_path: Path) -> None:
         load_shards(listed, 0, 1)
 
 
+@pytest.mark.slow
 def test_a_load_refuses_more_keys_than_a_shard_may_hold(tmp_path: Path) -> None:
     keys = random_keys(400, seed=9)
     owners = SparseSharding(2, hashed=True).owners(keys)

@@ -59,6 +59,7 @@ def random_keys(n: int, seed: int = 0) -> np.ndarray:
     return keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 2])
 async def test_the_calls_of_the_issue_over_one_and_two_pservers(n: int, tmp_path) -> None:
     keys = random_keys(3000)
@@ -263,6 +264,7 @@ async def _ping_times(ps: aps.PSClient, stop: asyncio.Event) -> list[tuple[float
     return times
 
 
+@pytest.mark.slow
 async def test_shrink_growth_and_cap_eviction_never_hold_a_ping_for_50_ms() -> None:
     """2M keys pushed into a table that starts at 1024 slab rows (eleven doublings), a shrink
     deleting most of them, then a capped table flooded: the whole-table work runs off the event

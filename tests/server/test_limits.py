@@ -188,6 +188,7 @@ async def test_waiting_requests_count_and_a_frame_over_the_rest_is_refused() -> 
         await served(srv)
 
 
+@pytest.mark.slow
 async def test_server_budget_counts_what_arrives_and_bounds_memory() -> None:
     """50 connections each declare a body below the per-connection budget but together far above
     the server's. Declaring holds nothing (before, the declared bodies filled the budget and the

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import aps
 from aps.server.checkpoint import load_shards
@@ -24,6 +25,7 @@ async def eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.001)
 
 
+@pytest.mark.slow
 async def test_ping_and_pull_answered_while_a_big_table_is_created_and_saved(tmp_path: Path) -> None:
     srv = await aps.serve(checkpoint_root=str(tmp_path))
     try:
@@ -56,6 +58,7 @@ async def test_ping_and_pull_answered_while_a_big_table_is_created_and_saved(tmp
     np.testing.assert_array_equal(tables["big"].values[:3], before)
 
 
+@pytest.mark.slow
 async def test_pushes_held_by_a_save_all_apply_before_a_later_save(tmp_path: Path) -> None:
     spec = aps.SparseTable("t", rows=4, dim=1, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
     srv = await aps.serve(checkpoint_root=str(tmp_path))
@@ -81,6 +84,7 @@ async def test_pushes_held_by_a_save_all_apply_before_a_later_save(tmp_path: Pat
     assert first["t"].values[0, 0] == 0.0 and second["t"].values[0, 0] == 31.0
 
 
+@pytest.mark.slow
 async def test_load_runs_off_the_loop_and_replaces_tables(tmp_path: Path) -> None:
     srv = await aps.serve(checkpoint_root=str(tmp_path))
     try:

@@ -64,6 +64,7 @@ def test_token_file_is_read_once_without_its_trailing_newline(tmp_path: Path) ->
         read_token_file(str(tmp_path / "missing"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prog", ["aps-server", "aps-trainer", "aps-local"])
 def test_missing_or_empty_token_file_is_one_line_and_exit_2(tmp_path: Path, prog: str) -> None:
     rest = {"aps-server": ["--port", "0"], "aps-trainer": ["--pservers", "127.0.0.1:1", "--model", "ctr_dnn", "--data", "x"],
@@ -78,6 +79,7 @@ def test_missing_or_empty_token_file_is_one_line_and_exit_2(tmp_path: Path, prog
     assert one_error_line(run, prog) == f"{prog}: error: --token-file {empty}: the file is empty"
 
 
+@pytest.mark.slow
 async def test_server_token_file_and_token_flag_warning(processes: Processes, tmp_path: Path) -> None:
     """A pserver with --token-file serves the token's holders only and its command line does not
     hold the token; one with --token works too, and says that ps shows it."""
@@ -141,6 +143,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_aps_local_gives_the_token_file_to_children_by_environment_only(tmp_path: Path) -> None:
     (tmp_path / "spy.py").write_text(TRAINER_SPY)
     path = token_file(tmp_path)
@@ -188,6 +191,7 @@ async def _attempt(address: str, token: str) -> float:
     return time.monotonic() - began
 
 
+@pytest.mark.slow
 async def test_wrong_tokens_in_a_loop_are_slowed_while_a_valid_client_is_served_at_once() -> None:
     # the real backoff (0.05 s doubling to 1 s), its ceiling lowered to keep the test short
     srv = await aps.serve(port=0, token=SECRET, auth_fail_delay=0.05, auth_fail_max_delay=0.1)
@@ -218,6 +222,7 @@ async def test_wrong_tokens_in_a_loop_are_slowed_while_a_valid_client_is_served_
     assert len(valid) >= 5 and max(valid) < 0.5, valid  # the right token: never held up
 
 
+@pytest.mark.slow
 async def test_parallel_guesses_are_bounded_per_address_with_default_settings() -> None:
     """Opening connections in parallel does not buy guesses: with the defaults (2 held failures
     per address, delays 0.05, 0.1, 0.2, 0.4, 0.8, 1, 1 ... s) 8 parallel guesses take 2.5 s."""
@@ -316,6 +321,7 @@ async def test_throttle_sheds_wrong_auths_over_its_bounds_and_still_answers_righ
     assert throttle.pending("10.0.0.1") == 1 and throttle.shed_total == 3
 
 
+@pytest.mark.slow
 async def test_wrong_auths_over_the_bounds_are_closed_at_the_handshake_deadline() -> None:
     """Held-open guessing connections beyond what the throttle keeps are not answered early
     (that would tell the guesser sooner): the handshake deadline closes them; meanwhile a client
@@ -405,6 +411,7 @@ async def test_default_root_is_the_working_directory_at_start(tmp_path: Path, mo
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow
 def test_init_model_is_trusted_and_a_missing_root_is_refused(processes: Processes, tmp_path: Path) -> None:
     root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
     root.mkdir()
@@ -551,6 +558,7 @@ async def test_busy_poll_is_off_over_tls(certificate: tuple[str, str]) -> None:
         await srv.aclose()
 
 
+@pytest.mark.slow
 def test_tls_trainer_and_server_processes(processes: Processes, tmp_path: Path, certificate: tuple[str, str]) -> None:
     """Real processes, every option of this file together: aps-server with --token-file,
     --tls-cert/--tls-key and its cwd as checkpoint root; aps-trainer with --token-file and
@@ -578,6 +586,7 @@ def test_tls_trainer_and_server_processes(processes: Processes, tmp_path: Path, 
     assert record["event"] == "epoch" and record["saved"] == "model/epoch_0"
 
 
+@pytest.mark.slow
 def test_tls_options_misused_are_one_line_and_exit_2(tmp_path: Path, certificate: tuple[str, str]) -> None:
     cert, _ = certificate
     run = subprocess.run([sys.executable, str(BIN / "aps-server"), "--port", "0", "--tls-cert", cert],

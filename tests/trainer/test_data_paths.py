@@ -47,6 +47,7 @@ async def test_skip_bad_lines_counts_them(tmp_path: Path) -> None:
     assert epochs[-1]["bad_lines"] == 2  # one per epoch
 
 
+@pytest.mark.slow
 async def test_pipe_command_runs_a_data_generator(tmp_path: Path) -> None:
     raw = tmp_path / "raw.csv"
     raw.write_text("".join(f"{0.1 * (i % 5):.1f},{i % 20};{(i * 3) % 20}\n" for i in range(200)))

@@ -60,6 +60,7 @@ def dataset(tmp_path_factory) -> tuple[Path, np.ndarray, float]:
 CONVERGENCE = [("sync", 0.5, 6), ("half_async", 0.25, 6), ("async", 0.1, 8), ("geo", 0.25, 6)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,lr,epochs", CONVERGENCE, ids=[c[0] for c in CONVERGENCE])
 async def test_mode_reaches_known_optimum(dataset, mode: str, lr: float, epochs: int) -> None:
     data, w_true, b_true = dataset

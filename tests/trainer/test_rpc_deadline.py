@@ -35,6 +35,7 @@ def test_a_deadline_that_is_not_positive_is_refused(value: float) -> None:
         Strategy(rpc_deadline=value)
 
 
+@pytest.mark.slow
 def test_a_trainer_whose_pserver_dies_fails_after_the_deadline(processes: Processes, tmp_path: Path) -> None:
     """The only pserver is SIGKILLed mid-training and never comes back: the trainer keeps trying
     for --rpc-deadline seconds, then exits 1 with an error that names the deadline (no hang)."""

@@ -70,6 +70,7 @@ def start_holder() -> tuple[subprocess.Popen, str]:
     return proc, root
 
 
+@pytest.mark.slow
 def test_a_dead_owners_directory_is_removed_by_the_next_trainer_and_a_live_ones_is_not() -> None:
     """A trainer SIGKILLed before its workers attached leaves its directory; creating shared
     arrays anywhere on the machine removes it (its flock is free) but not a live trainer's."""
@@ -93,6 +94,7 @@ def test_a_dead_owners_directory_is_removed_by_the_next_trainer_and_a_live_ones_
     assert live_root in remove_orphans()  # dead now as well
 
 
+@pytest.mark.slow
 def test_a_sigkilled_trainer_leaves_nothing_in_dev_shm(processes: Processes, tmp_path: Path) -> None:
     """A real aps-trainer with 2 compute workers, SIGKILLed mid-training: no aps-<pid>-*
     directory of it is left (nor is there one while it trains: every process had mapped the
