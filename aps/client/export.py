@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from .. import wire
 from ..digests import file_sha256
 from ..errors import ConfigError
-from ..server.checkpoint import read_shard_manifest, shard_dir_name
 from ..serving.layout import FORMAT, FORMAT_VERSION, KINDS, export_dir_name, list_exports, now_fields, read_manifest, write_done
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
 
@@ -114,6 +113,8 @@ def _finish(
     directory: Path, num_shards: int, save_id: str, kind: str, version: int, base_version: int, previous: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Check every shard of the save, then write the export's manifest and done marker."""
+    from ..server.checkpoint import read_shard_manifest, shard_dir_name  # server code only when exporting
+
     files: dict[str, str] = {}
     tables: dict[str, dict[str, Any]] = {}
     for k in range(num_shards):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -99,3 +101,11 @@ async def test_a_delta_is_refused_when_another_save_reset_keys_since_the_last_ex
         assert [e.done for e in list_exports(tmp_path / "ex")] == [True, False]
         info = await ps.export("ex", kind="base")
         assert info.version == 3 and json.loads((Path(info.path) / "export.json").read_text())["kind"] == "base"
+
+
+def test_the_client_alone_does_not_import_the_server_for_exports() -> None:
+    """aps.client must stay light (aps/__init__.py): export.py takes the server's checkpoint
+    code only when an export runs."""
+    code = "import sys, aps.client; print(sorted(m for m in sys.modules if m.startswith('aps.server')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

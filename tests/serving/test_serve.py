@@ -132,3 +132,18 @@ async def test_every_write_is_refused_as_read_only(tmp_path: Path) -> None:
         assert not any(p.name.startswith("somewhere") for p in (tmp_path / "ex").iterdir())
         await client.ping()
         assert (await client.pull_sparse("emb", ids, with_version=True))[1] == 1
+
+
+async def test_a_token_is_asked_for_as_by_aps_server(tmp_path: Path) -> None:
+    async with trained(tmp_path) as ps:
+        await push(ps, [1])
+        await ps.export("ex", kind="base")
+    server = await serve_exports(tmp_path / "ex", token="s3cret")
+    try:
+        with pytest.raises(aps.TokenMissing):
+            async with aps.connect([server.address]) as client:
+                await client.ping()
+        async with aps.connect([server.address], token="s3cret") as client:
+            assert (await client.pull_sparse("emb", np.array([1], np.int64), with_version=True))[1] == 1
+    finally:
+        await server.aclose()
