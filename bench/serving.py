@@ -9,7 +9,8 @@ then, ``--deltas`` times: ``--delta-keys`` keys (half new, half updated) are pus
 exported, and this process pulls those keys from aps-serve every ``--probe`` seconds until the
 reply says the delta's version and its rows equal the pserver's. Freshness is the time from the
 delta's done marker (the DONE file's mtime) to that reply: the poll of aps-serve, reading and
-checking the delta, building the new version and swapping it in (median, p99, max).
+checking the delta, building the new version and swapping it in (median, p99, max). Meanwhile a process of its own
+pings aps-serve every 10 ms: how long building and swapping versions hold its event loop.
 
 Lookups: ``--concurrency`` coroutines pulling ``--batch`` random held keys at a time, for
 ``--seconds`` each, from the pserver and from aps-serve, alternated twice (A B A B, best of
@@ -36,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aps  # noqa: E402
 from aps.serving.layout import MARKER  # noqa: E402
-from bench.pservers import ServerProcess, markdown_table, write_results  # noqa: E402
+from bench.pservers import PingProbe, ServerProcess, markdown_table, percentiles_ms, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,6 +128,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             export_seconds = [time.monotonic() - started]
             await wait_served(client, keys[:10], base.version, None, args.probe)
             fresh, delta_keys = [], []
+            probe = PingProbe(serve_address, interval=0.01)  # from a process of its own
             for _ in range(args.deltas):
                 new = rng.integers(-(1 << 63), (1 << 63) - 1, args.delta_keys // 2, dtype=np.int64)
                 old = keys[rng.integers(0, len(keys), args.delta_keys - len(new))]
@@ -140,6 +142,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 fresh.append(served_at - done_at)
                 delta_keys.append(int(info.keys["emb"]))
                 keys = np.union1d(keys, new)
+            pings = [dt for _, dt in probe.stop()]
             rates: dict[str, dict[str, float]] = {}
             for batch in (args.batch, 1):
                 runs: dict[str, list[float]] = {"pserver": [], "aps-serve": []}
@@ -158,6 +161,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "export_s": {"median": float(np.median(export_seconds)), "max": float(max(export_seconds))},
         "delta_keys_exported_median": float(np.median(delta_keys)) if delta_keys else 0,
         "lookup_rows_per_s": rates, "concurrency": args.concurrency,
+        "ping_ms_while_following": percentiles_ms(pings, (50, 99, 99.9)),
         "loadavg_at_start": [round(x, 2) for x in load_start], "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -169,6 +173,9 @@ def report(r: dict[str, Any]) -> None:
          f"median {f.get('median', 0):.3f} s, p99 {f.get('p99', 0):.3f} s, max {f.get('max', 0):.3f} s", "<= 2 s median, <= 5 s p99"],
         ["export time (base and deltas; not in freshness)", f"median {r['export_s']['median']:.2f} s, max {r['export_s']['max']:.2f} s", ""],
     ]
+    p = r["ping_ms_while_following"]
+    rows.append(["aps-serve ping every 10 ms while it followed the deltas (builds and swaps)",
+                 f"p50 {p.get('p50', 0)} ms, p99 {p.get('p99', 0)} ms, max {p.get('max', 0)} ms ({p.get('n', 0)} pings)", ""])
     for batch, rates in r["lookup_rows_per_s"].items():
         ratio = rates["aps-serve"] / rates["pserver"]
         rows.append([f"lookups, {batch} keys per pull, {r['concurrency']} in flight",
