@@ -37,6 +37,7 @@ from .errors import ConfigError, RequestTimeout
 from .launcher_restart import Restarts
 from .launcher_roles import Role, child_options, describe_exit, free_ports, last_lines, program
 from .launcher_run import Quiet, Reporter, Supervisor
+from .records import last_epoch_record
 from .trainer.strategy import MODES
 
 
@@ -346,12 +347,10 @@ def _metrics_port_flag(port: int | None) -> list[str]:
 
 def last_epoch(role: Role, since: float) -> dict[str, Any] | None:
     """A trainer's last "epoch" record written since ``since`` (unix seconds), from its metrics
-    file; None for a pserver or a trainer without one. Read with aps-plot's lenient reader (a
-    trainer killed mid-write leaves a partial last line), imported here on use."""
+    file; None for a pserver or a trainer without one. Read leniently (a trainer killed mid-write
+    leaves a partial last line)."""
     if role.kind != "trainer" or role.metrics_path is None:
         return None
-    from .cli.plot import last_epoch_record
-
     return last_epoch_record(role.metrics_path, trainer=role.index, since=since)
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import aps
-from aps.cli.plot import curves, last_epoch_record, plot_metrics, read_metrics
+from aps.cli.plot import curves, plot_metrics
+from aps.records import last_epoch_record, read_metrics
 from aps.cluster import ClusterSpec
 from aps.trainer import Strategy, Trainer, TrainOptions
 from examples.linreg.model import make_data

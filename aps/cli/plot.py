@@ -1,8 +1,8 @@
 """aps-plot: training curves from the trainers' metrics files, as one PNG.
 
 Trainers append one JSON object per progress report and per epoch to
-``LOG_DIR/trainer.K.metrics.jsonl`` (aps/trainer/monitor.py). This module reads those files
-(strictly for plotting, leniently for aps-local's closing summary) and draws loss, AUC (when the
+``LOG_DIR/trainer.K.metrics.jsonl`` (aps/trainer/monitor.py, in the format of aps/records.py).
+This module reads those files strictly (aps.records.read_metrics) and draws loss, AUC (when the
 model predicts) and examples/s over time, one line per trainer.
 
 matplotlib is an optional extra (``aps[plot]``): it is imported inside :func:`plot_metrics` only,
@@ -14,23 +14,17 @@ figure registry to leak from a long-running caller such as the demo.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import ApsError, ConfigError, DataError
+from ..records import Record, read_metrics
 
-METRICS_GLOB = "trainer.*.metrics.jsonl"
-_FILE_NAME = re.compile(r"trainer\.(\d+)\.metrics\.jsonl")
 DEFAULT_SIZE = (1200, 900)  # pixels; three stacked panels stay readable at this size
 DEFAULT_DPI = 100
 NEEDS_MATPLOTLIB = "needs matplotlib: pip install 'aps[plot]'"
-
-Record = dict[str, Any]
 
 DESCRIPTION = f"""\
 Plot training curves from the JSON-lines metrics files trainers write
@@ -54,90 +48,6 @@ examples:
 
 class PlotUnavailable(ApsError):
     """matplotlib is not installed; plotting is an optional extra."""
-
-
-# ------------------------------------------------------------------------------------ reading
-
-
-def metrics_files(log_dir: Path) -> dict[int, Path]:
-    """trainer index -> its metrics file, for every ``trainer.K.metrics.jsonl`` in ``log_dir``."""
-    if not log_dir.is_dir():
-        raise ConfigError(f"{log_dir}: no such directory")
-    found = {}
-    for path in log_dir.glob(METRICS_GLOB):
-        match = _FILE_NAME.fullmatch(path.name)
-        if match:
-            found[int(match[1])] = path
-    if not found:
-        raise ConfigError(f"{log_dir}: no metrics files ({METRICS_GLOB}) in it")
-    return dict(sorted(found.items()))
-
-
-def _parse(line: str) -> Record:
-    """One metrics line -> its record; ValueError says what is wrong with it."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg})") from None
-    if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
-    if record.get("event") not in ("progress", "epoch"):
-        raise ValueError(f"no \"event\": \"progress\" or \"epoch\" (got {record.get('event')!r})")
-    if not _is_number(record.get("time")):
-        raise ValueError("no numeric \"time\"")
-    for key in ("loss", "auc", "batch_auc", "examples_per_s", "online_auc"):
-        if record.get(key) is not None and not _is_number(record[key]):
-            raise ValueError(f"{key!r} is not a number: {record[key]!r}")
-    return record
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def read_records(path: Path) -> list[Record]:
-    """Every record of a metrics file; the first malformed line is a DataError naming FILE:LINE
-    (a plot of half-understood data would mislead more than no plot). Blank lines are skipped."""
-    records = []
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read: {exc}", str(path)) from exc
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(_parse(line))
-        except ValueError as exc:
-            raise DataError(str(exc), str(path), number) from None
-    return records
-
-
-def last_epoch_record(path: Path, trainer: int | None = None, since: float | None = None) -> Record | None:
-    """The last "epoch" record in a metrics file, or None (no file, no such record).
-
-    Lenient, for summaries printed after a run: unparsable lines are skipped, because a trainer
-    killed mid-write leaves a partial last line, and that must not hide its earlier epochs.
-    ``trainer`` keeps only that trainer's records (several trainers may share one file when a user
-    passes them all the same --metrics); ``since`` (unix seconds) drops records of earlier runs
-    appended to the same file."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = _parse(line)
-        except ValueError:
-            continue
-        if record["event"] != "epoch":
-            continue
-        if trainer is not None and record.get("trainer", trainer) != trainer:
-            continue
-        if since is not None and record["time"] < since:
-            return None  # records are appended in time order: everything above is older still
-        return record
-    return None
 
 
 # ------------------------------------------------------------------------------------ plotting
@@ -182,18 +92,6 @@ def _points(records: list[Record], event: str, key: str, t0: float) -> Points:
             xs.append(r["time"] - t0)
             ys.append(float(r[key]))
     return xs, ys
-
-
-def read_metrics(log_dir: str | Path) -> dict[int, list[Record]]:
-    """trainer index -> its records, for every metrics file in ``log_dir`` that has any.
-
-    Raises ConfigError (no directory / no files / no records), DataError (a malformed line)."""
-    log_dir = Path(log_dir)
-    by_trainer = {k: read_records(path) for k, path in metrics_files(log_dir).items()}
-    by_trainer = {k: records for k, records in by_trainer.items() if records}
-    if not by_trainer:
-        raise ConfigError(f"{log_dir}: the metrics files are empty (did a trainer finish a progress period?)")
-    return by_trainer
 
 
 def curves(by_trainer: dict[int, list[Record]]) -> Curves:

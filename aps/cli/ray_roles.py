@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ApsError, ConfigError
 from ..launcher_roles import child_options, describe_exit, last_lines
+from ..records import last_epoch_record
 
 #: how a role's program is run: ``python -c`` keeps the working directory on sys.path, so a model
 #: named ``package.module:Class`` is found there as it is for ``python -m``
@@ -122,7 +123,5 @@ class RoleProcess:
 
     def last_epoch(self, metrics_path: str, trainer: int, since: float) -> dict[str, object] | None:
         """The trainer's last "epoch" record (for the summary), read on the node that has it."""
-        from .plot import last_epoch_record
-
         record = last_epoch_record(Path(self.workdir) / metrics_path, trainer=trainer, since=since)
         return None if record is None else dict(record)

@@ -4,7 +4,6 @@ plotted."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import deque
@@ -17,6 +16,7 @@ import numpy as np
 import structlog
 
 from ..metrics import merged_auc
+from ..records import append_record
 from .shared import STAT
 
 log = structlog.get_logger("aps.trainer")
@@ -200,8 +200,7 @@ class Monitor:
     def _write(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         if self.metrics_path is not None:
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_record(self.metrics_path, record)
         for sink in self.sinks:
             sink.write(record)
 
