@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from ..digests import bytes_sha256
 from ..errors import ConfigError
@@ -35,21 +34,6 @@ from ..server.hash_index import HashIndex
 from ..server.init_kernels import init_key_rows, table_seed
 from ..sharding import sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
-
-
-@njit(cache=True, nogil=True)
-def _gather(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
-    """``out[i] = values[rows[i]]`` for held rows; returns how many rows are -1 (unknown keys).
-    One compiled call: a one-key lookup's cost is mostly calls like this one."""
-    unknown = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        if r < 0:
-            unknown += 1
-            continue
-        for c in range(values.shape[1]):
-            out[i, c] = values[r, c]
-    return unknown
 
 
 class ServedHash:
@@ -71,9 +55,9 @@ class ServedHash:
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys``; an unknown key reads its initial row (as on a pserver)."""
-        rows = self.index.lookup(keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        if _gather(self.values, rows, out):
+        rows, unknown_count = self.index.gather(keys, self.values, out)  # the pserver's pull kernel
+        if unknown_count:
             unknown = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
         return out
