@@ -23,9 +23,21 @@ interaction, so a DNN has something to learn beyond the wide features. The categ
 parts are scaled to fixed spreads and the bias to a positive rate of about 17%, using a pilot sample,
 so the Bayes AUC is about 0.80 for every seed and both scales.
 
-Everything is a function of ``--seed`` and ``--scale`` only: rows come in fixed chunks of 65,536
-with their own random streams, so the same seed gives byte-identical files, and the model (and the
-test set) does not change with ``--train-lines`` or the number of files.
+Everything is a function of ``--seed``, ``--scale`` and ``--shape`` only: rows come in fixed chunks
+of 65,536 with their own random streams, so the same seed gives byte-identical files, and the model
+(and the test set) does not change with ``--train-lines`` or the number of files (``--shape drift``
+aside: its clock is the position in the training set, so the test set, drawn at the end of that
+clock, is the same for any number of files but not for any number of lines).
+
+``--shape`` (default ``default``, the data above, byte for byte) makes two harder data sets, so a
+setting tuned on one shape can be checked on others:
+  * ``longtail``: flatter power laws (a longer tail of rare values), rare values that carry more
+    of the signal, and slot x slot interaction terms in the true logit (a dot product of per-value
+    vectors for PAIRS pairs of slots, as factorisation machines model Criteo's crosses);
+  * ``drift``: the training files are in time order and the id distribution drifts over them:
+    a share of each big slot's draws, growing from 0 at the first line to DRIFT_NEW at the last
+    (and in the test set), takes new values instead of old ones (new ids appear, old ones fade),
+    and the dense part of the click model moves by DRIFT_DENSE of its spread.
 
     python examples/ctr_dnn/make_data.py --out data/ctr --scale small --train-lines 100000
 """
@@ -73,6 +85,14 @@ SLOT_MISSING = [0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.03
                 0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.76, 0.0, 0.034, 0.44, 0.44]
 FULL_CAP = 1_000_000     # --scale full: bigger Criteo slots are capped here (memory of the model)
 NOISE_SLOTS = 4          # slots whose values carry no signal at all
+SHAPES = ("default", "longtail", "drift")
+LONGTAIL_FLATTER = 0.15  # longtail: subtracted from every Zipf exponent (heavier tail)
+LONGTAIL_P0 = 0.005      # longtail: P0 of the weight spread (rarer values still carry signal)
+PAIRS, PAIR_DIM = 8, 4   # longtail: interacting slot pairs, size of the per-value vectors
+PAIR_SHARE = 0.6         # longtail: spread of the interaction part / spread of the per-value part
+DRIFT_MIN_CARD = 50      # drift: slots with at least this many values drift
+DRIFT_NEW = 0.6          # drift: share of such slots' draws that take new values at the end
+DRIFT_DENSE = 0.5        # drift: the dense weights move by this times their spread over the file
 
 
 @dataclass
@@ -91,6 +111,11 @@ class Model:
     bump: float                     # weight of a bump on I6 (non-linear)
     interaction: float              # weight of "I2 and I8 both above their medians" (non-linear)
     bias: float = 0.0
+    shape: str = "default"
+    pairs: list[tuple[int, int, np.ndarray, np.ndarray]] | None = None  # longtail: (slot a, slot b, vectors a, b)
+    pair_scale: float = 0.0         # longtail: weight of the interaction part
+    drift_slots: list[int] | None = None  # drift: slots whose values drift (their weights cover 2 x k ids)
+    dense_shift: np.ndarray | None = None  # drift: change of dense_linear from the first line to the last
 
 
 # ----------------------------------------------------------------------------- building the model
@@ -109,22 +134,26 @@ def zipf_probs(k: int, exponent: float) -> np.ndarray:
     return p / p.sum()
 
 
-def slot_weights(rng: np.random.Generator, probs: np.ndarray, spread: float) -> np.ndarray:
+def slot_weights(rng: np.random.Generator, probs: np.ndarray, spread: float, p0: float = P0) -> np.ndarray:
     """Weights whose spread shrinks with frequency: the head carries the learnable signal."""
-    return spread * probs / (probs + P0) * rng.standard_normal(probs.size)
+    return spread * probs / (probs + p0) * rng.standard_normal(probs.size)
 
 
-def build_model(seed: int, scale: str) -> Model:
-    """Draw the label model for (seed, scale), then scale it to fixed spreads and positive rate."""
+def build_model(seed: int, scale: str, shape: str = "default") -> Model:
+    """Draw the label model for (seed, scale, shape), then scale it to fixed spreads and positive
+    rate. The default shape's draws come first and unchanged; the other shapes' from own streams."""
     rng = np.random.default_rng([seed, 0])
     cdfs, weights = [], []
     spreads = rng.lognormal(0.0, 0.6, len(SLOT_CARD))
     spreads[rng.choice(len(SLOT_CARD), NOISE_SLOTS, replace=False)] = 0.0
     steeper = SMALL_STEEPER if scale == "small" else 0.0
+    if shape == "longtail":
+        steeper -= LONGTAIL_FLATTER
+    p0 = LONGTAIL_P0 if shape == "longtail" else P0
     for k, s, spread in zip(cardinalities(scale), SLOT_ZIPF, spreads):
         probs = zipf_probs(k, s + steeper)
         cdfs.append(np.cumsum(probs))
-        weights.append(slot_weights(rng, probs, spread))
+        weights.append(slot_weights(rng, probs, spread, p0))
     mu = np.log1p(DENSE_MEDIAN)
     sigma = (np.log1p(CONT_DIFF.astype(np.float64)) - mu) / 1.645
     model = Model(
@@ -135,9 +164,38 @@ def build_model(seed: int, scale: str) -> Model:
         dense_linear=rng.normal(0.0, 1.0, CONT_DIFF.size),
         dense_missing=rng.normal(0.0, 0.3, CONT_DIFF.size),
         bump=float(rng.choice([-1.0, 1.0])) * BUMP, interaction=float(rng.choice([-1.0, 1.0])) * INTERACTION,
+        shape=shape,
     )
+    if shape == "longtail":
+        add_pairs(model, np.random.default_rng([seed, 4]), p0)
+    elif shape == "drift":
+        add_drift(model, np.random.default_rng([seed, 5]), spreads)
     calibrate(model, np.random.default_rng([seed, 3]))
     return model
+
+
+def add_pairs(model: Model, rng: np.random.Generator, p0: float) -> None:
+    """PAIRS interacting pairs among the slots with at least 100 values: the logit gets the dot
+    product of a vector per value of each, whose spread shrinks with frequency as the weights'."""
+    big = [j for j, cdf in enumerate(model.cdfs) if cdf.size >= 100]
+    model.pairs = []
+    for _ in range(PAIRS):
+        a, b = (int(j) for j in rng.choice(big, 2, replace=False))
+        vectors = []
+        for j in (a, b):
+            probs = np.diff(model.cdfs[j], prepend=0.0)
+            vectors.append(np.sqrt(probs / (probs + p0))[:, None] * rng.standard_normal((probs.size, PAIR_DIM)))
+        model.pairs.append((a, b, vectors[0], vectors[1]))
+
+
+def add_drift(model: Model, rng: np.random.Generator, spreads: np.ndarray) -> None:
+    """New values for every slot with at least DRIFT_MIN_CARD values (ids k..2k-1, weights drawn
+    as the old ones'), and the dense weights' change over the file."""
+    model.drift_slots = [j for j, cdf in enumerate(model.cdfs) if cdf.size >= DRIFT_MIN_CARD]
+    for j in model.drift_slots:
+        probs = np.diff(model.cdfs[j], prepend=0.0)
+        model.weights[j] = np.concatenate([model.weights[j], slot_weights(rng, probs, spreads[j])])
+    model.dense_shift = DRIFT_DENSE * rng.standard_normal(CONT_DIFF.size)
 
 
 def calibrate(model: Model, rng: np.random.Generator) -> None:
@@ -147,10 +205,17 @@ def calibrate(model: Model, rng: np.random.Generator) -> None:
     """
     cats, dense = sample_features(model, rng, PILOT_ROWS)
     cat_part, dense_part = categorical_logit(model, cats), dense_logit(model, dense)
+    if model.pairs:
+        pair_part = pair_logit(model.pairs, cats)
+        model.pair_scale = PAIR_SHARE * cat_part.std() / max(pair_part.std(), 1e-12)
+        cat_part = cat_part + model.pair_scale * pair_part
     a, b = CAT_STD / max(cat_part.std(), 1e-12), DENSE_STD / max(dense_part.std(), 1e-12)
     model.weights = [w * a for w in model.weights]
     model.missing_weight = model.missing_weight * a
+    model.pair_scale *= a
     model.dense_linear, model.dense_missing = model.dense_linear * b, model.dense_missing * b
+    if model.dense_shift is not None:
+        model.dense_shift = model.dense_shift * b
     model.bump, model.interaction = model.bump * b, model.interaction * b
     model.bias = fit_bias(a * cat_part + b * dense_part, TARGET_RATE)
 
@@ -170,8 +235,12 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def sample_features(model: Model, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """n rows: value ranks per slot (-1 = missing) and dense counts (a masked int64 array)."""
+def sample_features(model: Model, rng: np.random.Generator, n: int, clock: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """n rows: value ids per slot (-1 = missing) and dense counts (a masked int64 array).
+
+    An id is the value's rank, or rank + k for a drifted slot's new values (``--shape drift``: a
+    row at ``clock`` t in [0, 1] takes a new value with probability DRIFT_NEW * t)."""
     cats = np.empty((n, len(model.cdfs)), dtype=np.int64)
     for j, cdf in enumerate(model.cdfs):
         ranks = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cdf.size - 1)
@@ -183,6 +252,10 @@ def sample_features(model: Model, rng: np.random.Generator, n: int) -> tuple[np.
     negative = rng.random(n) < I2_NEGATIVE
     counts[negative, 1] = -rng.choice(3, int(negative.sum()), p=[0.8, 0.15, 0.05]) - 1
     missing = rng.random((n, CONT_DIFF.size)) < DENSE_MISSING
+    if model.drift_slots and clock is not None:
+        for j in model.drift_slots:
+            new = (rng.random(n) < DRIFT_NEW * clock) & (cats[:, j] >= 0)
+            cats[new, j] += model.cdfs[j].size
     return cats, np.ma.masked_array(counts, mask=missing)
 
 
@@ -195,7 +268,17 @@ def categorical_logit(model: Model, cats: np.ndarray) -> np.ndarray:
     return total
 
 
-def dense_logit(model: Model, dense: np.ma.MaskedArray) -> np.ndarray:
+def pair_logit(pairs: list[tuple[int, int, np.ndarray, np.ndarray]], cats: np.ndarray) -> np.ndarray:
+    """Sum over the pairs of the dot product of both values' vectors (0 when either is missing)."""
+    total = np.zeros(cats.shape[0])
+    for a, b, va, vb in pairs:
+        ra, rb = cats[:, a], cats[:, b]
+        both = (ra >= 0) & (rb >= 0)
+        total += np.where(both, np.einsum("ij,ij->i", va[np.maximum(ra, 0)], vb[np.maximum(rb, 0)]), 0.0)
+    return total
+
+
+def dense_logit(model: Model, dense: np.ma.MaskedArray, clock: np.ndarray | None = None) -> np.ndarray:
     """Linear part on the clipped normalised values, plus a bump on I6 and an I2 x I8 interaction.
 
     The interaction is a soft AND of "I2 above its median" and "I8 above its median": it lives in
@@ -205,16 +288,21 @@ def dense_logit(model: Model, dense: np.ma.MaskedArray) -> np.ndarray:
     v = np.clip((dense.data - CONT_MIN) / CONT_DIFF, 0.0, 1.5)
     v[dense.mask] = 0.0
     linear = v @ model.dense_linear + dense.mask.astype(np.float64) @ model.dense_missing
+    if model.dense_shift is not None and clock is not None:
+        linear += clock * (v @ model.dense_shift)
     bump = model.bump * np.exp(-0.5 * ((v[:, 5] - 0.12) / 0.06) ** 2)
     interaction = model.interaction * sigmoid((v[:, 1] - 0.04) / 0.012) * sigmoid((v[:, 7] - 0.1) / 0.03)
     return linear + bump + interaction
 
 
-def sample_chunk(model: Model, rng: np.random.Generator, n: int
+def sample_chunk(model: Model, rng: np.random.Generator, n: int, clock: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ma.MaskedArray]:
-    """n labelled rows: (labels, true probabilities, value ranks, dense counts)."""
-    cats, dense = sample_features(model, rng, n)
-    prob = sigmoid(model.bias + categorical_logit(model, cats) + dense_logit(model, dense))
+    """n labelled rows at ``clock`` (drift only): (labels, true probabilities, value ids, dense counts)."""
+    cats, dense = sample_features(model, rng, n, clock)
+    logit = model.bias + categorical_logit(model, cats) + dense_logit(model, dense, clock)
+    if model.pairs:
+        logit += model.pair_scale * pair_logit(model.pairs, cats)
+    prob = sigmoid(logit)
     labels = (rng.random(n) < prob).astype(np.int8)
     return labels, prob, cats, dense
 
@@ -278,7 +366,8 @@ def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: 
     ``progress(n)`` is called after each block of n rows is written.
 
     Rows come in CHUNK-sized blocks, each from stream (seed, split_id, block), and are dealt to the
-    files in order, so the bytes do not depend on how many files there are.
+    files in order, so the bytes do not depend on how many files there are. The drift clock runs
+    from 0 to 1 over the training lines and stays at 1 for the test lines.
     """
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("part-*"):
@@ -290,7 +379,10 @@ def write_split(model: Model, seed: int, split_id: int, directory: Path, lines: 
     try:
         for block, start in enumerate(range(0, lines, CHUNK)):
             n = min(CHUNK, lines - start)
-            labels, prob, cats, dense = sample_chunk(model, np.random.default_rng([seed, split_id, block]), n)
+            clock = None
+            if model.shape == "drift":
+                clock = (start + np.arange(n)) / lines if split_id == 1 else np.ones(n)
+            labels, prob, cats, dense = sample_chunk(model, np.random.default_rng([seed, split_id, block]), n, clock)
             all_labels[start:start + n], all_probs[start:start + n] = labels, prob
             deal(format_rows(model, labels, cats, dense), start, bounds, handles)
             if progress is not None:
@@ -311,10 +403,10 @@ def deal(rows: list[bytes], start: int, bounds: list[int], handles: list) -> Non
 
 
 def generate(out: Path, *, train_lines: int, test_lines: int, train_files: int, test_files: int,
-             seed: int, scale: str, log=print) -> dict:
+             seed: int, scale: str, shape: str = "default", log=print) -> dict:
     """Write the data set and meta.json under ``out``; returns the meta dict."""
     t0 = time.perf_counter()
-    model = build_model(seed, scale)
+    model = build_model(seed, scale, shape)
     t_model = time.perf_counter() - t0
     # a bar only on a terminal: tests and logs capture stderr and must stay clean
     with tqdm(total=train_lines + test_lines, unit=" lines", unit_scale=True, desc="writing",
@@ -323,7 +415,7 @@ def generate(out: Path, *, train_lines: int, test_lines: int, train_files: int, 
         y_te, p_te, files_te = write_split(model, seed, 2, out / "test_data", test_lines, test_files, bar.update)
     elapsed = time.perf_counter() - t0
     meta = {
-        "generator": GENERATOR, "seed": seed, "scale": scale,
+        "generator": GENERATOR, "seed": seed, "scale": scale, **({} if shape == "default" else {"shape": shape}),
         "train_lines": train_lines, "test_lines": test_lines,
         "train_files": files_tr, "test_files": files_te,
         "positive_rate_train": float(y_tr.mean()), "positive_rate_test": float(y_te.mean()),
@@ -331,7 +423,7 @@ def generate(out: Path, *, train_lines: int, test_lines: int, train_files: int, 
         "bayes_auc_train": nan_to_none(auc(p_tr, y_tr)), "bayes_logloss_train": logloss(p_tr, y_tr),
         "dense": int(CONT_DIFF.size), "slots": len(SLOT_CARD), "buckets": 1000001,
         "cont_min": CONT_MIN.tolist(), "cont_diff": CONT_DIFF.tolist(),
-        "slot_cardinality": [int(c.size) for c in model.cdfs],
+        "slot_cardinality": [int(w.size) for w in model.weights],
         "seconds": round(elapsed, 2), "seconds_model": round(t_model, 2),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -350,7 +442,7 @@ def summary(out: Path, meta: dict) -> str:
         f"wrote {out}/train_data: {meta['train_lines']:,} lines in {len(meta['train_files'])} files, "
         f"{out}/test_data: {meta['test_lines']:,} lines in {len(meta['test_files'])} files "
         f"({meta['seconds']:.1f} s, {rate:,.0f} lines/s)",
-        f"scale {meta['scale']}, seed {meta['seed']}; slot cardinalities {min(meta['slot_cardinality'])}"
+        f"scale {meta['scale']}{', shape ' + meta['shape'] if 'shape' in meta else ''}, seed {meta['seed']}; slot cardinalities {min(meta['slot_cardinality'])}"
         f"..{max(meta['slot_cardinality']):,}",
         f"positive rate: train {meta['positive_rate_train']:.4f}, test {meta['positive_rate_test']:.4f}",
         f"Bayes-optimal on test (true probabilities): AUC {auc_text}, logloss {meta['bayes_logloss_test']:.4f}",
@@ -383,6 +475,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", choices=["full", "small"], default="full",
                         help="full: Criteo-like slot sizes (3 to 10^6 values); small: at most "
                              f"{SMALL_CAP} values per slot, learnable from ~50k lines (default: %(default)s)")
+    parser.add_argument("--shape", choices=SHAPES, default="default",
+                        help="longtail: a longer tail of rare values and slot x slot interactions; drift: the "
+                             "id distribution and the click model drift over the training files' order "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error("--seed must be >= 0")
@@ -399,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         generate(args.out, train_lines=args.train_lines, test_lines=args.test_lines, train_files=args.train_files,
-                 test_files=args.test_files, seed=args.seed, scale=args.scale)
+                 test_files=args.test_files, seed=args.seed, scale=args.scale, shape=args.shape)
     except OSError as exc:
         print(f"make_data.py: error: cannot write under {args.out}: {exc}", file=sys.stderr)
         return 1
