@@ -28,7 +28,7 @@ from aps.cli.trainer import make_trainer
 from aps.cluster import ClusterSpec
 from aps.metrics import Auc, auc_state_shape, merged_auc
 from aps.server.stats import OpStats
-from aps.telemetry import TrainerCollector, TrainerProbe, trainer_registry
+from aps.trainer.collector import TrainerCollector, TrainerProbe, trainer_registry
 from aps.trainer import Strategy, Trainer, TrainOptions
 from aps.trainer.shared import STAT, STAT_FIELDS
 from tests.conftest import BIN, ROOT, wait_port_file

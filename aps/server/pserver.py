@@ -17,13 +17,14 @@ import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..telemetry import MetricsEndpoint, server_registry
+from ..telemetry import MetricsEndpoint
 from ..tls import server_context
 from .admission import Admission
 from .config import ServerConfig
 from .connection import ServerConnection, check_limits
 from .context import ConnectionContext
 from .autosave import AutoCheckpoints
+from .collector import server_registry
 from .core import ServerCore
 from .stats import PortStats
 from .throttle import AuthThrottle

@@ -35,7 +35,8 @@ from ..client.roots import check_checkpoint_path
 from ..cluster import ClusterSpec
 from ..errors import ApsError, ConfigError
 from ..metrics import merged_auc
-from ..telemetry import MetricsEndpoint, TrainerProbe, trainer_registry
+from ..telemetry import MetricsEndpoint
+from .collector import TrainerProbe, trainer_registry
 from .communicator import Communicator
 from .ipc import Kind, Record
 from .model import Batch, Model

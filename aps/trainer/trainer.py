@@ -21,8 +21,9 @@ from ..client.probe import wait_listening
 from ..client.roots import check_checkpoint_path
 from ..cluster import ClusterSpec
 from ..errors import ConfigError
-from ..telemetry import MetricsEndpoint, TrainerProbe, check_metrics_options, trainer_registry
+from ..telemetry import MetricsEndpoint, check_metrics_options
 from ..validate import seconds
+from .collector import TrainerProbe, trainer_registry
 from .communicator import Communicator
 from .files import assign_to_workers, expand_inputs, split_files
 from .ipc import Record
