@@ -219,11 +219,16 @@ class _ExportFiles:
             raise ConfigError(f"export {self.directory}: cannot parse {relative}: {exc}") from exc
 
     def hash_parts(self, name: str, spec: HashTable) -> Any:
-        """(keys, values) of every logical shard file of hash table ``name``."""
+        """(keys, values) of every logical shard file of hash table ``name`` that holds keys (a
+        delta of a few keys leaves most of the 1024 files empty: those are not read)."""
         for shard, manifest in self.shards:
-            for file in manifest["tables"][name]["files"].values():
+            entry = manifest["tables"][name]
+            for logical, file in entry["files"].items():
+                count = int(entry["keys"][logical])
+                if count == 0:
+                    continue
                 keys, values = self._array(f"{shard}/{file}", ("keys", "values"))
-                if keys.dtype != np.int64 or values.dtype != np.float32 or values.shape != (keys.shape[0], spec.dim):
+                if keys.dtype != np.int64 or values.dtype != np.float32 or values.shape != (count, spec.dim):
                     raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
                 yield keys, values
 
