@@ -5,28 +5,28 @@ per request; a Python dict costs ~100 bytes and a bytecode round trip per key. H
 16 bytes, and every bulk operation is one compiled loop.
 
 Layout. A slot array is int64[slots, 2]: (key, state) side by side, so a probe that finds its key
-reads one cache line, not two. ``state == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a slot holding slab
-row ``r``. The state is never in the key, so every int64 bit pattern (0, -1, the extremes) is a
-valid key; and empty is 0 so a fresh slot array is ``np.zeros``, which the OS maps lazily:
-creating a large table touches no memory. The probe starts at splitmix64(key) masked to
-the power-of-two slot count and goes on linearly; a delete leaves a tombstone so later keys of
-the same run stay reachable. Slab rows come from a free list (rows deleted) and then from a
-high-water mark (rows never used), so the slab itself never moves when keys come and go.
+reads one cache line, not two. ``state == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a
+slot holding slab row ``r``. The state is never in the key, so every int64 bit pattern (0, -1,
+the extremes) is a valid key; and empty is 0 so a fresh slot array is ``np.zeros``, which the OS
+maps lazily: creating a large table touches no memory. The probe starts at splitmix64(key)
+masked to the power-of-two slot count and goes on linearly; a delete shifts the rest of its run
+back over the hole (Knuth's algorithm R), so the current slot array never holds a tombstone and
+a table kept full by evictions (a ``max_keys`` cap) never resizes to drop them; only an old
+array being drained (below) marks deletes with tombstones, as its probes must cross them. Slab
+rows come from a free list (rows deleted) and then from a high-water mark (rows never used), so
+the slab itself never moves when keys come and go.
 
-Resizing in pieces. When slots in use (keys + tombstones) pass 70% of the slots, a new slot
-array is made (sized for 2x the live keys, so tombstone-heavy tables shrink back) and the old one is
-drained into it *incrementally*, as Redis does: every key lives in exactly one of the two, a
-lookup tries the new one then the old, an insert goes to the new one, and each call moves
-``RESIZE_PACE`` old slots per key it inserts, which ends the drain long before the new array
-fills. A caller that wants the drain done sooner or at a quiet time calls :meth:`rehash_step`
-with a slot budget (each call is O(budget), e.g. 1 M slots in a few ms) between requests, or
-runs it in an executor thread (the kernels release the GIL) while no other call uses the index:
-the index has one writer at a time, like every table on a pserver. The old array is drained in
-slot order; a probe of it skips the slots below the drain's cursor (as if tombstones:
-:func:`_find`), so the pages behind the cursor go back to the OS as the drain passes them
-(:mod:`.pages`): a resize never holds two whole slot arrays, which a table kept at its
-``max_keys`` cap (tombstones force a resize now and then) would otherwise pay in resident
-memory each time.
+Resizing in pieces. When keys pass 70% of the slots, a new slot array is made (sized for 2x the
+live keys) and the old one is drained into it *incrementally*, as Redis does: every key lives
+in exactly one of the two, a lookup tries the new one then the old, an insert goes to the new
+one, and each call moves ``RESIZE_PACE`` old slots per key it inserts, which ends the drain long
+before the new array fills. A caller that wants the drain done sooner or at a quiet time calls
+:meth:`rehash_step` with a slot budget (each call is O(budget), e.g. 1 M slots in a few ms)
+between requests, or runs it in an executor thread (the kernels release the GIL) while no other
+call uses the index: the index has one writer at a time, like every table on a pserver. The old
+array is drained in slot order; a probe of it skips the slots below the drain's cursor (as if
+tombstones: :func:`_find`), so the pages behind the cursor go back to the OS as the drain passes
+them (:mod:`.pages`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .prefetch import LINE, prefetch
 
 _EMPTY = 0
 _TOMB = -1
-#: keys + tombstones may fill at most this share of the slots before a resize starts
+#: keys may fill at most this share of the slots before a resize starts
 MAX_LOAD = 0.7
 #: old slots moved per inserted key while a resize drains (>= 4 ends the drain in time)
 RESIZE_PACE = 8
@@ -58,7 +58,7 @@ _ROWS_AHEAD = 8
 
 # meta: counters the kernels update in place
 _LIVE = 0  # keys held (both slot arrays)
-_USED = 1  # keys + tombstones in the new slot array
+_USED = 1  # slots in use in the new slot array (its keys)
 _NFREE = 2  # rows on the free list
 _HIGH = 3  # rows [high, capacity) were never used
 _OLD_LIVE = 4  # keys still in the old slot array
@@ -186,6 +186,28 @@ def _insert(t, old, free, meta, max_used, keys, start, out):
     return keys.shape[0]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _remove(t, i):
+    """Empty slot ``i`` of the current slot array, which holds no tombstones: the rest of its
+    run moves back over the hole where a key's probe start allows (Knuth's algorithm R), so
+    every key stays reachable and the run only ever shrinks."""
+    mask = t.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if t[j, _ROW] == _EMPTY:
+            break
+        home = _start(t[j, _KEY], mask)
+        # the key at j may fill the hole at i unless its home lies cyclically in (i, j]
+        stays = (i < home <= j) if i <= j else (home > i or home <= j)
+        if not stays:
+            t[i, _KEY] = t[j, _KEY]
+            t[i, _ROW] = t[j, _ROW]
+            i = j
+    t[i, _KEY] = 0
+    t[i, _ROW] = _EMPTY
+
+
 @njit(cache=True, nogil=True)
 def _delete(t, old, free, meta, keys, out):
     for i in range(keys.shape[0]):
@@ -193,7 +215,8 @@ def _delete(t, old, free, meta, keys, out):
         s = _find(t, key, 0)
         if s >= 0:
             row = t[s, _ROW] - 1
-            t[s, _ROW] = _TOMB
+            _remove(t, s)
+            meta[_USED] -= 1
         else:
             s = _find(old, key, meta[_CURSOR])
             if s < 0:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
 from aps.errors import ErrorCode, ServerError
 from aps.specs import HashTable
+from aps.server.hash_index import index_nbytes
 from aps.server.hash_table import HashSparseStore, show_click_score
 from aps.server.init_kernels import init_sparse_rows, table_seed
 from aps.server.tables import SparseShard
@@ -189,18 +192,26 @@ def test_score_is_paddles():
     np.testing.assert_allclose(show_click_score(np.array([10.0, 3.0]), np.array([2.0, 3.0])), [2.8, 3.0])
 
 
+def flood(store: HashSparseStore, rng: np.random.Generator, pushes: int, per: int) -> Iterator[int]:
+    """Push ``per`` random new keys ``pushes`` times, evicting ahead as a server's upkeep does;
+    yields each push's number once it is done."""
+    for i in range(pushes):
+        keys = rng.integers(I64_MIN, I64_MAX, per, dtype=np.int64)
+        store.push_grad(keys, np.ones((per, store.spec.dim), np.float32))
+        due = store.eviction_due
+        if due:
+            store.delete_keys(store.evict_plan(due))
+        yield i
+
+
 def test_a_cap_evicting_keys_of_equal_score_spreads_its_tombstones_over_the_slots():
     """Keys of one score (each pushed once) are evicted at random, not in slot order: evicting
     the lowest slots first piled their tombstones into one run without an empty slot, which every
     probe that entered it walked to its end (a 10k-key push took a second after 30 pushes)."""
     store = HashSparseStore(HashTable("capped", dim=2, max_keys=20_000))
     rng = np.random.default_rng(5)
-    for _ in range(40):
-        keys = rng.integers(I64_MIN, I64_MAX, 2_000, dtype=np.int64)
-        store.push_grad(keys, np.ones((2_000, 2), np.float32))
-        due = store.eviction_due
-        if due:
-            store.delete_keys(store.evict_plan(due))
+    for _ in flood(store, rng, 40, 2_000):
+        pass
     assert len(store) <= 20_000 and store.evicted >= 50_000
     slots = store.index._t[:, 1]
     runs = np.diff(np.flatnonzero(np.concatenate([[True], slots == 0, [True]])))
@@ -234,3 +245,21 @@ def test_evict_plan_takes_the_lowest_scores_with_ties_at_random_and_never_a_prot
     other = store.evict_plan(1_500, protected)  # another eviction count: other ties
     assert set(other.tolist()) - set(plan.tolist())
     assert len(store.evict_plan(10**9)) == len(store)
+
+
+def test_a_capped_store_under_a_flood_never_resizes_its_index_once_full():
+    """Deletes leave no tombstones in the current slot array, so a table held at its cap by
+    evictions keeps one slot array of the size its keys need: before, evictions piled up
+    tombstones until a resize, which held the old and the new slot array at once (+32 MiB at
+    1 M keys, beyond the cap's bytes)."""
+    cap = 20_000
+    store = HashSparseStore(HashTable("capped", dim=2, max_keys=cap))
+    rng = np.random.default_rng(9)
+    sizes = set()
+    for i in flood(store, rng, 60, 2_000):
+        if i >= 15:  # full since the tenth push
+            assert not store.index.resizing
+            sizes.add(store.index.slots)
+    assert store.evicted >= 90_000 and len(store) <= cap
+    assert len(sizes) == 1  # one slot array all along
+    assert store.index.nbytes <= index_nbytes(cap) + 64
