@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""CTR-DNN: aps against PyTorch on the CPU, same network, data, batches and optimizer.
+"""CTR-DNN (or wide&deep): aps against PyTorch on the CPU, same network, data, batches and optimizer.
 
 * data: ``examples/ctr_dnn/make_data.py`` (synthetic Criteo lines from a known model, so the
-  Bayes-optimal test AUC is known), generated once per run into a temporary directory;
-* aps: ``aps-local 1x1 --mode async -- --model ctr_dnn --workers 2`` (1 pserver + 1 trainer with
-  2 compute workers), run through its API ``aps.LocalCluster`` in this process, one epoch, then ``examples/ctr_dnn/infer.py`` on the test files;
+  Bayes-optimal test AUC is known; ``--shape`` default, longtail or drift), generated once per run
+  into a temporary directory; or, with ``--adult DIR``, the Adult census set that
+  ``examples/wide_deep/prepare_adult.py`` wrote there (its meta.json gives the columns);
+* aps: ``aps-local 1x1 -- --model ctr_dnn --workers 2`` (1 pserver + 1 trainer with 2 compute
+  workers) in the CTR models' default mode, hybrid (``--mode`` names another), run through its
+  API ``aps.LocalCluster`` in this process, ``--epochs`` epochs (default 1), then
+  ``examples/<model>/infer.py`` on the test files;
 * PyTorch: the same network in ``torch.nn`` with ``torch.set_num_threads(2)``, trained in its
   own process on the arrays aps's own parser (``aps.models.criteo.CriteoFormat``) makes from the
-  same files, cut into the same batches (1 MiB chunks, batches of 1000 lines within a chunk, as
-  aps's workers do), files in the same sorted order, one epoch; then the test files.
+  same files, cut into the same batches (1 MiB chunks, batches of ``--batch-size`` lines within a
+  chunk, as aps's workers do), files in the same sorted order, the same epochs; then the test files.
 
 The network (aps/models/ctr_dnn/model.py): one 1,000,001 x 10 embedding, Uniform(-1, 1) init,
 looked up for each of the 26 slots; the 260 values concatenated with the 13 dense features ->
@@ -18,6 +22,12 @@ aps updates the embedding with lazy Adam (only the batch's rows, each with its o
 PyTorch gets ``nn.Embedding(sparse=True)`` + ``torch.optim.SparseAdam`` for it (also lazy: only
 the batch's rows, but bias correction uses one step count for the whole table) and
 ``torch.optim.Adam`` for the FC layers.
+
+``--model wide_deep`` (aps/models/wide_deep/model.py): a dim-1 weight per slot value summed over
+the slots plus a linear term on the dense features and a bias (all zero at start), plus a deep
+part: a dim-8 embedding, Uniform(-0.1, 0.1), concatenated with the dense features -> FC 400 ReLU
+x 3 -> FC 1; logit = wide + deep, sigmoid cross-entropy, mean over the batch; PyTorch's has the
+same shape, SparseAdam on both embeddings and Adam on the rest.
 
 What is timed:
 
@@ -39,7 +49,8 @@ a run it disturbed is marked (!).
 PyTorch is a bench-only dependency, not in pyproject: ``.venv/bin/pip install torch==2.13.0``.
 
     .venv/bin/python bench/ctr_vs_torch.py [--train-lines 1000000] [--test-lines 100000]
-        [--scale full] [--repeats 1] [--aps-extra "--max-merge-var-num 8 --send-queue-size 8"]
+        [--scale full] [--shape default] [--mode hybrid] [--repeats 1] [--aps-extra "--no-prefetch"]
+    .venv/bin/python bench/ctr_vs_torch.py --model wide_deep --adult data/adult --epochs 5 --batch-size 256
 """
 
 from __future__ import annotations
@@ -67,6 +78,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import aps  # noqa: E402
+from aps.trainer.strategy import MODES  # noqa: E402
 
 TORCH_VERSION = "2.13.0"
 INSTALL_HINT = (
@@ -74,7 +86,9 @@ INSTALL_HINT = (
     f".venv/bin/pip install torch=={TORCH_VERSION}"
 )
 CHUNK_BYTES = 1 << 20  # aps-trainer's default --chunk-bytes: batches never cross a chunk
-BATCH = 1000  # ctr_dnn's default batch_size
+BATCH = 1000  # the CTR models' default batch_size
+DEFAULT_INIT_RANGE = {"ctr_dnn": 1.0, "wide_deep": 0.1}  # the models' embedding init half-widths
+FIRST_FC = {"ctr_dnn": "fc1.w", "wide_deep": "deep1.w"}  # a dense table: its step is the pserver's updates
 BUSY_LOAD = 1.0  # 1-minute load average above this before starting: warn
 NOISY_OTHER_CPU = 0.2  # other processes used more than this many cores during a run: mark it
 
@@ -142,6 +156,24 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- setup
+
+
+def setup(args: argparse.Namespace) -> dict:
+    """What both systems must agree on: model, columns (meta.json), batch size, epochs, init."""
+    meta = str(Path(args.adult).resolve() / "meta.json") if args.adult else None
+    init_range = args.init_range if args.init_range is not None else DEFAULT_INIT_RANGE[args.model]
+    model_args = [f"batch_size={args.batch_size}", f"init_range={init_range}", *([f"meta={meta}"] if meta else [])]
+    return {"model": args.model, "meta": meta, "batch": args.batch_size, "epochs": args.epochs,
+            "init_range": init_range, "model_args": model_args}
+
+
+def criteo_format(meta: str | None) -> Any:
+    from aps.models.criteo import CriteoFormat
+
+    return CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
+
+
 # ----------------------------------------------------------------------------- data
 
 
@@ -151,8 +183,8 @@ def make_data(out: Path, args: argparse.Namespace) -> dict:
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         have = (meta.get("train_lines"), meta.get("test_lines"), meta.get("scale"), meta.get("seed"),
-                len(meta.get("train_files", [])))
-        same = have == (args.train_lines, args.test_lines, args.scale, args.seed, args.train_files)
+                len(meta.get("train_files", [])), meta.get("shape", "default"))
+        same = have == (args.train_lines, args.test_lines, args.scale, args.seed, args.train_files, args.shape)
         if same:
             print(f"reusing the data in {out}", file=sys.stderr)
             return meta
@@ -160,6 +192,7 @@ def make_data(out: Path, args: argparse.Namespace) -> dict:
         sys.executable, str(ROOT / "examples" / "ctr_dnn" / "make_data.py"), "--out", str(out),
         "--train-lines", str(args.train_lines), "--test-lines", str(args.test_lines),
         "--train-files", str(args.train_files), "--scale", args.scale, "--seed", str(args.seed),
+        "--shape", args.shape,
     ]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     return json.loads(meta_path.read_text())
@@ -171,22 +204,22 @@ def data_files(directory: Path) -> list[str]:
     return expand_inputs([str(directory)])  # the trainer's order: sorted
 
 
-def parse_batches(files: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def parse_batches(files: list[str], meta: str | None = None, batch: int = BATCH
+                  ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(ids, dense, labels) per batch, cut exactly as aps's workers cut them: each file read in
-    CHUNK_BYTES line-aligned chunks, each chunk parsed by CriteoFormat and split into BATCH lines."""
-    from aps.models.criteo import CriteoFormat
+    CHUNK_BYTES line-aligned chunks, each chunk parsed by CriteoFormat and split into ``batch`` lines."""
     from aps.trainer.reader import read_chunks
 
     async def chunks(path: str) -> list:
         return [c async for c in read_chunks(path, CHUNK_BYTES)]
 
-    fmt = CriteoFormat()
+    fmt = criteo_format(meta)
     out = []
     for path in files:
         for chunk in asyncio.run(chunks(path)):
             rec = fmt.parse(chunk)
-            for lo in range(0, rec.n, BATCH):
-                hi = min(rec.n, lo + BATCH)
+            for lo in range(0, rec.n, batch):
+                hi = min(rec.n, lo + batch)
                 out.append((rec.ids[lo:hi], rec.dense[lo:hi], rec.labels[lo:hi]))
     return out
 
@@ -194,30 +227,79 @@ def parse_batches(files: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.nda
 # ----------------------------------------------------------------------------- PyTorch
 
 
-def torch_network(torch: Any, seed: int) -> Any:
-    """CTR-DNN in torch.nn, initialised as aps initialises it (different random numbers)."""
+def torch_network(torch: Any, seed: int, spec: dict | None = None) -> Any:
+    """CTR-DNN or wide&deep in torch.nn, initialised as aps initialises it (different random numbers).
+    Both have ``emb`` (and wide&deep ``wide``) as sparse embeddings, the rest in ``dense_parameters``."""
     nn = torch.nn
+    spec = spec or {"model": "ctr_dnn", "meta": None, "init_range": 1.0}
+    fmt = criteo_format(spec["meta"])
+
+    def fc_stack(widths: list[int]) -> Any:
+        fcs = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        with torch.no_grad():
+            for fc in fcs:
+                fc.weight.normal_(0.0, 1.0 / fc.in_features ** 0.5)
+                fc.bias.zero_()
+        return fcs
+
+    def deep(fcs: Any, x: Any) -> Any:
+        for fc in fcs[:-1]:
+            x = torch.relu(fc(x))
+        return fcs[-1](x)
 
     class CtrDnn(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.emb = nn.Embedding(1000001, 10, sparse=True)
-            widths = [26 * 10 + 13, 400, 400, 400, 2]
-            self.fcs = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+            self.emb = nn.Embedding(fmt.buckets, 10, sparse=True)
             with torch.no_grad():
-                self.emb.weight.uniform_(-1.0, 1.0)
-                for fc in self.fcs:
-                    fc.weight.normal_(0.0, 1.0 / fc.in_features ** 0.5)
-                    fc.bias.zero_()
+                self.emb.weight.uniform_(-spec["init_range"], spec["init_range"])
+            self.fcs = fc_stack([fmt.slots * 10 + fmt.dense, 400, 400, 400, 2])
+
+        def sparse_parameters(self) -> list:
+            return [self.emb.weight]
+
+        def dense_parameters(self) -> Any:
+            return self.fcs.parameters()
+
+        def forward(self, ids: Any, dense: Any) -> Any:
+            return deep(self.fcs, torch.cat([self.emb(ids).reshape(ids.shape[0], -1), dense], dim=1))
+
+    class WideDeep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wide = nn.Embedding(fmt.buckets, 1, sparse=True)
+            self.emb = nn.Embedding(fmt.buckets, 8, sparse=True)
+            self.linear = nn.Linear(max(fmt.dense, 1), 1)
+            with torch.no_grad():
+                self.wide.weight.zero_()
+                self.emb.weight.uniform_(-spec["init_range"], spec["init_range"])
+                self.linear.weight.zero_()
+                self.linear.bias.zero_()
+            self.fcs = fc_stack([fmt.slots * 8 + fmt.dense, 400, 400, 400, 1])
+
+        def sparse_parameters(self) -> list:
+            return [self.wide.weight, self.emb.weight]
+
+        def dense_parameters(self) -> list:
+            return [*self.linear.parameters(), *self.fcs.parameters()]
 
         def forward(self, ids: Any, dense: Any) -> Any:
             x = torch.cat([self.emb(ids).reshape(ids.shape[0], -1), dense], dim=1)
-            for fc in self.fcs[:-1]:
-                x = torch.relu(fc(x))
-            return self.fcs[-1](x)
+            return deep(self.fcs, x)[:, 0] + self.wide(ids).sum(dim=(1, 2)) + self.linear(dense)[:, 0]
 
     torch.manual_seed(seed)
-    return CtrDnn()
+    return CtrDnn() if spec["model"] == "ctr_dnn" else WideDeep()
+
+
+def torch_loss(F: Any, spec: dict, logits: Any, labels: Any) -> Any:
+    """The models' losses: softmax over 2 logits (CTR-DNN), sigmoid of one (wide&deep); batch mean."""
+    if spec["model"] == "ctr_dnn":
+        return F.cross_entropy(logits, labels)
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+
+def torch_probs(torch: Any, spec: dict, logits: Any) -> Any:
+    return torch.softmax(logits, dim=1)[:, 1] if spec["model"] == "ctr_dnn" else torch.sigmoid(logits)
 
 
 def torch_train_child(cfg: dict) -> int:
@@ -228,21 +310,22 @@ def torch_train_child(cfg: dict) -> int:
 
     t_import = time.perf_counter()
     torch.set_num_threads(cfg["threads"])
-    batches = parse_batches(cfg["files"])
+    spec = cfg["spec"]
+    batches = parse_batches(cfg["files"], spec["meta"], spec["batch"])
     tensors = [
         (torch.from_numpy(ids), torch.from_numpy(dense), torch.from_numpy(labels.astype(np.int64)))
         for ids, dense, labels in batches
     ]
     t_parse = time.perf_counter()
-    net = torch_network(torch, cfg["seed"])
-    sparse_opt = torch.optim.SparseAdam([net.emb.weight], lr=0.001, betas=(0.9, 0.999), eps=1e-8)
-    dense_opt = torch.optim.Adam(net.fcs.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-8)
+    net = torch_network(torch, cfg["seed"], spec)
+    sparse_opt = torch.optim.SparseAdam(net.sparse_parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-8)
+    dense_opt = torch.optim.Adam(net.dense_parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-8)
     loss_sum = 0.0
     examples = 0
     t_loop = time.perf_counter()  # from t_parse: building the network and the optimizers
-    for ids, dense, labels in tensors:
+    for ids, dense, labels in [t for _epoch in range(spec["epochs"]) for t in tensors]:
         logits = net(ids, dense)
-        loss = F.cross_entropy(logits, labels)
+        loss = torch_loss(F, spec, logits, labels)
         sparse_opt.zero_grad(set_to_none=True)
         dense_opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -255,7 +338,8 @@ def torch_train_child(cfg: dict) -> int:
                cfg["save"])
     t_end = time.perf_counter()
     print(json.dumps({
-        "examples": examples, "steps": len(tensors), "adam_steps": len(tensors), "loss": loss_sum / max(1, examples),
+        "examples": examples // spec["epochs"], "steps": len(tensors), "adam_steps": len(tensors) * spec["epochs"],
+        "loss": loss_sum / max(1, examples),
         "import_s": t_import - t_start, "parse_s": t_parse - t_import, "setup_s": t_loop - t_parse,
         "loop_s": t_loop_end - t_loop,
         "save_s": t_end - t_loop_end, "threads": torch.get_num_threads(),
@@ -265,7 +349,7 @@ def torch_train_child(cfg: dict) -> int:
 
 def run_torch(files: list[str], work: Path, args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    cfg = {"files": files, "threads": args.threads, "seed": args.seed, "save": str(work / "model.pt")}
+    cfg = {"files": files, "threads": args.threads, "seed": args.seed, "save": str(work / "model.pt"), "spec": setup(args)}
     (work / "config.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-child", str(work / "config.json")]
     with CpuMeter() as meter:
@@ -273,27 +357,29 @@ def run_torch(files: list[str], work: Path, args: argparse.Namespace) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"PyTorch training failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = r["examples"] * cfg["spec"]["epochs"]
     r.update({
-        "loop_examples_per_s": r["examples"] / r["loop_s"],
-        "loop_parse_examples_per_s": r["examples"] / (r["loop_s"] + r["parse_s"]),
-        "wall_s": meter.wall, "wall_examples_per_s": r["examples"] / meter.wall,
+        "loop_examples_per_s": seen / r["loop_s"],
+        "loop_parse_examples_per_s": seen / (r["loop_s"] + r["parse_s"]),
+        "wall_s": meter.wall, "wall_examples_per_s": seen / meter.wall,
         "own_cpu": meter.own_cpu, "other_cpu": meter.other_cpu,
     })
     return r
 
 
-def torch_predict(save: Path, batches: list, threads: int) -> np.ndarray:
+def torch_predict(save: Path, batches: list, threads: int, spec: dict | None = None) -> np.ndarray:
     import torch
 
     torch.set_num_threads(threads)
-    net = torch_network(torch, 0)
+    spec = spec or {"model": "ctr_dnn", "meta": None, "init_range": 1.0}
+    net = torch_network(torch, 0, spec)
     net.load_state_dict(torch.load(save, weights_only=True)["model"])
     net.eval()
     probs = []
     with torch.no_grad():
         for ids, dense, _labels in batches:
             logits = net(torch.from_numpy(ids), torch.from_numpy(dense))
-            probs.append(torch.softmax(logits, dim=1)[:, 1].numpy())
+            probs.append(torch_probs(torch, spec, logits).numpy())
     return np.concatenate(probs)
 
 
@@ -304,11 +390,14 @@ def run_aps(data: Path, work: Path, args: argparse.Namespace) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    spec = setup(args)
+    model_args = [a for arg in spec["model_args"] for a in ("--model-arg", arg)]
     trainer_args = [
-        "--model", "ctr_dnn", "--data", str(data / "train_data"), "--epochs", "1", "--workers", str(args.workers),
-        "--save-dir", str(work / "model"), "--print-period", "5", *shlex.split(args.aps_extra),
+        "--model", args.model, "--data", str(data / "train_data"), "--epochs", str(args.epochs),
+        "--workers", str(args.workers), "--save-dir", str(work / "model"), "--print-period", "5", *model_args,
+        *shlex.split(args.aps_extra),
     ]
-    cluster = aps.LocalCluster(1, 1, trainer_args, mode="async", log_dir=work / "log", cwd=work)
+    cluster = aps.LocalCluster(1, 1, trainer_args, mode=args.mode, log_dir=work / "log", cwd=work)
     with CpuMeter() as meter:
         result = cluster.run()
     if not result.ok:
@@ -317,43 +406,47 @@ def run_aps(data: Path, work: Path, args: argparse.Namespace) -> dict:
         raise RuntimeError(f"aps failed (exit {result.code}{', ' + result.reason if result.reason else ''}): "
                            f"{role.name} {role.state}; its log ({role.log_path}) ends:\n{tail}")
     records = [json.loads(line) for line in (work / "log" / "trainer.0.metrics.jsonl").read_text().splitlines()]
-    epoch = [r for r in records if r.get("event") == "epoch"][-1]
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    epoch = epochs[-1]
+    mode = f" --mode {args.mode}" if args.mode else ""
     return {
-        "command": f"aps-local 1x1 --mode async -- {shlex.join(trainer_args)}  (run as aps.LocalCluster)",
+        "command": f"aps-local 1x1{mode} -- {shlex.join(trainer_args)}  (run as aps.LocalCluster)",
         "examples": epoch["examples"], "steps": epoch["steps"],
-        "loss": epoch["loss"], "train_auc": epoch["auc"], "epoch_s": epoch["seconds"],
-        "loop_examples_per_s": epoch["examples_per_s"], "wait_share": epoch["wait_share"],
-        "wall_s": meter.wall, "wall_examples_per_s": epoch["examples"] / meter.wall,
+        "loss": epoch["loss"], "train_auc": epoch["auc"], "epoch_s": sum(e["seconds"] for e in epochs),
+        "loop_examples_per_s": statistics.mean(e["examples_per_s"] for e in epochs), "wait_share": epoch["wait_share"],
+        "wall_s": meter.wall, "wall_examples_per_s": sum(e["examples"] for e in epochs) / meter.wall,
         "own_cpu": meter.own_cpu, "other_cpu": meter.other_cpu,
-        "checkpoint": epoch.get("saved") or str(work / "model" / "epoch_0"),
+        "checkpoint": epoch.get("saved") or str(work / "model" / f"epoch_{args.epochs - 1}"),
     }
 
 
-def aps_adam_steps(checkpoint: str) -> int | None:
-    """How many times the pserver applied Adam to fc1.w (pushes after merging), from the manifest."""
+def aps_adam_steps(checkpoint: str, model: str = "ctr_dnn") -> int | None:
+    """How many times the pserver applied Adam to the first FC weights (pushes after merging), from the manifest."""
     try:
         manifest = json.loads(next(Path(checkpoint).glob("shard-*/manifest.json")).read_text())
-        return int(manifest["tables"]["fc1.w"]["blocks"][0]["step"])
+        return int(manifest["tables"][FIRST_FC[model]]["blocks"][0]["step"])
     except (StopIteration, OSError, KeyError, IndexError, ValueError):
         return None
 
 
-def aps_infer(checkpoint: str, data: Path, work: Path) -> dict:
+def aps_infer(checkpoint: str, data: Path, work: Path, spec: dict) -> dict:
     """infer.py as a user runs it (its AUC is bucketed, as the reference's)."""
     out = work / "infer.json"
-    cmd = [sys.executable, str(ROOT / "examples" / "ctr_dnn" / "infer.py"), "--checkpoint", checkpoint,
-           "--data", str(data / "test_data"), "--json", str(out)]
+    cmd = [sys.executable, str(ROOT / "examples" / spec["model"] / "infer.py"), "--checkpoint", checkpoint,
+           "--data", str(data / "test_data"), "--json", str(out),
+           *(a for arg in spec["model_args"] for a in ("--model-arg", arg))]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
-def aps_predict(checkpoint: str, files: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def aps_predict(checkpoint: str, files: list[str], spec: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """aps's test predictions (its own forward kernel on the checkpoint) for the exact AUC."""
-    from aps.models.ctr_dnn.model import CtrDnn
+    from aps.models import load_model_class
     from aps.models.ctr_eval import load_params, predict
     from aps.trainer.model import WorkerContext
 
-    net = CtrDnn()
+    spec = spec or {"model": "ctr_dnn", "model_args": []}
+    net = load_model_class(spec["model"])(**dict(arg.split("=", 1) for arg in spec["model_args"]))
     params = load_params(net, checkpoint)
     ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
 
@@ -390,7 +483,7 @@ def noisy(runs: list[dict]) -> bool:
     return any((r.get("other_cpu") or 0.0) > NOISY_OTHER_CPU for r in runs)
 
 
-def table(aps_name: str, torch_name: str, aps_runs: list[dict], torch_runs: list[dict], bayes: float) -> str:
+def table(aps_name: str, torch_name: str, aps_runs: list[dict], torch_runs: list[dict], bayes: float | None) -> str:
     def col(runs: list[dict], key: str) -> list[float]:
         return [r[key] for r in runs]
 
@@ -415,7 +508,8 @@ def table(aps_name: str, torch_name: str, aps_runs: list[dict], torch_runs: list
         steps = "?" if any(r.get("adam_steps") is None for r in runs) else fmt_stat(col(runs, "adam_steps"), ".0f")
         lines.append(
             f"| {name}{mark} | {loop} | {loop_parse} | {wall} | {fmt_stat(col(runs, 'auc'), '.4f')} | {d_auc} "
-            f"| {fmt_stat(col(runs, 'logloss'), '.4f')} | {bayes:.4f} | {steps} | {wait} | {other} |"
+            f"| {fmt_stat(col(runs, 'logloss'), '.4f')} | {'-' if bayes is None else format(bayes, '.4f')} "
+            f"| {steps} | {wait} | {other} |"
         )
     a_loop = statistics.median(col(aps_runs, "loop_examples_per_s"))
     a_wall = statistics.median(col(aps_runs, "wall_examples_per_s"))
@@ -451,6 +545,18 @@ def main() -> int:
     parser.add_argument("--test-lines", type=positive_int, default=100_000, help="default: %(default)s")
     parser.add_argument("--train-files", type=positive_int, default=8, help="default: %(default)s")
     parser.add_argument("--scale", choices=["full", "small"], default="full", help="make_data.py --scale (default: full)")
+    parser.add_argument("--shape", choices=["default", "longtail", "drift"], default="default",
+                        help="make_data.py --shape (default: %(default)s)")
+    parser.add_argument("--adult", metavar="DIR",
+                        help="train and test on the Adult set prepare_adult.py wrote in DIR instead of generated data")
+    parser.add_argument("--model", choices=sorted(DEFAULT_INIT_RANGE), default="ctr_dnn", help="default: %(default)s")
+    parser.add_argument("--mode", choices=MODES,
+                        help="aps's mode (default: the model's own, hybrid)")
+    parser.add_argument("--epochs", type=positive_int, default=1, help="default: %(default)s")
+    parser.add_argument("--batch-size", type=positive_int, default=BATCH, help="default: %(default)s")
+    parser.add_argument("--init-range", type=float, metavar="R",
+                        help="embedding init half-width for both systems (default: the model's, "
+                             + ", ".join(f"{m} {r}" for m, r in DEFAULT_INIT_RANGE.items()) + ")")
     parser.add_argument("--seed", type=int, default=0, help="data seed and PyTorch's init seed (default: 0)")
     parser.add_argument("--repeats", type=positive_int, default=1,
                         help="runs of each system (alternating which goes first); >1 reports median (min-max)")
@@ -494,13 +600,14 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="aps-ctr-vs-torch-"))
     started = time.perf_counter()
     try:
-        data = Path(args.data).resolve() if args.data else tmp / "data"
+        data = Path(args.adult or args.data or tmp / "data").resolve()
         t0 = time.perf_counter()
-        meta = make_data(data, args)
+        meta = json.loads((data / "meta.json").read_text()) if args.adult else make_data(data, args)
         data_s = time.perf_counter() - t0
+        spec = setup(args)
         train_files = data_files(data / "train_data")
         test_files = data_files(data / "test_data")
-        test_batches = parse_batches(test_files)
+        test_batches = parse_batches(test_files, spec["meta"], spec["batch"])
         test_labels = np.concatenate([b[2] for b in test_batches])
 
         aps_runs: list[dict] = []
@@ -513,15 +620,15 @@ def main() -> int:
                 load_before = os.getloadavg()[0]
                 if system == "aps":
                     r = run_aps(data, work, args)
-                    r["infer"] = aps_infer(r["checkpoint"], data, work)
-                    r["adam_steps"] = aps_adam_steps(r["checkpoint"])
-                    probs, labels = aps_predict(r["checkpoint"], test_files)
+                    r["infer"] = aps_infer(r["checkpoint"], data, work, spec)
+                    r["adam_steps"] = aps_adam_steps(r["checkpoint"], args.model)
+                    probs, labels = aps_predict(r["checkpoint"], test_files, spec)
                     if not np.array_equal(labels, test_labels):
                         raise RuntimeError("aps and PyTorch saw different test labels")
                     aps_runs.append(r)
                 else:
                     r = run_torch(train_files, work, args)
-                    probs = torch_predict(work / "model.pt", test_batches, args.threads)
+                    probs = torch_predict(work / "model.pt", test_batches, args.threads, spec)
                     torch_runs.append(r)
                 r.update(test_metrics(probs, test_labels))
                 r.update({"load_before": load_before, "busy_cores_before": busy_before, "quiet_wait_s": waited})
@@ -543,8 +650,8 @@ def main() -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    bayes = float(meta["bayes_auc_test"])
-    aps_name = f"aps 1x1 async, {args.workers} workers"
+    bayes = meta.get("bayes_auc_test")  # None on real data (Adult)
+    aps_name = f"aps 1x1 {args.mode or 'hybrid (default)'}, {args.workers} workers"
     if args.aps_extra:
         aps_name += f", tuned communicator `{args.aps_extra}`"
     torch_name = f"PyTorch {torch.__version__}, {args.threads} threads"
@@ -558,19 +665,22 @@ def main() -> int:
     lines = [
         "",
         *warnings,
-        f"CTR-DNN, 1 epoch over {examples:,} train lines ({args.train_files} files, scale {args.scale}, seed {args.seed}) "
-        f"in {steps} batches of <= {BATCH}, test on {len(test_labels):,} lines; {os.cpu_count()} cores; "
+        f"{args.model}, {args.epochs} epoch(s) over {examples:,} train lines ("
+        + (f"Adult, {args.adult}" if args.adult else
+           f"{args.train_files} files, scale {args.scale}, shape {args.shape}, seed {args.seed}")
+        + f", init seed {args.seed}) in {steps} batches of <= {args.batch_size}, test on {len(test_labels):,} lines; {os.cpu_count()} cores; "
         f"{args.repeats} run(s) each" + (" (median (min-max))" if args.repeats > 1 else ""),
         "",
         out_table,
         "",
         verdict(aps_runs, torch_runs),
         "",
-        "Notes: same network, init distributions, data, batches (1 MiB chunks, batches of 1000 within a chunk) and "
+        f"Notes: same network, init distributions, data, batches (1 MiB chunks, batches of {args.batch_size} within a chunk) and "
         "file order; Adam lr 0.001 (0.9/0.999, eps 1e-8). aps: lazy Adam on the pserver for the embedding (per-row "
-        "step count), Adam for the FC tables; async mode merges up to --max-merge-var-num queued batches into one push "
-        "(one Adam step: 'Adam steps (FC)' counts the pserver's applications), and a worker pulls the next batch's rows "
-        "while the current one computes (async staleness). PyTorch: "
+        "step count), Adam for the FC tables; in hybrid mode (the default) the dense part gets one averaged update per "
+        "step and the sparse rows run asynchronously, a worker pulling the next batch's rows while the current one "
+        "computes; async mode merges up to --max-merge-var-num queued batches into one push (one Adam step: "
+        "'Adam steps (FC)' counts the pserver's applications). PyTorch: "
         "nn.Embedding(sparse=True) + torch.optim.SparseAdam (lazy too, one step count per table) and torch.optim.Adam "
         "for the FC layers, one update per batch. Train loop ex/s: aps = the epoch's examples_per_s (its workers parse "
         f"inside the epoch); PyTorch = the loop over pre-parsed batches (parsing with aps's CriteoFormat took "
