@@ -2,9 +2,9 @@
 
 The local equivalent of Paddle's ``fleetrun --server_num N --worker_num M``. This module is the
 command line only: its options, its terminal output (layout, status, summary, the failed role's
-log tail) and its signals. The launcher itself is :mod:`aps.launcher` (``aps.LocalCluster``),
+log tail) and its signals. The launcher itself is :mod:`aps.launcher.local` (``aps.LocalCluster``),
 which programs use directly; the process model (a process group per role, death with the
-launcher, SIGTERM then SIGKILL per group, no orphans) is described in :mod:`aps.launcher_run`.
+launcher, SIGTERM then SIGKILL per group, no orphans) is described in :mod:`aps.launcher.supervisor`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..launcher import MODES, LaunchResult, LocalCluster, RoleResult, metrics_ports_problem, result_of, script_command
-from ..launcher_roles import Role, last_lines, program
-from ..launcher_run import Supervisor
+from ..launcher.local import MODES, LaunchResult, LocalCluster, RoleResult, metrics_ports_problem, result_of, script_command
+from ..launcher.roles import Role, last_lines, program
+from ..launcher.supervisor import Supervisor
 from .common import TOKEN_ON_ARGV, on_signals, read_token_file, run_main
 from .local_display import Board, summary_rows
 

@@ -7,8 +7,8 @@ import re
 import shutil
 from typing import Any, TextIO
 
-from ..launcher import LaunchResult
-from ..launcher_roles import Role, describe_exit, last_lines
+from ..launcher.local import LaunchResult
+from ..launcher.roles import Role, describe_exit, last_lines
 
 TTY_REFRESH = 0.5  # seconds between rewrites of the status line on a terminal
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import aps
-from aps.cli.ray_launch import RayJob, main, parse_args
+from aps.cli.ray_launch import main, parse_args
+from aps.launcher.ray_driver import RayJob
 from examples.linreg.model import make_data
 from tests.conftest import ROOT
 from tests.e2e.test_local_launcher import alive

@@ -1,4 +1,4 @@
-"""aps-local --restart-failed: the restart rules (aps/launcher_restart.py) and a real run in which
+"""aps-local --restart-failed: the restart rules (aps/launcher/restart.py) and a real run in which
 a pserver is SIGKILLed and started again by the launcher."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 import aps
 from aps.errors import ConfigError
-from aps.launcher_restart import Restarts
-from aps.launcher_roles import Role
+from aps.launcher.restart import Restarts
+from aps.launcher.roles import Role
 from aps.server.checkpoint import save_shard
 from aps.server.tables import make_shard
 

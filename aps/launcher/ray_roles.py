@@ -1,7 +1,7 @@
 """What a Ray actor does for aps-ray: run one aps role (aps-server or aps-trainer) as a child
 process on the node Ray placed the actor on, and answer the driver's questions about it.
 
-The class is plain Python (no ``import ray`` here); :mod:`aps.cli.ray_launch` turns it into an
+The class is plain Python (no ``import ray`` here); :mod:`aps.launcher.ray_driver` turns it into an
 actor with ``ray.remote``. The child runs in its own process group and dies with the actor
 (Linux ``PR_SET_PDEATHSIG``), so killing the actor, or Ray losing the node, leaves no orphan.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ApsError, ConfigError
-from ..launcher_roles import child_options, describe_exit, last_lines
+from .roles import child_options, describe_exit, last_lines
 from ..records import last_epoch_record
 
 #: how a role's program is run: ``python -c`` keeps the working directory on sys.path, so a model

@@ -1,6 +1,6 @@
 """The launcher's children: one process per role, started in its own process group, made to die
 with the launcher on Linux (:mod:`aps.procs`), signalled as a group, and their logs read back
-for status lines. See :mod:`aps.launcher` for the process model this serves."""
+for status lines. See :mod:`aps.launcher.local` for the process model this serves."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .procs import die_with_parent_preexec
+from ..errors import ConfigError
+from ..procs import die_with_parent_preexec
 
 #: where the repository's program shims live (bin/aps-server, bin/aps-trainer), when run from a checkout
 BIN = Path(__file__).resolve().parents[1] / "bin"

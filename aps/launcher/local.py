@@ -5,7 +5,7 @@ ports, start N pservers, wait until each listens, start M trainers (``aps-traine
 given options, another program, or a user's own script in every role), wait for the end, stop
 everything when one role fails, leave no process behind, and return every role's exit status and
 its last epoch's numbers. Each role's output goes to ``LOG_DIR/pserver.K.log`` /
-``LOG_DIR/trainer.K.log``; the supervision rules are in :mod:`aps.launcher_run`.
+``LOG_DIR/trainer.K.log``; the supervision rules are in :mod:`aps.launcher.supervisor`.
 
 :class:`PServerProcess` starts one ``aps-server`` process on a port it picks itself, for
 programs (benchmarks, tests) that drive the pservers with their own clients.
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, TENSORBOARD_ENV
-from .errors import ConfigError, RequestTimeout
-from .launcher_restart import Restarts
-from .launcher_roles import Role, child_options, describe_exit, free_ports, last_lines, program
-from .launcher_run import Quiet, Reporter, Supervisor
-from .records import last_epoch_record
-from .trainer.strategy import MODES
+from ..cluster import METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, TENSORBOARD_ENV
+from ..errors import ConfigError, RequestTimeout
+from .restart import Restarts
+from .roles import Role, child_options, describe_exit, free_ports, last_lines, program
+from .supervisor import Quiet, Reporter, Supervisor
+from ..records import last_epoch_record
+from ..trainer.strategy import MODES
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -191,7 +191,7 @@ class LocalCluster:
     env: Mapping[str, str] | None = None
     cwd: str | os.PathLike[str] | None = None
     label: str = "aps.launch"  # how its lines and the roles' states name it
-    restart_failed: int = 0  # restart a pserver that dies, up to this many times each (aps.launcher_restart)
+    restart_failed: int = 0  # restart a pserver that dies, up to this many times each (aps.launcher.restart)
     checkpoint_every: float = 60.0  # with restart_failed: seconds between each pserver's own checkpoints
     checkpoint_dir: str | os.PathLike[str] | None = None  # with restart_failed: where (default log_dir/checkpoints)
 

@@ -10,7 +10,7 @@ the run as before, when it died before listening, before its first checkpoint, a
 or in sync mode (whose pservers refuse to go on from one shard's rollback).
 
 :class:`~aps.launcher.LocalCluster` puts :meth:`Restarts.server_args` before the pservers' own
-``server_args``; the supervisor (launcher_run.py) asks :meth:`Restarts.take` when a role exits,
+``server_args``; the supervisor (supervisor.py) asks :meth:`Restarts.take` when a role exits,
 and when that gives a line to show, spawns the role again.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ConfigError
-from .launcher_roles import Role, describe_exit
-from .server.autosave import latest_checkpoint
-from .trainer.modes import mode_class
+from ..errors import ConfigError
+from .roles import Role, describe_exit
+from ..server.autosave import latest_checkpoint
+from ..trainer.modes import mode_class
 
 #: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
 RESTARTED_TRAINER_TIMEOUT = 10.0

@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from .launcher_roles import Role, child_options, describe_exit, group_alive, signal_group
+from .roles import Role, child_options, describe_exit, group_alive, signal_group
 
 if TYPE_CHECKING:
-    from .launcher_restart import Restarts
+    from .restart import Restarts
 
 EXIT_FAILED, EXIT_TIMEOUT = 1, 124
 STOP_GRACE = 10.0  # SIGTERM -> SIGKILL when a role failed or the timeout expired
