@@ -19,16 +19,14 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from ..errors import ConfigError
 from .checkpoint import read_shard_manifest, shard_dir_name
-
-if TYPE_CHECKING:
-    from .core import ServerCore
 
 log = structlog.get_logger("aps.server")
 
@@ -62,20 +60,28 @@ def latest_checkpoint(directory: str | Path, shard: int, num_shards: int) -> tup
     return None if best is None else (best[1], best[2])
 
 
+#: writes the server's shard at a path with a save id; returns the seconds it took, or None when
+#: the server holds no tables (ServerCore.save_own_shard)
+SaveShard = Callable[[str, str], Awaitable[float | None]]
+
+
 class AutoCheckpoints:
     """Writes this server's shard to ``directory`` every ``every`` seconds (0: only on demand)
-    and keeps the newest ``keep`` of its own periodic checkpoints there."""
+    and keeps the newest ``keep`` of its own periodic checkpoints there.
 
-    def __init__(self, core: ServerCore, directory: str, every: float, keep: int) -> None:
+    It is handed the one operation it needs (``save``), not the server's core: what a save
+    holds (the write gate, the tables) stays the core's business."""
+
+    def __init__(self, save: SaveShard, shard: int, num_shards: int, directory: str, every: float, keep: int) -> None:
         if keep < 1:
             raise ConfigError(f"keep_checkpoints must be >= 1, got {keep}")
         if not every >= 0 or every == float("inf"):
             raise ConfigError(f"checkpoint_every must be a number of seconds >= 0 (0: off), got {every}")
-        self.core = core
+        self.save = save
         self.directory = Path(directory)
         self.every = every
         self.keep = keep
-        self.shard = shard_dir_name(core.config.server_index, core.config.num_servers)
+        self.shard = shard_dir_name(shard, num_shards)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -104,13 +110,11 @@ class AutoCheckpoints:
 
     async def save_now(self, reason: str) -> Path | None:
         """Write a checkpoint now (after the writes already queued); None when there are no tables."""
-        if not self.core.tables:
-            return None
         path = self.directory / f"auto-{int(time.time() * 1000):013d}-{self.shard}"
-        save_id = f"{path.name}-{uuid.uuid4().hex[:8]}"
-        core = self.core
-        await core.gate.after(lambda: core.exclusive(lambda: core.write_checkpoint(str(path), save_id)))
-        log.info("checkpoint written", reason=reason, path=str(path), seconds=round(core.stats.last_save_seconds, 3))
+        seconds = await self.save(str(path), f"{path.name}-{uuid.uuid4().hex[:8]}")
+        if seconds is None:
+            return None
+        log.info("checkpoint written", reason=reason, path=str(path), seconds=round(seconds, 3))
         self.prune()
         return path
 

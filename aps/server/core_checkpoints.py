@@ -85,6 +85,15 @@ class CheckpointHandlers:
         self.gate.close()
         return self.gate.exclusive(work)
 
+    async def save_own_shard(self, path: str, save_id: str) -> float | None:
+        """Write this server's shard at ``path`` once the writes already queued are applied (its
+        own periodic and shutdown checkpoints, autosave.py); the seconds it took, or None (and
+        nothing written) when the server holds no tables."""
+        if not self.tables:
+            return None
+        await self.gate.after(lambda: self.exclusive(lambda: self.write_checkpoint(path, save_id)))
+        return self.stats.last_save_seconds
+
     async def write_checkpoint(
         self, path: str, save_id: str, shown: str | None = None, mode: str = "full", extra: dict[str, Any] | None = None
     ) -> wire.Message:

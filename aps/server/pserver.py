@@ -89,7 +89,9 @@ class PServer:
         self.metrics: MetricsEndpoint | None = None
         directory = config.checkpoint_dir or config.resume
         self.checkpoints = (
-            AutoCheckpoints(self.core, directory, config.checkpoint_every, config.keep_checkpoints) if directory else None
+            AutoCheckpoints(self.core.save_own_shard, config.server_index, config.num_servers, directory,
+                            config.checkpoint_every, config.keep_checkpoints)
+            if directory else None
         )
         self._final_checkpoint = False
         self.admission = Admission(config.max_connections, config.max_connections_per_address)

@@ -13,6 +13,7 @@ import pytest
 
 import aps
 from aps.errors import ConfigError, ErrorCode
+from aps.server.autosave import AutoCheckpoints, latest_checkpoint
 
 EMB = aps.SparseTable("emb", rows=8, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
 
@@ -149,6 +150,28 @@ async def test_own_checkpoints_keep_k_and_resume_rolls_back_one_shard(tmp_path: 
             assert len((await ps.pull_sparse_changed("emb"))[0]) == 0
             with pytest.raises(aps.ServerError, match="resumed alone"):
                 await ps.push_sparse_grad("emb", [5], np.ones((1, 2), np.float32), sync=True)
+    finally:
+        await srv.aclose()
+
+
+async def test_own_checkpoints_are_written_by_the_cores_save_and_skipped_without_tables(tmp_path: Path) -> None:
+    """AutoCheckpoints is handed the core's one save operation, not the core: nothing is written
+    while the server holds no tables; then each save is a complete shard with its own save id."""
+    srv = await aps.serve(num_servers=1)
+    try:
+        auto = AutoCheckpoints(srv.core.save_own_shard, 0, 1, str(tmp_path), every=0, keep=1)
+        auto.start()
+        assert await auto.save_now("test") is None and list(tmp_path.iterdir()) == []
+        async with aps.connect([srv.address]) as ps:
+            await ps.create_table(EMB)
+            await ps.push_sparse_delta("emb", [5], [[2.0, 0.0]])
+            first = await auto.save_now("test")
+            second = await auto.save_now("test")
+        assert first is not None and second is not None and srv.core.stats.saves == 2
+        assert list(tmp_path.iterdir()) == [second]  # keep=1
+        path, manifest = latest_checkpoint(tmp_path, 0, 1)  # type: ignore[misc]
+        assert path == second / "shard-00000-of-00001" and manifest["save_id"].startswith(second.name)
+        await auto.stop()
     finally:
         await srv.aclose()
 
