@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -457,33 +455,14 @@ class Fleet:
 
     def run_server(self) -> None:
         """Serve until every trainer has called stop_worker (or SIGTERM / Ctrl-C: a graceful
-        stop), then return."""
+        stop with a last checkpoint when ``checkpoint_dir`` is set, as aps-server's), then return."""
         self._need(Role.SERVER, "run_server")
         if self._server_config is None:
             raise ApsError("call fleet.init_server() before fleet.run_server()")
         asyncio.run(self._serve(self._server_config))
 
     async def _serve(self, config: ServerConfig) -> None:
-        server = await PServer(config).start()
-        port_file = self.role.port_file
-        if port_file:
-            with open(port_file + ".tmp", "w") as f:
-                f.write(f"{server.port}\n")
-            os.replace(port_file + ".tmp", port_file)
-        loop = asyncio.get_running_loop()
-        signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
-
-        def stop(sig: signal.Signals) -> None:
-            server.exit_reason = f"signal {sig.name}"
-            server.request_close()
-
-        for sig in signals:
-            loop.add_signal_handler(sig, stop, sig)
-        try:
-            await server.wait_closed()
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+        await PServer(config).serve_until_signalled(self.role.port_file)
 
     # -- the worker role
 

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import os
 import resource
-import signal
 import sys
 
 import structlog
@@ -16,7 +15,7 @@ from ..errors import ConfigError
 from ..server import PServer, ServerConfig
 from ..server.config import TABLES_SHARE_OF_MEMORY
 from ..wire import DEFAULT_MAX_FRAME
-from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
+from .common import add_logging_flags, add_token_flags, cli_main, token_from_args
 
 DESCRIPTION = """\
 Run one aps parameter server (pserver). It owns shard INDEX of every table, applies the
@@ -223,20 +222,7 @@ async def _amain(args: argparse.Namespace) -> int:
             log.warning("connection cap lowered to fit the open-file limit", max_connections=cap, nofile=fds,
                         asked=config.max_connections)
             config = dataclasses.replace(config, max_connections=cap)
-    server = PServer(config)
-    await server.start()
-    if args.port_file:
-        with open(args.port_file + ".tmp", "w") as f:
-            f.write(f"{server.port}\n")
-        os.replace(args.port_file + ".tmp", args.port_file)
-
-    def stop(sig: signal.Signals) -> None:
-        log.info("signal received, stopping", signal=sig.name, checkpoint=server.checkpoints is not None)
-        server.exit_reason = f"signal {sig.name}"
-        server.request_close(checkpoint=True)
-
-    on_signals(stop)
-    await server.wait_closed()
+    await PServer(config).serve_until_signalled(args.port_file)
     return 0
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..telemetry import MetricsEndpoint
+from ..telemetry import MetricsEndpoint, write_port_file
 from ..tls import server_context
 from .admission import Admission
 from .config import ServerConfig
@@ -190,6 +192,35 @@ class PServer:
                               f"host {host!r} does not resolve to an address here ({exc.strerror})") from exc
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc
+
+    async def serve_until_signalled(
+        self, port_file: str | None = None, signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+    ) -> None:
+        """Serve as a program does, until the server closes: start (unless started), write the
+        bound port to ``port_file`` (atomically, for a launcher polling for it), and stop
+        gracefully on any of ``signals`` with a last checkpoint when ``checkpoint_dir`` is set,
+        as on :meth:`aclose` ``(checkpoint=True)``. One loop for aps-server and a fleet script's
+        ``run_server``, so both answer SIGTERM alike. The handlers are installed only on the
+        main thread (asyncio allows no other) and removed on return."""
+        if self._closed is None:
+            await self.start()
+        if port_file:
+            write_port_file(port_file, self.port)
+        loop = asyncio.get_running_loop()
+        handled = signals if threading.current_thread() is threading.main_thread() else ()
+
+        def stop(sig: signal.Signals) -> None:
+            log.info("signal received, stopping", signal=sig.name, checkpoint=self.checkpoints is not None)
+            self.exit_reason = f"signal {sig.name}"
+            self.request_close(checkpoint=True)
+
+        for sig in handled:
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            await self.wait_closed()
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
 
     async def wait_closed(self) -> None:
         """Return once the server has shut down (trainers done, aclose, or signal)."""
