@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..procs import die_with_parent_preexec
 
 #: where the repository's program shims live (bin/aps-server, bin/aps-trainer), when run from a checkout
-BIN = Path(__file__).resolve().parents[1] / "bin"
+BIN = Path(__file__).resolve().parents[2] / "bin"  # the checkout's bin/ (aps/launcher/roles.py)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 

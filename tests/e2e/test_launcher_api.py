@@ -17,6 +17,7 @@ import pytest
 
 import aps
 from aps.launcher import LocalCluster, PServerProcess
+from aps.launcher.roles import program
 from examples.linreg.model import make_data
 from tests.conftest import ROOT
 from tests.e2e.test_local_launcher import alive, assert_all_gone
@@ -47,6 +48,13 @@ def test_import_aps_loads_no_numba_and_every_public_name_resolves() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == {"numba_at_import": False, "missing": [], "same": [True] * 7, "dir": True}
+
+
+def test_the_launcher_runs_the_checkouts_bin_shims() -> None:
+    """In a checkout the roles run bin/aps-server and bin/aps-trainer (what the process list and
+    the tests that read it show), not ``-m`` modules."""
+    for name, module in (("aps-server", "aps.cli.server"), ("aps-trainer", "aps.cli.trainer")):
+        assert program(name, module) == [sys.executable, str(ROOT / "bin" / name)]
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:
