@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,19 @@ def wait_port_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) ->
             raise RuntimeError(f"process exited with {proc.returncode} before listening")
         time.sleep(0.05)
     raise TimeoutError(f"{path} not written within {timeout}s")
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 30.0, step: float = 0.001) -> None:
+    """Wait, polling every ``step`` seconds, until ``check()`` holds (what the event loop serves
+    meanwhile makes it true). Waiting on the condition instead of sleeping a fixed time keeps a
+    test fast on an idle machine and right on a loaded one; the generous timeout only costs
+    time when the test fails. The step is short so a brief state (a save holding the write
+    gate) is seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"condition not reached within {timeout} s"
+        await asyncio.sleep(step)
 
 
 class Processes:

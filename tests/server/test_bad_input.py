@@ -21,6 +21,7 @@ from aps.errors import ErrorCode
 from aps.sharding import dense_blocks
 from aps.specs import spec_to_dict
 from aps.wire.frame import HEADER, MAGIC, PROTOCOL_VERSION, Flag, encode_header
+from tests.conftest import eventually
 from tests.server.raw import Raw
 
 pytestmark = pytest.mark.timeout(30)
@@ -30,12 +31,6 @@ DENSE = aps.DenseTable("w", shape=(50, 400), init=aps.Constant(1.0), optimizer=a
 
 
 # ---------------------------------------------------------------- helpers
-
-
-async def eventually(check, timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 async def ops_count(server: aps.PServer) -> int:

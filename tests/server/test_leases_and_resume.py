@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,9 @@ import pytest
 import aps
 from aps.errors import ConfigError, ErrorCode
 from aps.server.autosave import AutoCheckpoints, latest_checkpoint
+from tests.conftest import eventually
 
 EMB = aps.SparseTable("emb", rows=8, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def live_and_mute(srv: aps.PServer) -> tuple[aps.PSClient, aps.PSClient]:

@@ -24,6 +24,7 @@ from aps.errors import ErrorCode
 from aps.server.tables import shard_nbytes
 from aps.specs import spec_to_dict
 from aps.wire.frame import Flag, FrameDecoder, encode_header
+from tests.conftest import eventually
 from tests.server.raw import Raw
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,12 +47,6 @@ def replies_in(data: bytes) -> list[tuple[int, wire.Message]]:
     while (frame := dec.next_frame()) is not None:
         out.append((frame.request_id, wire.decode(frame)))
     return out
-
-
-async def eventually(check, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 async def served(server: aps.PServer) -> None:
@@ -359,14 +354,21 @@ def _connection_of(srv: aps.PServer, client_id: int):
     return next(c for c in srv.connections if c.client_id == client_id)
 
 
+def frames_of(srv: aps.PServer, op: str) -> int:
+    """Frames of opcode ``op`` the server has received, over all its ports."""
+    return sum(p.ops.get(op, 0) for p in srv.core.stats.ports)
+
+
 async def test_barrier_retried_after_a_lost_connection_still_counts_once() -> None:
     async with pserver() as srv:
         async with aps.connect([srv.address], timeout=10, retries=3, backoff=0.05) as a, \
                 aps.connect([srv.address], timeout=10) as b:
             first = asyncio.ensure_future(a.barrier("epoch", count=2, value=5))
             await eventually(lambda: srv.core.barriers.pending() == {"epoch": 1})
-            _connection_of(srv, a.client_id).abort("test: the network drops it")  # the network drops a's connection
-            await asyncio.sleep(0.3)  # a reconnects and retries; its arrival counts again, once
+            dropped = _connection_of(srv, a.client_id)
+            dropped.abort("test: the network drops it")  # the network drops a's connection
+            # a reconnects and retries (a second BARRIER frame); its arrival counts again, once
+            await eventually(lambda: frames_of(srv, "BARRIER") == 2 and _connection_of(srv, a.client_id) is not dropped)
             assert srv.core.barriers.pending() == {"epoch": 1}
             assert await asyncio.wait_for(b.barrier("epoch", count=2, value=7), 5) == 12
             assert await asyncio.wait_for(first, 5) == 12

@@ -4,7 +4,6 @@ that arrive during a save wait for it (the checkpoint is the state when the SAVE
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +11,10 @@ import pytest
 
 import aps
 from aps.server.checkpoint import load_shards
+from tests.conftest import eventually
 
 # 2M x 32 float32 = 256 MB: seconds to initialise and to write with fsync, far more than a ping
 BIG = aps.SparseTable("big", rows=2_000_000, dim=32, init=aps.Uniform(-0.1, 0.1), optimizer=aps.SGD(lr=1.0))
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
 
 
 @pytest.mark.slow

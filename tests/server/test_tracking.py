@@ -17,7 +17,7 @@ from aps import wire
 from aps.client.link import Link
 from aps.errors import ConfigError
 from aps.server.tracking import ENTRY_OVERHEAD, DroppedFilter, TrackingBudget, bitmap_bytes, mark_rows, take_marked
-from tests.server.test_bad_input import eventually
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(90)
 

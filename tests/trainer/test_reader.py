@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from aps.errors import ConfigError, DataError
 from aps.trainer.reader import Chunk, feed_queue, iter_queue, read_chunks
+from tests.conftest import eventually
 
 
 async def collect(path, chunk_bytes=1 << 20, pipe_command=None, **kw) -> list[Chunk]:
@@ -149,8 +150,8 @@ async def test_feed_queue_is_bounded_and_complete(tmp_path):
         files.append(str(p))
     queue: asyncio.Queue = asyncio.Queue(maxsize=2)
     producer = asyncio.create_task(feed_queue(files, queue, chunk_bytes=16, pipe_command=None, epochs=2))
-    await asyncio.sleep(0.2)  # consumer absent: the producer must be parked on put()
-    assert queue.full() and not producer.done()
+    await eventually(queue.full)  # consumer absent: the producer fills the queue and parks on put()
+    assert not producer.done()
 
     sizes = []
     got: list[Chunk] = []
