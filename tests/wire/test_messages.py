@@ -470,8 +470,13 @@ def test_property_corrupted_payload_never_crashes_differently(msg: wire.Message,
             wire.decode(frame_of(msg, bytes(payload[:cut])))
         return
     if mode == "extend":
-        with pytest.raises(RemoteProtocolError):
-            wire.decode(frame_of(msg, bytes(payload) + junk))
+        try:
+            back = wire.decode(frame_of(msg, bytes(payload) + junk))
+        except RemoteProtocolError:
+            return
+        # only an unset optional trailing field may take the bytes: an ARRAY reply's model_version
+        assert isinstance(msg, wire.ArrayReply) and msg.model_version is None and len(junk) == 8
+        assert isinstance(back, wire.ArrayReply) and back.model_version == int.from_bytes(junk, "little", signed=True)
         return
     if not payload:
         return
@@ -504,3 +509,16 @@ def test_a_later_optional_field_without_the_earlier_one_cannot_be_sent() -> None
     msg = wire.PushSparseGrad(table="e", ids=np.array([1], np.int64), values=f32(1, 2), clicks=np.ones(1, np.float32))
     with pytest.raises(LocalProtocolError, match="'clicks' is set but 'shows'"):
         wire.encode_bytes(msg, 1)
+
+
+@pytest.mark.parametrize("values", [np.zeros(0, np.float32), np.ones((2, 3), np.float32), np.arange(5, dtype=np.int64)])
+def test_an_array_reply_takes_exactly_eight_more_bytes_as_its_model_version(values: np.ndarray) -> None:
+    """ARRAY's optional model_version (aps-serve): a reply of before plus 8 bytes reads them as
+    the version; any other extension is refused, as before."""
+    payload = to_frames(wire.encode_bytes(wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=3), 1))[0].payload
+    msg = wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=3)
+    back = wire.decode(frame_of(msg, bytes(payload) + (-2).to_bytes(8, "little", signed=True)))
+    assert isinstance(back, wire.ArrayReply) and (back.version, back.model_version) == (3, -2)
+    for extra in (1, 7, 9, 16):
+        with pytest.raises(RemoteProtocolError):
+            wire.decode(frame_of(msg, bytes(payload) + bytes(extra)))
