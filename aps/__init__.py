@@ -29,10 +29,12 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .client import PSClient, connect
+    from .client.export import ExportInfo
     from .cluster import ClusterSpec
     from .fleet import DistributedStrategy, Fleet
     from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
     from .server import PServer, ServerConfig, serve
+    from .serving.server import ServingServer, serve_exports
     from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Ftrl, HashTable, Normal, SparseTable, Uniform
     from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
 
@@ -42,6 +44,8 @@ __version__ = "0.1.0"
 _LAZY = {
     **dict.fromkeys(("connect", "PSClient"), "client"),
     "ClusterSpec": "cluster",
+    "ExportInfo": "client.export",
+    **dict.fromkeys(("serve_exports", "ServingServer"), "serving.server"),
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
     **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
                      "Ftrl", "ExponentialDecay"), "specs"),
@@ -53,6 +57,7 @@ _LAZY = {
 
 __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
+    "serve_exports", "ServingServer", "ExportInfo",
     "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
     "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
     "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "Ftrl",
