@@ -139,9 +139,14 @@ def load_hash_table(
         store.step, store.pushes = int(own["step"]), int(own["pushes"])
         for name in _COUNTERS:
             setattr(store, name, int(own[name]))
-    else:  # resharded: the latest clocks (as fixed tables' steps); the counters start over
+    else:  # resharded: the latest clocks (as fixed tables' steps)
         store.step = max(int(e["step"]) for _, e in sources.values())
         store.pushes = max(int(e["pushes"]) for _, e in sources.values())
+        # old server i's counters go to new server i % num_shards, whole: summed over the new
+        # servers they are the old totals, none lost or counted twice (sources holds every
+        # old server when the cluster size changes, load_shards)
+        for name in _COUNTERS:
+            setattr(store, name, sum(int(e[name]) for i, (_, e) in sources.items() if i % num_shards == shard))
     return store
 
 
