@@ -447,6 +447,7 @@ class Fleet:
             raise ConfigError(f"init_server: no checkpoint directory {model_path!r}")
         if role.metrics_port is not None:
             options.setdefault("metrics_port", role.metrics_port)
+        options.setdefault("exit_when_done", True)  # run_server returns once every trainer stopped
         self._server_config = ServerConfig(
             host=str(role.host), port=int(role.port or 0), server_index=role.current_id,
             num_servers=role.server_num(), num_trainers=role.worker_num, token=role.token,

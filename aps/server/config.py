@@ -38,6 +38,7 @@ SECONDS = {
     "drain_timeout": "do not wait",
     "auth_fail_delay": "no delay",
     "auth_fail_max_delay": "no delay",
+    "shrink_every": "never",
 }
 #: the count settings: what they count, and what 0 means (None: 0 is refused, the least is 1)
 COUNTS = {
@@ -70,8 +71,11 @@ class ServerConfig:
     token: str | None = None
     max_frame: int = DEFAULT_MAX_FRAME
     init_model: str | None = None
-    #: exit once every trainer has sent worker_done (Paddle's stop_worker)
-    exit_when_done: bool = True
+    #: stop by itself once every trainer has sent worker_done (Paddle's stop_worker) or is gone
+    #: (``trainer_timeout``). Off by default, as in :func:`aps.serve`: a server embedded in an
+    #: application outlives the trainers that fill it. aps-server (unless
+    #: ``--no-exit-when-done``) and fleet's ``run_server`` turn it on: a job's pservers end with it.
+    exit_when_done: bool = False
     #: how many recent mutating request ids are remembered per client, to drop replays
     dedup_window: int = 4096
     #: requests a single connection may have executing at once before we stop reading from it
@@ -138,6 +142,9 @@ class ServerConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: float = 0.0
     keep_checkpoints: int = 3
+    #: shrink every hash table every this many seconds (shrink_schedule.py; the reference's
+    #: decay 0.98 and threshold 0.8). 0: only when a client asks
+    shrink_every: float = 0.0
     #: start from the newest complete checkpoint of this shard in this directory (a restart);
     #: refuses to start when there is none. Exclusive with ``init_model``.
     resume: str | None = None

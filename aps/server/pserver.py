@@ -26,6 +26,7 @@ from .config import ServerConfig
 from .connection import ServerConnection, check_limits
 from .context import ConnectionContext
 from .autosave import AutoCheckpoints
+from .shrink_schedule import ShrinkSchedule
 from .collector import server_registry
 from .core import ServerCore
 from .stats import PortStats
@@ -95,6 +96,7 @@ class PServer:
                             config.checkpoint_every, config.keep_checkpoints)
             if directory else None
         )
+        self.shrinks = ShrinkSchedule(self.core.shrink_all, config.shrink_every) if config.shrink_every else None
         self._final_checkpoint = False
         self.admission = Admission(config.max_connections, config.max_connections_per_address)
         self.auth_throttle = AuthThrottle(config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent)
@@ -123,6 +125,8 @@ class PServer:
         self.core.leases.start(heard_all=self.core.resumed is not None)
         if self.checkpoints is not None:
             self.checkpoints.start()
+        if self.shrinks is not None:
+            self.shrinks.start()
         if self.config.metrics_port is not None:
             endpoint = MetricsEndpoint(
                 self.registry,
@@ -258,6 +262,8 @@ class PServer:
             _, pending = await asyncio.wait(set(self.inflight), timeout=self.config.drain_timeout)
             for task in pending:
                 task.cancel()
+        if self.shrinks is not None:
+            await self.shrinks.stop()  # a shrink under way finishes first
         if self.checkpoints is not None:
             await self.checkpoints.stop()  # a periodic save being written finishes first
             if self._final_checkpoint:
@@ -297,15 +303,16 @@ async def serve(
     num_servers: int = 1,
     token: str | None = None,
     init_model: str | None = None,
-    exit_when_done: bool = False,
+    exit_when_done: bool = ServerConfig.exit_when_done,
     **options: Any,
 ) -> PServer:
     """Start a pserver inside the running event loop and return it once it is listening.
 
     ``server.port`` is the bound port (useful with ``port=0``); ``await server.aclose()`` stops it.
-    ``exit_when_done``: stop by itself once every trainer has sent worker_done (or is gone), as
-    aps-server does; off by default here, because a server embedded in an application outlives
-    the trainers that fill it (``await server.wait_closed()`` then returns only after ``aclose``).
+    ``exit_when_done``: :attr:`ServerConfig.exit_when_done`, with the same default (off): stop
+    by itself once every trainer has sent worker_done (or is gone), as aps-server does; off, a
+    server embedded in an application outlives the trainers that fill it (``await
+    server.wait_closed()`` then returns only after ``aclose``).
     ``metrics_port=`` (any :class:`ServerConfig` field may be passed) also serves Prometheus
     metrics over HTTP; ``server.metrics_port`` is then its bound port.
 
