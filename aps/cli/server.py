@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
     parser.add_argument("--no-exit-when-done", action="store_true", help="keep serving after every trainer sent worker_done")
     parser.add_argument("--port-file", metavar="PATH", help="write the bound port to PATH once listening (for launchers)")
+    parser.add_argument("--shrink-every", type=float, default=ServerConfig.shrink_every, metavar="SECONDS",
+                        help="shrink every hash table every SECONDS: decay show and click by 0.98, delete keys "
+                             "scoring under 0.8 (default 0: only when a client asks)")
     ck = parser.add_argument_group("checkpoints and restarts (see docs/operations.md)")
     ck.add_argument("--checkpoint-dir", metavar="DIR", help="where this server writes its own checkpoints (default: the --resume DIR)")
     ck.add_argument("--checkpoint-every", type=float, default=0.0, metavar="SECONDS", help="write this server's shard to --checkpoint-dir every SECONDS (default 0: off)")
@@ -204,6 +207,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
+        shrink_every=args.shrink_every,
         resume=args.resume,
         ports_num=ports_num,
         ports_num_for_sparse=sparse_ports,

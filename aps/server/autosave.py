@@ -14,7 +14,6 @@ shard from one save, so a resumed pserver refuses sync pushes (core.py).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import time
@@ -27,6 +26,7 @@ import structlog
 
 from ..errors import ConfigError
 from .checkpoint import read_shard_manifest, shard_dir_name
+from .periodic import Periodic
 
 log = structlog.get_logger("aps.server")
 
@@ -82,31 +82,16 @@ class AutoCheckpoints:
         self.every = every
         self.keep = keep
         self.shard = shard_dir_name(shard, num_shards)
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # a full disk must not stop the server; it is logged each time
+        self._periodic = Periodic(lambda: self.save_now("periodic"), every, "periodic checkpoint failed", directory=str(self.directory))
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        if self.every > 0:
-            self._task = asyncio.ensure_future(self._run())
+        self._periodic.start()
 
     async def stop(self) -> None:
         """Stop the periodic saves, letting one that is being written finish."""
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.every)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self.save_now("periodic")
-            except Exception as exc:  # a full disk must not stop the server; it is logged each time
-                log.error("periodic checkpoint failed", directory=str(self.directory), error=str(exc))
+        await self._periodic.stop()
 
     async def save_now(self, reason: str) -> Path | None:
         """Write a checkpoint now (after the writes already queued); None when there are no tables."""

@@ -61,6 +61,10 @@ class ServerCollector(Collector):
             "Connections closed on accept for going over --max-connections or --max-connections-per-address.",
             value=stats.connections_refused,
         )
+        yield CounterMetricFamily("aps_server_shrinks", "Hash table shrinks run (asked by clients or on the schedule).",
+                                  value=stats.shrinks)
+        yield CounterMetricFamily("aps_server_shrink_evicted_keys", "Keys of hash tables deleted by shrinks.",
+                                  value=stats.shrink_evicted)
         yield from _port_metrics(list(stats.ports))  # the server may (re)fill the list meanwhile
         yield from _lagged_metrics(core)
         yield GaugeMetricFamily("aps_server_trainers", "Trainers this pserver expects.", value=core.config.num_trainers)

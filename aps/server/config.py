@@ -142,7 +142,7 @@ class ServerConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: float = 0.0
     keep_checkpoints: int = 3
-    #: shrink every hash table every this many seconds (shrink_schedule.py; the reference's
+    #: shrink every hash table every this many seconds (PServer.shrinks, periodic.py; the reference's
     #: decay 0.98 and threshold 0.8). 0: only when a client asks
     shrink_every: float = 0.0
     #: start from the newest complete checkpoint of this shard in this directory (a restart);

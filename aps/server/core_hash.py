@@ -27,8 +27,9 @@ from ..sharding import SparseSharding
 from .config import ServerConfig
 from .coordination import SyncRounds
 from .gate import WriteGate
-from .hash_table import HashSparseStore
+from .hash_table import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
 from .lag import SPARSE, UpdateVersions
+from .stats import ServerStats
 
 log = structlog.get_logger("aps.server")
 
@@ -48,6 +49,7 @@ class HashHandlers:
     gate: WriteGate
     versions: UpdateVersions
     sync_rounds: SyncRounds
+    stats: ServerStats
     _upkeep: dict[str, asyncio.Task[None]]
     #: CheckpointHandlers.exclusive: close the write gate and run the work while writes wait
     exclusive: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
@@ -155,8 +157,22 @@ class HashHandlers:
     async def _shrink_off_loop(self, store: HashSparseStore, decay: float, threshold: float, ttl: int | None) -> wire.Message:
         dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl)
         evicted = await _delete_in_slices(store, dead)
+        self.stats.shrinks += 1
+        self.stats.shrink_evicted += evicted
         log.info("shrink", table=store.name, evicted=evicted, keys=len(store))
         return wire.ShrinkReply(evicted=evicted, keys=len(store))
+
+    async def shrink_all(self) -> int:
+        """Shrink every hash table with the reference's decay and threshold, one table at a
+        time behind the write gate, off the loop (``aps-server --shrink-every``); returns the
+        keys deleted in all."""
+        evicted = 0
+        stores = [t for t in self.tables.values() if isinstance(t, HashSparseStore)]
+        for store in stores:
+            reply = await self.exclusive(lambda store=store: self._shrink_off_loop(store, SHOW_CLICK_DECAY, DELETE_THRESHOLD, None))
+            evicted += reply.evicted
+        log.info("scheduled shrink", tables=len(stores), evicted=evicted)
+        return evicted
 
     def _hash_upkeep(self, store: HashSparseStore) -> None:
         """Start growing or evicting ahead of need (see the module's note), once at a time."""

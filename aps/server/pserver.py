@@ -26,7 +26,7 @@ from .config import ServerConfig
 from .connection import ServerConnection, check_limits
 from .context import ConnectionContext
 from .autosave import AutoCheckpoints
-from .shrink_schedule import ShrinkSchedule
+from .periodic import Periodic
 from .collector import server_registry
 from .core import ServerCore
 from .stats import PortStats
@@ -96,7 +96,8 @@ class PServer:
                             config.checkpoint_every, config.keep_checkpoints)
             if directory else None
         )
-        self.shrinks = ShrinkSchedule(self.core.shrink_all, config.shrink_every) if config.shrink_every else None
+        #: every hash table shrunk every ``shrink_every`` seconds (0: never)
+        self.shrinks = Periodic(self.core.shrink_all, config.shrink_every, "scheduled shrink failed")
         self._final_checkpoint = False
         self.admission = Admission(config.max_connections, config.max_connections_per_address)
         self.auth_throttle = AuthThrottle(config.auth_fail_delay, config.auth_fail_max_delay, config.auth_fail_concurrent)
@@ -125,8 +126,7 @@ class PServer:
         self.core.leases.start(heard_all=self.core.resumed is not None)
         if self.checkpoints is not None:
             self.checkpoints.start()
-        if self.shrinks is not None:
-            self.shrinks.start()
+        self.shrinks.start()
         if self.config.metrics_port is not None:
             endpoint = MetricsEndpoint(
                 self.registry,
@@ -262,8 +262,7 @@ class PServer:
             _, pending = await asyncio.wait(set(self.inflight), timeout=self.config.drain_timeout)
             for task in pending:
                 task.cancel()
-        if self.shrinks is not None:
-            await self.shrinks.stop()  # a shrink under way finishes first
+        await self.shrinks.stop()  # a shrink under way finishes first
         if self.checkpoints is not None:
             await self.checkpoints.stop()  # a periodic save being written finishes first
             if self._final_checkpoint:

@@ -114,6 +114,9 @@ class ServerStats:
         #: seconds the last checkpoint took to write (0: none yet), and how many were written
         self.last_save_seconds = 0.0
         self.saves = 0
+        #: hash table shrinks run (asked by clients or on the schedule) and the keys they deleted
+        self.shrinks = 0
+        self.shrink_evicted = 0
 
     def record(self, op: str, elapsed_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
         stats = self.ops.get(op)
@@ -128,6 +131,8 @@ class ServerStats:
             "connections_refused": self.connections_refused,
             "last_save_seconds": self.last_save_seconds,
             "saves": self.saves,
+            "shrinks": self.shrinks,
+            "shrink_evicted": self.shrink_evicted,
             "requests": sum(s.count for s in self.ops.values()),
             "bytes_in": sum(s.bytes_in for s in self.ops.values()),
             "bytes_out": sum(s.bytes_out for s in self.ops.values()),
