@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_for, train_files
+from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_for, table_args, train_files
 
 from aps.fleet import Fleet
 from aps.models.ctr_dnn.model import CtrDnn
@@ -34,7 +34,7 @@ def main() -> None:
         return
 
     model = CtrDnn(hidden=args.hidden, batch_size=args.batch_size, lr=args.lr, optimizer=optimizer_for(args),
-                   meta=args.meta)
+                   meta=args.meta, **table_args(args))
     worker = fleet.init_worker(model, strategy_for(args))
     files = train_files(fleet, args.data)
     print(f"trainer {fleet.worker_index()} of {fleet.worker_num()}: {len(files)} files", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from aps.fleet import DistributedStrategy, Fleet
 from aps.trainer import Batch
@@ -28,6 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser, hidden: str, batch_size: int,
     add("--meta", help="meta.json of the data (a layout other than Criteo's, e.g. Adult)")
     add("--save", help="the first trainer saves the pservers' tables here at the end")
     add("--init-model", help="pservers warm-start from this checkpoint (incremental training)")
+    add("--table", choices=("fixed", "hash"), default="fixed",
+        help="the sparse tables: fixed arrays of hashed feature ids, or hash tables keyed by the full 64-bit "
+             "feature hash, admitted and evicted (sync, async, half_async; default: %(default)s)")
+    add("--admit-probability", type=float, default=1.0, help="hash tables: admit a new key with this probability "
+        "per occurrence (default: %(default)s)")
+    add("--admit-count", type=int, default=1, help="hash tables: admit a key once pushed this many times "
+        "(default: %(default)s)")
+    add("--max-keys", type=int, help="hash tables: keys per pserver; past it the lowest-score keys are evicted "
+        "(default: unbounded)")
+
+
+def table_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The model's table arguments from --table, --admit-probability, --admit-count, --max-keys."""
+    return {"table": args.table, "admit_probability": args.admit_probability, "admit_count": args.admit_count,
+            "max_keys": args.max_keys}
 
 
 def strategy_for(args: argparse.Namespace) -> DistributedStrategy:

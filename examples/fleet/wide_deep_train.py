@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_for, train_files
+from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_for, table_args, train_files
 
 from aps.fleet import Fleet
 from aps.models.wide_deep.model import WideDeep
@@ -32,7 +32,7 @@ def main() -> None:
         return
 
     model = WideDeep(hidden=args.hidden, batch_size=args.batch_size, lr=args.lr, optimizer=optimizer_for(args),
-                     meta=args.meta)
+                     meta=args.meta, **table_args(args))
     worker = fleet.init_worker(model, strategy)
     files = train_files(fleet, args.data)
     for epoch in range(args.epochs):
