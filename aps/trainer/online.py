@@ -7,7 +7,8 @@
    **online AUC** (PaddleRec reports the same): how well the model does on data it has not seen,
    the number an online model is judged by. It goes to the pass's record (``online_auc`` in the
    metrics file, so aps-plot draws it), to Prometheus (``aps_trainer_online_auc``) and to a log line;
-2. *train*: the same files are trained once, as an epoch (flush and barrier at its end);
+2. *train*: the same files are trained once, as an epoch (flush and barrier at its end); trainer 0
+   adds the keys every hash table holds then to the record (``keys``: what ``max_keys`` bounds);
 3. *checkpoint*: every ``save_every`` passes trainer 0 saves ``SAVE_DIR/pass-<seq>`` with the
    source's position in the manifest, the trainers meet at a barrier, and the source is told
    (a stream acknowledges the records the checkpoint covers only then). A trainer killed in a
@@ -27,7 +28,7 @@ from ..client import PSClient
 from ..errors import ConfigError
 from ..metrics import auc_from_counts
 from .files import assign_to_workers
-from .online_exports import Exporter, ExportOptions
+from .online_exports import Exporter, ExportOptions, hash_tables
 from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint
 from .pool import start_fork_server
 from .sources.base import Pass, Source
@@ -136,6 +137,9 @@ async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions
         extra["reread"] = p.reread
         trainer.probe.reread += p.reread
     await trainer.train_epoch(p.seq, s, files)
+    if trainer.trainer_id == 0 and (hashed := hash_tables(trainer.model)):
+        # after the pass's flush and barrier: what the pservers hold now, the number max_keys bounds
+        extra["keys"] = {name: (await s.ps.table_info(name)).keys for name in hashed}
     record = s.monitor.end_epoch(p.seq, extra)
     trainer.probe.passes = (trainer.probe.passes or 0) + 1
     log.info(

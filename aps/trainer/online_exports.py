@@ -43,12 +43,17 @@ class ExportOptions:
             raise ConfigError(f"--delta-every and --base-every must be >= 1, got {self.delta_every}, {self.base_every}")
 
 
+def hash_tables(model: Model) -> list[str]:
+    """Names of the model's hash tables: those a day tick shrinks and ``max_keys`` bounds."""
+    return [t.name for t in model.tables() if isinstance(t, HashTable)]
+
+
 class Exporter:
     """Decides after each pass whether to export, and what (see the module)."""
 
     def __init__(self, options: ExportOptions, model: Model) -> None:
         self.options = options
-        self.hash_tables = [t.name for t in model.tables() if isinstance(t, HashTable)]
+        self.hash_tables = hash_tables(model)
         self._have_base = False
         self._day: str | None = None
         self._days = 0  # new days since the last base
