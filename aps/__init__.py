@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .fleet import DistributedStrategy, Fleet
     from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
     from .server import PServer, ServerConfig, serve
+    from .server.checkpoint_reader import Checkpoint, read_checkpoint
     from .serving.server import ServingServer, serve_exports
     from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Ftrl, HashTable, Normal, SparseTable, Uniform
     from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
@@ -47,6 +48,7 @@ _LAZY = {
     "ExportInfo": "client.export",
     **dict.fromkeys(("serve_exports", "ServingServer"), "serving.server"),
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
+    **dict.fromkeys(("read_checkpoint", "Checkpoint"), "server.checkpoint_reader"),
     **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
                      "Ftrl", "ExponentialDecay"), "specs"),
     **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),
@@ -57,7 +59,7 @@ _LAZY = {
 
 __all__ = [
     "connect", "serve", "PSClient", "PServer", "ServerConfig", "ClusterSpec", "Strategy", "Trainer", "TrainOptions",
-    "serve_exports", "ServingServer", "ExportInfo",
+    "serve_exports", "ServingServer", "ExportInfo", "read_checkpoint", "Checkpoint",
     "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
     "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
     "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "Ftrl",

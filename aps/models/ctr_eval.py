@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,6 +22,9 @@ from ..specs import DenseTable, HashTable, SparseTable
 from ..trainer.files import expand_inputs
 from ..trainer.model import Batch, Model, Params, WorkerContext
 from ..trainer.reader import Chunk, read_chunks
+
+if TYPE_CHECKING:
+    from ..server.checkpoint_reader import Checkpoint
 
 
 class Predictor(Protocol):
@@ -37,45 +39,44 @@ class Predictor(Protocol):
 
 @dataclass
 class KeyedParams(Params):
-    """Parameters read from a checkpoint with hash tables: those stay keyed stores (``keyed``),
-    and :meth:`for_batch` hands the model each batch's rows in the order of its unique keys, as
-    the trainer's replica does (a key the checkpoint lacks reads its initial row, as a pull)."""
+    """Parameters read from a checkpoint with hash tables: those stay in the checkpoint
+    (``keyed`` names them), and :meth:`for_batch` hands the model each batch's rows in the order
+    of its unique keys, as the trainer's replica does (a key the checkpoint lacks reads its
+    initial row, as a pull)."""
 
-    keyed: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Checkpoint | None = None
+    keyed: tuple[str, ...] = ()
 
     def for_batch(self, batch: Batch) -> Params:
-        rows = {name: store.pull(batch.sparse_ids[name]) for name, store in self.keyed.items()}
+        assert self.checkpoint is not None
+        rows = {name: self.checkpoint.pull(name, batch.sparse_ids[name]) for name in self.keyed}
         return Params({**self.sparse, **rows}, self.dense)
 
 
 def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
     """Every table of ``model`` from a checkpoint (saved by any number of pservers), whole;
-    hash tables as keyed stores (:class:`KeyedParams`)."""
-    from ..server.checkpoint import load_shards  # server code only when reading checkpoints
+    hash tables stay keyed in it (:class:`KeyedParams`)."""
+    from ..server.checkpoint_reader import read_checkpoint  # server code only when reading checkpoints
 
-    shards, _ = load_shards(Path(checkpoint), shard=0, num_shards=1)
+    saved = read_checkpoint(checkpoint)
     sparse: dict[str, np.ndarray] = {}
     dense: dict[str, np.ndarray] = {}
-    keyed: dict[str, Any] = {}
+    keyed: list[str] = []
     for spec in model.tables():
-        shard = shards.get(spec.name)
-        if shard is None:
-            raise ConfigError(f"checkpoint {checkpoint} has no table {spec.name!r} (has {sorted(shards)}): another model?")
-        if _shape(shard.spec) != _shape(spec):  # init and optimizer do not matter for inference
+        if spec.name not in saved.specs:
+            raise ConfigError(f"checkpoint {checkpoint} has no table {spec.name!r} (has {sorted(saved.specs)}): another model?")
+        if _shape(saved.spec(spec.name)) != _shape(spec):  # init and optimizer do not matter for inference
             raise ConfigError(
-                f"checkpoint {checkpoint}: table {spec.name!r} has shape {_shape(shard.spec)}, the model's is "
+                f"checkpoint {checkpoint}: table {spec.name!r} has shape {_shape(saved.spec(spec.name))}, the model's is "
                 f"{_shape(spec)}; pass the model arguments it was trained with"
             )
         if isinstance(spec, HashTable):
-            keyed[spec.name] = shard
+            keyed.append(spec.name)
         elif isinstance(spec, SparseTable):
-            sparse[spec.name] = np.asarray(shard.values)  # type: ignore[union-attr]
+            sparse[spec.name] = saved.array(spec.name)
         else:
-            flat = np.empty(spec.size, np.float32)
-            for index, block in shard.blocks.items():  # type: ignore[union-attr]
-                flat[block.start : block.stop] = shard.values[index]  # type: ignore[union-attr]
-            dense[spec.name] = flat.reshape(spec.shape)
-    return KeyedParams(sparse, dense, keyed) if keyed else Params(sparse, dense)
+            dense[spec.name] = saved.array(spec.name)
+    return KeyedParams(sparse, dense, saved, tuple(keyed)) if keyed else Params(sparse, dense)
 
 
 def _shape(spec: SparseTable | DenseTable | HashTable) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -403,13 +404,16 @@ def load_own_shard(
 
 
 def load_shards(
-    path: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0
+    path: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0,
+    only: Collection[str] | None = None,
 ) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from a checkpoint saved by any number of servers.
 
     Returns ``(tables by name, extra)``. Raises :class:`ConfigError` naming what is missing or
     inconsistent (absent shard dirs, mixed cluster sizes, differing specs, bad array shapes).
-    ``max_table_bytes``: as for :func:`load_own_shard`.
+    ``max_table_bytes``: as for :func:`load_own_shard`. ``only``: load just these tables (a
+    reader that needs one table of many reads no other's files); one the checkpoint lacks is a
+    ConfigError naming those it has.
     """
     if not 0 <= shard < num_shards:
         raise ConfigError(f"shard {shard} is not in [0, {num_shards})")
@@ -418,7 +422,12 @@ def load_shards(
     _check_consistent(root, old)
     _refuse_delta(root, old[0].manifest)
     tables: dict[str, Shard] = {}
-    entries = old[0].manifest["tables"].items()
+    entries = list(old[0].manifest["tables"].items())
+    if only is not None:
+        missing = sorted(set(only) - set(old[0].manifest["tables"]))
+        if missing:
+            raise ConfigError(f"checkpoint {root} has no table {missing[0]!r} (has {sorted(old[0].manifest['tables'])})")
+        entries = [(name, entry) for name, entry in entries if name in only]
     for name, entry in tqdm(entries, desc=f"loading {root.name}", unit="table", leave=False, disable=not sys.stderr.isatty()):
         spec = spec_from_dict(entry["spec"])
         if isinstance(spec, SparseTable):

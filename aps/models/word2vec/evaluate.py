@@ -21,7 +21,6 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -164,13 +163,10 @@ def _predict(cand: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
 
 def load_checkpoint_table(path: str | os.PathLike[str], table: str = "emb") -> np.ndarray:
     """The whole of one sparse table from a pserver checkpoint (any number of shards), rows in
-    global id order."""
-    from ...server.checkpoint import load_shards  # server code only when reading checkpoints
+    global id order; the checkpoint's other tables are not read."""
+    from ...server.checkpoint_reader import read_checkpoint  # server code only when reading checkpoints
 
-    shards, _ = load_shards(Path(path), shard=0, num_shards=1)
-    if table not in shards:
-        raise ConfigError(f"checkpoint {path} has no table {table!r} (has {sorted(shards)})")
-    return np.asarray(shards[table].values)  # type: ignore[union-attr]
+    return read_checkpoint(path, [table]).array(table)
 
 
 async def pull_table(
