@@ -14,7 +14,8 @@
   same files, cut into the same batches (1 MiB chunks, batches of ``--batch-size`` lines within a
   chunk, as aps's workers do), files in the same sorted order, the same epochs; then the test files.
 
-The network (aps/models/ctr_dnn/model.py): one 1,000,001 x 10 embedding, Uniform(-1, 1) init,
+The network (aps/models/ctr_dnn/model.py): one 1,000,001 x 10 embedding, Uniform(-r, r) init
+(r: the model's ``init_range``, 0.05, or ``--init-range``; the reference's is 1.0),
 looked up for each of the 26 slots; the 260 values concatenated with the 13 dense features ->
 FC 400 ReLU x 3 -> FC 2, softmax cross-entropy, mean over the batch; FC weights
 Normal(0, 1/sqrt(fan_in)), biases 0; Adam lr 0.001, betas 0.9/0.999, eps 1e-8 on everything.
@@ -87,7 +88,7 @@ INSTALL_HINT = (
 )
 CHUNK_BYTES = 1 << 20  # aps-trainer's default --chunk-bytes: batches never cross a chunk
 BATCH = 1000  # the CTR models' default batch_size
-DEFAULT_INIT_RANGE = {"ctr_dnn": 1.0, "wide_deep": 0.1}  # the models' embedding init half-widths
+MODELS = ("ctr_dnn", "wide_deep")
 FIRST_FC = {"ctr_dnn": "fc1.w", "wide_deep": "deep1.w"}  # a dense table: its step is the pserver's updates
 BUSY_LOAD = 1.0  # 1-minute load average above this before starting: warn
 NOISY_OTHER_CPU = 0.2  # other processes used more than this many cores during a run: mark it
@@ -162,10 +163,24 @@ def machine_info() -> dict[str, Any]:
 def setup(args: argparse.Namespace) -> dict:
     """What both systems must agree on: model, columns (meta.json), batch size, epochs, init."""
     meta = str(Path(args.adult).resolve() / "meta.json") if args.adult else None
-    init_range = args.init_range if args.init_range is not None else DEFAULT_INIT_RANGE[args.model]
+    init_range = args.init_range if args.init_range is not None else default_init_range(args.model)
     model_args = [f"batch_size={args.batch_size}", f"init_range={init_range}", *([f"meta={meta}"] if meta else [])]
     return {"model": args.model, "meta": meta, "batch": args.batch_size, "epochs": args.epochs,
             "init_range": init_range, "model_args": model_args}
+
+
+def default_init_range(model: str) -> float:
+    """The model's own default embedding init half-width (both systems start from it)."""
+    import inspect
+
+    from aps.models import load_model_class
+
+    return float(inspect.signature(load_model_class(model)).parameters["init_range"].default)
+
+
+def default_spec() -> dict:
+    """CTR-DNN on Criteo-layout data with the model's defaults (bench/ctr_step_ablation.py's)."""
+    return {"model": "ctr_dnn", "meta": None, "init_range": default_init_range("ctr_dnn")}
 
 
 def criteo_format(meta: str | None) -> Any:
@@ -231,7 +246,7 @@ def torch_network(torch: Any, seed: int, spec: dict | None = None) -> Any:
     """CTR-DNN or wide&deep in torch.nn, initialised as aps initialises it (different random numbers).
     Both have ``emb`` (and wide&deep ``wide``) as sparse embeddings, the rest in ``dense_parameters``."""
     nn = torch.nn
-    spec = spec or {"model": "ctr_dnn", "meta": None, "init_range": 1.0}
+    spec = spec or default_spec()
     fmt = criteo_format(spec["meta"])
 
     def fc_stack(widths: list[int]) -> Any:
@@ -371,7 +386,7 @@ def torch_predict(save: Path, batches: list, threads: int, spec: dict | None = N
     import torch
 
     torch.set_num_threads(threads)
-    spec = spec or {"model": "ctr_dnn", "meta": None, "init_range": 1.0}
+    spec = spec or default_spec()
     net = torch_network(torch, 0, spec)
     net.load_state_dict(torch.load(save, weights_only=True)["model"])
     net.eval()
@@ -549,14 +564,13 @@ def main() -> int:
                         help="make_data.py --shape (default: %(default)s)")
     parser.add_argument("--adult", metavar="DIR",
                         help="train and test on the Adult set prepare_adult.py wrote in DIR instead of generated data")
-    parser.add_argument("--model", choices=sorted(DEFAULT_INIT_RANGE), default="ctr_dnn", help="default: %(default)s")
+    parser.add_argument("--model", choices=MODELS, default="ctr_dnn", help="default: %(default)s")
     parser.add_argument("--mode", choices=MODES,
                         help="aps's mode (default: the model's own, hybrid)")
     parser.add_argument("--epochs", type=positive_int, default=1, help="default: %(default)s")
     parser.add_argument("--batch-size", type=positive_int, default=BATCH, help="default: %(default)s")
     parser.add_argument("--init-range", type=float, metavar="R",
-                        help="embedding init half-width for both systems (default: the model's, "
-                             + ", ".join(f"{m} {r}" for m, r in DEFAULT_INIT_RANGE.items()) + ")")
+                        help="embedding init half-width for both systems (default: the model's own)")
     parser.add_argument("--seed", type=int, default=0, help="data seed and PyTorch's init seed (default: 0)")
     parser.add_argument("--repeats", type=positive_int, default=1,
                         help="runs of each system (alternating which goes first); >1 reports median (min-max)")
