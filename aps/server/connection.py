@@ -27,6 +27,7 @@ from .. import wire
 from ..errors import RETRIABLE_CODES, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
 from ..wire.handshake import Action, ServerHandshake, Step
+from ..wire.limits import ConnectionLimits
 from .context import ConnectionContext
 
 log = structlog.get_logger("aps.server")
@@ -81,23 +82,16 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._read_paused = False
         self.closed = False
-        # limits: bytes in flight (declared frames + requests still waiting), deadlines
+        #: bytes in flight (charged as they arrive, held while requests wait), deadlines
+        self.limits = ConnectionLimits.from_config(server, self.config)
         self.decoder.on_header = self._on_header
-        self.bytes_held = 0
-        self._arrived = 0  # charged for bytes received and not yet handed out as a frame
-        self._frame_bytes = 0  # charged for the frame being handled right now
         self._header_request = 0  # request id of the frame whose header came last
-        #: this connection's bytes are charged to the budget of connections not through the
-        #: handshake (max_handshake_bytes) until it is done, then to max_inflight_bytes
-        self._in_handshake_pool = True
-        self._task_bytes: dict[asyncio.Future[Any], int] = {}
         self._registered = False  # counted as one of its client's connections (core)
         self._counted_as: str | None = None  # the address admission counted it under (None: refused)
         #: admission stopped counting it (evicted, or refused once through its handshake)
         self.uncounted = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
-        self._partial_since: float | None = None  # loop time the frame in progress began
         self._linger_timer: asyncio.TimerHandle | None = None
         self._drain: bytearray | None = None  # where bytes go once closed (read and dropped)
 
@@ -132,9 +126,10 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.server.connections.add(self)
         self.core.stats.connections += 1
         self.core.stats.connections_total += 1
-        if self.config.handshake_timeout:
-            loop = asyncio.get_running_loop()
-            self._handshake_timer = loop.call_later(self.config.handshake_timeout, self._handshake_deadline)
+        loop = asyncio.get_running_loop()
+        due = self.limits.handshake_deadline(loop.time())
+        if due is not None:
+            self._handshake_timer = loop.call_at(due, self._handshake_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -150,10 +145,9 @@ class ServerConnection(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
         self._handshake_timer = self._frame_timer = self._linger_timer = None
-        # what a half-received frame had buffered goes now; requests still waiting release their
-        # share when they finish (withdrawn just below if this was the client's last connection)
-        self._release(self._frame_bytes + self._arrived)
-        self._frame_bytes = self._arrived = 0
+        # requests still waiting release their share when they finish (withdrawn just below if
+        # this was the client's last connection)
+        self.limits.lost()
         self.decoder = wire.FrameDecoder(0)
         if self._registered:
             self._registered = False
@@ -207,12 +201,9 @@ class ServerConnection(asyncio.BufferedProtocol):
             if frame is None:
                 break
             completed = True
-            size = wire.HEADER_SIZE + len(frame.payload)  # its bytes were charged as they arrived
-            self._arrived -= size
-            self._frame_bytes = size
+            self.limits.take_frame(wire.HEADER_SIZE + len(frame.payload))  # charged as it arrived
             self._frame_received(frame)
-            self._release(self._frame_bytes)  # unless a waiting request took it over
-            self._frame_bytes = 0
+            self.limits.frame_done()  # unless a waiting request took its bytes over
         self._watch_frame(completed)
 
     # ----------------------------------------------------------------- limits
@@ -221,62 +212,25 @@ class ServerConnection(asyncio.BufferedProtocol):
         """The decoder has a frame's header: refuse it when its declared size could never be
         held by this connection; nothing is charged for what is only declared."""
         self._header_request = request_id
-        size = wire.HEADER_SIZE + length
-        own = self.config.max_connection_bytes
-        held = self.bytes_held - self._arrived  # by requests that wait
-        if own and held + size > own:
-            problem = (
-                f"this connection has {held} bytes in flight and this frame's {size} would pass its "
-                f"limit of {own} (aps-server --max-connection-bytes)"
-            )
-            self._refuse_frame(request_id, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
+        refusal = self.limits.declared(length)
+        if refusal is not None:
+            self._refuse_frame(request_id, refusal)
             raise _FrameRefused
 
     def _charge_arrived(self) -> bool:
-        """Charge the bytes received since the last call to the budget this connection draws
-        on (memory is committed as bytes arrive, not when a header declares them: the decoder
-        maps a large body lazily); over it, refuse the frame in progress and return False."""
-        grow = self.decoder.buffered - self._arrived
-        if grow <= 0:
+        """Charge the bytes received since the last call (False: over the budget, the frame in
+        progress is refused)."""
+        refusal = self.limits.charge_arrived(self.decoder.buffered)
+        if refusal is None:
             return True
-        if self._in_handshake_pool:
-            total, pool = self.config.max_handshake_bytes, self.server.handshake_bytes
-            what = "connections not through the handshake hold", "aps-server --max-handshake-bytes"
-        else:
-            total, pool = self.config.max_inflight_bytes, self.server.inflight_bytes
-            what = "the server has", "aps-server --max-inflight-bytes"
-        if total and pool + grow > total:
-            problem = (
-                f"{what[0]} {pool} bytes in flight and {grow} more arrived, over the limit of {total} ({what[1]})"
-            )
-            self._refuse_frame(self._header_request, ServerError(ErrorCode.TOO_LARGE, f"frame refused: {problem}; retry later", True))
-            return False
-        self._arrived += grow
-        self._charge(grow)
-        return True
-
-    def _charge(self, size: int) -> None:
-        self.bytes_held += size
-        if self._in_handshake_pool:
-            self.server.handshake_bytes += size
-        else:
-            self.server.inflight_bytes += size
-
-    def _release(self, size: int) -> None:
-        if size:
-            self.bytes_held -= size
-            if self._in_handshake_pool:
-                self.server.handshake_bytes -= size
-            else:
-                self.server.inflight_bytes -= size
+        self._refuse_frame(self._header_request, refusal)
+        return False
 
     def _through_handshake(self) -> None:
         """The handshake is done: what this connection holds moves to the main budget, and it
         counts as an established connection of its address (admission.py)."""
-        if self._in_handshake_pool and self.handshake.ready:
-            self._in_handshake_pool = False
-            self.server.handshake_bytes -= self.bytes_held
-            self.server.inflight_bytes += self.bytes_held
+        if self.limits.in_handshake and self.handshake.ready:
+            self.limits.through_handshake()
             if self._counted_as is not None and not self.server.admission.established(self._counted_as, self):
                 self.uncounted = True
                 self.core.stats.connections_refused += 1
@@ -307,23 +261,20 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def _watch_frame(self, completed: bool) -> None:
         """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
-        if not self.config.frame_timeout or self.closed:
-            return
-        if self.decoder.buffered == 0 or self._read_paused or self._held:
-            self._partial_since = None
+        if self.closed:
             return
         loop = asyncio.get_running_loop()
-        if completed or self._partial_since is None:  # the frame in progress began in this data
-            self._partial_since = loop.time()
-        if self._frame_timer is None:
-            self._frame_timer = loop.call_at(self._partial_since + self.config.frame_timeout, self._frame_deadline)
+        reading = not (self._read_paused or self._held)
+        due = self.limits.watch_frame(loop.time(), self.decoder.buffered, reading, completed)
+        if due is not None and self._frame_timer is None:
+            self._frame_timer = loop.call_at(due, self._frame_deadline)
 
     def _frame_deadline(self) -> None:
         self._frame_timer = None
-        if self.closed or self._partial_since is None:
+        due = self.limits.frame_deadline()
+        if self.closed or due is None:
             return
         loop = asyncio.get_running_loop()
-        due = self._partial_since + self.config.frame_timeout
         if loop.time() < due:  # a later frame is in progress: its own deadline
             self._frame_timer = loop.call_at(due, self._frame_deadline)
             return
@@ -421,16 +372,14 @@ class ServerConnection(asyncio.BufferedProtocol):
         task = asyncio.ensure_future(finish())
         self.tasks.add(task)
         self.server.inflight.add(task)
-        if self._frame_bytes:  # the request's bytes stay charged while it waits
-            self._task_bytes[task] = self._frame_bytes
-            self._frame_bytes = 0
+        self.limits.hold_frame(task)  # the request's bytes stay charged while it waits
         task.add_done_callback(self._task_done)
         self._update_reading()
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
         self.server.inflight.discard(task)
-        self._release(self._task_bytes.pop(task, 0))
+        self.limits.request_done(task)
         self._update_reading()
 
     def _admitted(self, msg: wire.Message, request_id: int) -> bool:
@@ -540,11 +489,13 @@ class ServerConnection(asyncio.BufferedProtocol):
         """Stop reading while the peer does not read our replies or has too much in flight."""
         if self.transport is None or self.closed:
             return
-        should_pause = self._held or self._write_paused or len(self.tasks) >= self.config.max_inflight_per_connection
+        should_pause = self.limits.should_pause(
+            checking_auth=self._held, peer_reading=not self._write_paused, waiting=len(self.tasks)
+        )
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
             self._read_paused = True
-            self._partial_since = None  # the peer cannot finish a frame while we do not read
+            self.limits.reading_stopped()
         elif not should_pause and self._read_paused:
             self.transport.resume_reading()
             self._read_paused = False
