@@ -324,6 +324,8 @@ class DenseTable:
 
 #: slab rows one hash table shard can address (int32 rows in its index)
 MAX_KEYS = (1 << 31) - 2
+#: the most days a hash table's ttl_days and one shrink's day tick may be (a key's last day is int32)
+MAX_DAYS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -336,7 +338,9 @@ class HashTable:
     ``max_keys``: a cap per pserver shard (None: unbounded); past it the lowest-score keys go.
     ``base_threshold`` and ``delta_threshold`` (Paddle's defaults): a ``base`` save writes the
     keys whose score is at least the first, a ``delta`` save those whose delta score is at
-    least the second (docs/operations.md).
+    least the second (docs/operations.md). ``ttl_days``: a shrink deletes the keys no push
+    reached for more than this many days (the reference's unseen days, counted by the ``days``
+    a shrink is given; None: never by age).
     """
 
     name: str
@@ -350,11 +354,14 @@ class HashTable:
     pending_keys: int = 1 << 20
     base_threshold: float = 1.5
     delta_threshold: float = 0.25
+    ttl_days: int | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         owner = f"table {self.name!r}"
         object.__setattr__(self, "dim", _int(owner, "dim", self.dim, 1, _MAX_DIM))
+        if self.ttl_days is not None:
+            object.__setattr__(self, "ttl_days", _int(owner, "ttl_days", self.ttl_days, 0, MAX_DAYS))
         object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
         p = _real(owner, "admit_probability", self.admit_probability)
         if not 0.0 < p <= 1.0:

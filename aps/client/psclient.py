@@ -31,7 +31,7 @@ import numpy as np
 from .. import wire
 from ..errors import ConfigError, RequestTimeout
 from ..sharding import SparseSharding
-from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..specs import MAX_DAYS, DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..tls import client_context
 from ..validate import seconds
 from .args import addresses_of, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
@@ -494,19 +494,25 @@ class PSClient:
         return await export(self, root, kind, timeout)
 
     async def shrink(
-        self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, timeout: Timeout = None
+        self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, days: int = 0,
+        timeout: Timeout = None,
     ) -> int:
         """Evict a hash table's keys on every pserver; returns how many keys were deleted in all.
 
-        Each key's show and click decay by ``decay``, then keys whose score ``0.1 (show - click)
-        + click`` is under ``threshold``, or that no push reached in more than ``ttl`` of their
-        shard's steps (None: no TTL), are deleted (Paddle's CtrCommonAccessor rule and defaults).
-        A retried call is not applied twice. Runs off each pserver's event loop."""
+        The table's day first advances by ``days`` (a daily job passes 1: the reference's day
+        tick). Then each key's show and click decay by ``decay``, and keys whose score ``0.1
+        (show - click) + click`` is under ``threshold``, that no push reached in more than
+        ``ttl`` of their shard's steps (None: no TTL), or unseen for more than the table's
+        ``ttl_days`` days, are deleted (Paddle's CtrCommonAccessor rule and defaults). A retried
+        call is not applied twice. Runs off each pserver's event loop."""
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
             raise ConfigError(f"shrink ttl must be None or a non-negative int, got {ttl!r}")
+        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= MAX_DAYS:
+            raise ConfigError(f"shrink days must be an int in [0, {MAX_DAYS}], got {days!r}")
         if not 0.0 < decay <= 1.0 or not np.isfinite(threshold):
             raise ConfigError(f"shrink needs decay in (0, 1] and a finite threshold, got {decay}, {threshold}")
-        msg = wire.Shrink(table=table, decay=float(decay), threshold=float(threshold), ttl=-1 if ttl is None else ttl)
+        msg = wire.Shrink(table=table, decay=float(decay), threshold=float(threshold), ttl=-1 if ttl is None else ttl,
+                          days=days or None)  # absent: 0, so a frame without it means what it did
         replies = await self._all(msg, timeout)
         return sum(r.evicted for r in replies)  # type: ignore[attr-defined]
 

@@ -24,6 +24,7 @@ import structlog
 from .. import wire
 from ..errors import ErrorCode, ServerError
 from ..sharding import SparseSharding
+from ..specs import MAX_DAYS
 from .config import ServerConfig
 from .coordination import SyncRounds
 from .gate import WriteGate
@@ -145,21 +146,24 @@ class HashHandlers:
 
     def _shrink(self, client_id: int, msg: wire.Shrink, flags: int) -> Reply:
         store = self._hash(msg.table)
-        if not (0.0 < msg.decay <= 1.0) or not math.isfinite(msg.threshold) or msg.ttl < -1:
+        days = msg.days or 0
+        if not (0.0 < msg.decay <= 1.0) or not math.isfinite(msg.threshold) or msg.ttl < -1 or days > MAX_DAYS:
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
-                f"table {msg.table!r}: shrink needs decay in (0, 1], a finite threshold and ttl >= -1; "
-                f"got {msg.decay}, {msg.threshold}, {msg.ttl}",
+                f"table {msg.table!r}: shrink needs decay in (0, 1], a finite threshold, ttl >= -1 and days <= {MAX_DAYS}; "
+                f"got {msg.decay}, {msg.threshold}, {msg.ttl}, {days}",
             )
         ttl = None if msg.ttl < 0 else msg.ttl
-        return self.exclusive(lambda: self._shrink_off_loop(store, msg.decay, msg.threshold, ttl))
+        return self.exclusive(lambda: self._shrink_off_loop(store, msg.decay, msg.threshold, ttl, days))
 
-    async def _shrink_off_loop(self, store: HashSparseStore, decay: float, threshold: float, ttl: int | None) -> wire.Message:
-        dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl)
+    async def _shrink_off_loop(
+        self, store: HashSparseStore, decay: float, threshold: float, ttl: int | None, days: int = 0
+    ) -> wire.Message:
+        dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl, days)
         evicted = await _delete_in_slices(store, dead)
         self.stats.shrinks += 1
         self.stats.shrink_evicted += evicted
-        log.info("shrink", table=store.name, evicted=evicted, keys=len(store))
+        log.info("shrink", table=store.name, evicted=evicted, keys=len(store), day=store.day)
         return wire.ShrinkReply(evicted=evicted, keys=len(store))
 
     async def shrink_all(self) -> int:

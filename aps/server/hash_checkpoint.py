@@ -5,7 +5,7 @@ top bits of their mixed key) and logical shard ``l`` lives on pserver ``l % n``.
 writes one file per logical shard it owns, inside its own shard directory::
 
     shard-00001-of-00002/t0000-emb.l0001.npz   keys, values, optimizer state, show, click,
-    shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, and the admission
+    shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, last_day, and the admission
     ...                                          counters (pending_keys, pending_counts)
 
 and a load onto ``m`` pservers reads, for each logical shard ``l`` it now owns, the file
@@ -95,6 +95,7 @@ def write_hash_table(
         _write_npz(directory / files[str(shard)], arrays)
     entry = {
         "spec": spec_to_dict(store.spec), "kind": "hash", "mode": mode, "step": store.step, "pushes": store.pushes,
+        "day": store.day,
         "logical_shards": LOGICAL_SHARDS, "files": files, "keys": counts,
         **{name: int(getattr(store, name)) for name in _COUNTERS},
     }
@@ -128,12 +129,14 @@ def load_hash_table(
     names = {"keys", *store.slab_arrays(), *_PENDING}
     for l in mine:
         directory, entry = sources[l % saved_servers]
-        arrays = _read_logical(directory, entry["files"][str(l)], names)
+        arrays = _read_logical(directory, entry["files"][str(l)], names, int(entry.get("day", 0)))
         _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
         try:
             store.restore(arrays["keys"], arrays, (arrays["pending_keys"], arrays["pending_counts"]))
         except ServerError as exc:
             raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
+    # every pserver counts the same days (each shrink reaches all): the latest, even resharded
+    store.day = max(int(e.get("day", 0)) for _, e in sources.values())
     if saved_servers == num_shards:  # the same server's clocks and counters
         own = sources[shard][1]
         store.step, store.pushes = int(own["step"]), int(own["pushes"])
@@ -150,12 +153,17 @@ def load_hash_table(
     return store
 
 
-def _read_logical(directory: Path, file: str, names: set[str]) -> dict[str, np.ndarray]:
+def _read_logical(directory: Path, file: str, names: set[str], day: int) -> dict[str, np.ndarray]:
+    """One logical shard's arrays by name. A file written before keys kept their last day has no
+    ``last_day``: its keys count as seen on the saved ``day`` (the manifest's, 0 when absent)."""
     try:
         with np.load(directory / file, allow_pickle=False) as saved:
-            if set(saved.files) != names:
+            if set(saved.files) not in (names, names - {"last_day"}):
                 raise ConfigError(f"checkpoint {directory}: {file} holds arrays {sorted(saved.files)}, expected {sorted(names)}")
-            return {name: saved[name] for name in names}
+            arrays = {name: saved[name] for name in saved.files}
+            if "last_day" not in arrays:
+                arrays["last_day"] = np.full(arrays["keys"].shape, day, np.int32)
+            return arrays
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # absent, truncated, not an npz
         raise ConfigError(f"checkpoint {directory}: cannot read {file}: {exc}") from exc
 

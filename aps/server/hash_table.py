@@ -21,6 +21,12 @@ Why this shape:
   score since the last delta save) and ``last_step`` (the shard's step at the key's last push).
   The score is ``0.1 (show - click) + click``. :meth:`shrink` decays show and click, then deletes
   keys whose score is under a threshold or that were not pushed for ``ttl`` steps.
+* Days, as the reference's ``unseen_days``: the shard keeps a day counter that only a shrink's
+  ``days`` advances (a daily job's shrink passes 1), and each key the day of its last push
+  (``last_day``); a key is unseen for ``day - last_day`` days, and a shrink deletes the keys
+  unseen for more than the table's ``ttl_days``. A counter the client advances, not the wall
+  clock: every pserver counts the same days, so a reshard keeps them, and a replayed stream of
+  old data ages keys by its own days.
 * ``max_keys`` is a hard cap per shard: admitting past it first evicts the lowest-score keys
   (never a key in the push being applied), 1/16 of the cap at a time so the walk that finds them
   is paid once per many admissions; new keys that still do not fit are rejected.
@@ -43,7 +49,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import ErrorCode
-from ..specs import HashTable
+from ..specs import MAX_DAYS, HashTable
 from . import optim
 from .hash_evict import mark_victims
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
@@ -63,8 +69,9 @@ _ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
 
 
 @njit(cache=True, nogil=True)
-def _add_stats(show, click, delta, last, rows, shows, clicks, step, nonclk, clk):
-    """Add each pushed occurrence's show and click (1 and 0 when not given) to its row."""
+def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, day, nonclk, clk):
+    """Add each pushed occurrence's show and click (1 and 0 when not given) to its row, and mark
+    the row seen at ``step`` and ``day``."""
     for i in range(rows.shape[0]):
         r = rows[i]
         s = shows[i] if shows.shape[0] else 1.0
@@ -73,6 +80,7 @@ def _add_stats(show, click, delta, last, rows, shows, clicks, step, nonclk, clk)
         click[r] += c
         delta[r] += nonclk * (s - c) + clk * c
         last[r] = step
+        last_day[r] = day
 
 
 @njit(cache=True, nogil=True)
@@ -101,8 +109,8 @@ def _check_keys(table: str, keys: object) -> np.ndarray:
 
 _NONE = np.empty(0, np.float32)
 _NO_ROWS = np.empty(0, np.int64)
-#: statistics bytes per key: show, click, delta_score (float32) and last_step (int64)
-_STATS_NBYTES = 4 + 4 + 4 + 8
+#: statistics bytes per key: show, click, delta_score (float32), last_step (int64), last_day (int32)
+_STATS_NBYTES = 4 + 4 + 4 + 8 + 4
 
 
 def row_nbytes(spec: HashTable) -> int:
@@ -148,6 +156,8 @@ class HashSparseStore(HashChangeTracking):
         self.click = np.zeros(capacity, np.float32)
         self.delta_score = np.zeros(capacity, np.float32)
         self.last_step = np.zeros(capacity, np.int64)
+        self.last_day = np.zeros(capacity, np.int32)
+        self.day = 0  # days counted by shrinks (the module's note)
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
         self.admitted = self.rejected = self.evicted = 0
@@ -239,8 +249,8 @@ class HashSparseStore(HashChangeTracking):
 
     def _pushed(self, rows: np.ndarray, new: np.ndarray, shows: np.ndarray, clicks: np.ndarray, advance_step: bool, client: int | None) -> None:
         """After a push's update: add the statistics, mark the rows changed, advance the step."""
-        _add_stats(self.show, self.click, self.delta_score, self.last_step, rows, shows, clicks,
-                   self.step, NONCLK_COEFF, CLICK_COEFF)
+        _add_stats(self.show, self.click, self.delta_score, self.last_step, self.last_day, rows, shows, clicks,
+                   self.step, self.day, NONCLK_COEFF, CLICK_COEFF)
         self._mark_pushed(rows, new, client)
         if advance_step:
             self.step += 1
@@ -342,6 +352,7 @@ class HashSparseStore(HashChangeTracking):
         for arr in (self.show, self.click, self.delta_score):
             arr[rows] = 0.0
         self.last_step[rows] = self.step
+        self.last_day[rows] = self.day
         return rows
 
     @property
@@ -373,23 +384,32 @@ class HashSparseStore(HashChangeTracking):
         self.values = grown(self.values)
         self.state = {n: grown(a) for n, a in self.state.items()}
         self.show, self.click = grown(self.show), grown(self.click)
-        self.delta_score, self.last_step = grown(self.delta_score), grown(self.last_step)
+        self.delta_score, self.last_step, self.last_day = grown(self.delta_score), grown(self.last_step), grown(self.last_day)
         self.index.grow_rows(capacity)
         self._tracked_rows = capacity  # bitmaps widen when next used (tracking.py)
 
     # ------------------------------------------------------------ eviction
 
-    def shrink(self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None) -> int:
-        """Decay every key's show and click by ``decay``, then delete the keys whose score is
-        under ``threshold`` or that no push reached in more than ``ttl`` steps (None: no TTL).
+    def shrink(
+        self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None, days: int = 0
+    ) -> int:
+        """Advance the day by ``days``, decay every key's show and click by ``decay``, then
+        delete the keys whose score is under ``threshold``, that no push reached in more than
+        ``ttl`` steps (None: no TTL), or unseen for more than the table's ``ttl_days`` days.
 
         Returns how many keys were deleted. O(keys held): :meth:`shrink_plan` then
         :meth:`delete_keys`, which a server runs apart (the module's note)."""
-        return self.delete_keys(self.shrink_plan(decay, threshold, ttl))
+        return self.delete_keys(self.shrink_plan(decay, threshold, ttl, days))
 
-    def shrink_plan(self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None) -> np.ndarray:
-        """Decay every key's show and click, and return the keys :meth:`shrink` deletes. Writes
-        only the statistics (which pulls never read), so it may run while pulls are served."""
+    def shrink_plan(
+        self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None, days: int = 0
+    ) -> np.ndarray:
+        """Advance the day, decay every key's show and click, and return the keys :meth:`shrink`
+        deletes. Writes only the statistics and the day (which pulls never read), so it may run
+        while pulls are served."""
+        if not 0 <= days <= MAX_DAYS or self.day + days > np.iinfo(np.int32).max:
+            raise _bad(ErrorCode.BAD_REQUEST, self.name, f"a shrink advances the day by 0 to {MAX_DAYS} days, got {days}")
+        self.day += days
         keys, rows = self.index.items()
         used = self.index.rows_used
         for arr in (self.show, self.click):
@@ -397,6 +417,8 @@ class HashSparseStore(HashChangeTracking):
         dead = show_click_score(self.show[rows], self.click[rows]) < threshold
         if ttl is not None:
             dead |= self.step - self.last_step[rows] > ttl
+        if self.spec.ttl_days is not None:
+            dead |= self.day - self.last_day[rows] > self.spec.ttl_days
         return keys[dead]
 
     # ------------------------------------------------------------ bookkeeping
@@ -405,7 +427,7 @@ class HashSparseStore(HashChangeTracking):
     def nbytes(self) -> int:
         """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
         slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
-        stats = self.show.nbytes + self.click.nbytes + self.delta_score.nbytes + self.last_step.nbytes
+        stats = self.show.nbytes + self.click.nbytes + self.delta_score.nbytes + self.last_step.nbytes + self.last_day.nbytes
         pending = self._pending.nbytes + self._pending_counts.nbytes if self._pending is not None else 0
         tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
         return int(slab + stats + self.index.nbytes + pending + tracking)
@@ -425,7 +447,7 @@ class HashSparseStore(HashChangeTracking):
         """The per-row arrays by name, live (not copies): ``values``, the optimizer state and
         the statistics; indexed by the rows :attr:`index` gives keys."""
         return {"values": self.values, **self.state, "show": self.show, "click": self.click,
-                "delta_score": self.delta_score, "last_step": self.last_step}
+                "delta_score": self.delta_score, "last_step": self.last_step, "last_day": self.last_day}
 
     def rows_of(self, keys: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of held keys' rows by name (:meth:`slab_arrays`); for checkpoints and tests.

@@ -220,17 +220,20 @@ class Ping(Message):
 
 @dataclass(slots=True)
 class Shrink(Message):
-    """Evict a hash table's keys by score (new in version 3): decay every key's show and click
-    by ``decay``, then delete the keys whose score ``0.1 (show - click) + click`` is under
-    ``threshold`` or that no push reached in more than ``ttl`` of the shard's steps (-1: no TTL)."""
+    """Evict a hash table's keys by score (new in version 3): advance the table's day by
+    ``days`` (optional; absent: 0), decay every key's show and click by ``decay``, then delete
+    the keys whose score ``0.1 (show - click) + click`` is under ``threshold``, that no push
+    reached in more than ``ttl`` of the shard's steps (-1: no TTL), or unseen for more than the
+    table's ``ttl_days`` days."""
 
     OP = Op.SHRINK
-    FIELDS = (("table", "str"), ("decay", "f64"), ("threshold", "f64"), ("ttl", "i64"))
+    FIELDS = (("table", "str"), ("decay", "f64"), ("threshold", "f64"), ("ttl", "i64"), ("days", "u32?"))
     MUTATES = True
     table: str = ""
     decay: float = 0.98
     threshold: float = 0.8
     ttl: int = -1
+    days: int | None = None
 
 
 # ----------------------------------------------------------------------------- replies
