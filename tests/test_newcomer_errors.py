@@ -356,7 +356,7 @@ def test_eval_flag_misuse_is_an_argparse_error(eval_script: ModuleType, checkpoi
 @pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     ([], "the following arguments are required: --model"),
-    (["--", "--model", "ctr_dnn"], "one of the arguments --data --data-passes is required"),
+    (["--", "--model", "ctr_dnn"], "one of the arguments --data --data-passes --data-stream is required"),
     (["--", "--model", "ctr_dnn", "--data", "x", "--epochs", "zz"], "argument --epochs: invalid int value: 'zz'"),
 ])
 def test_aps_local_checks_trainer_options_before_starting_anything(tmp_path: Path, args: list[str], expected: str) -> None:
