@@ -516,9 +516,16 @@ class PSClient:
         replies = await self._all(msg, timeout)
         return sum(r.evicted for r in replies)  # type: ignore[attr-defined]
 
-    async def load(self, path: str, timeout: Timeout = None) -> None:
-        """Every pserver replaces its tables with those of a checkpoint (re-sharded as needed)."""
-        await self._all(wire.Load(path=path), timeout)
+    async def load(self, path: str, timeout: Timeout = None, *, deltas: Sequence[str] = ()) -> None:
+        """Every pserver replaces its tables with those of a checkpoint (re-sharded as needed).
+
+        ``deltas``: delta saves to put over ``path`` (then a ``base`` save), in the order they
+        were written: each hash table key a save wrote gets its row from the last one that
+        wrote it; fixed and dense tables come from the last delta. Refused unless they are that
+        base's deltas, each following the one before (aps/server/hash_deltas.py)."""
+        if isinstance(deltas, str) or not all(isinstance(d, str) and d for d in deltas):
+            raise ConfigError(f"load deltas must be a list of paths, got {deltas!r}")
+        await self._all(wire.Load(path=path, deltas=json.dumps(list(deltas)) if deltas else None), timeout)
         self._specs.clear()
 
     async def stats(self, timeout: Timeout = True) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ..errors import ApsError, ConfigError, ErrorCode, ServerError
 from ..specs import TableSpec
 from .autosave import latest_checkpoint
 from .checkpoint import load_own_shard, load_shards, save_shard
+from .hash_deltas import load_with_deltas
 from .hash_checkpoint import SAVE_MODES
 from .config import ServerConfig
 from .gate import WriteGate
@@ -123,12 +124,13 @@ class CheckpointHandlers:
 
     def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
         path = self._confine(msg.path)
-        return self.exclusive(lambda: self._load_off_loop(path, msg.path))
+        deltas = [self._confine(d) for d in _delta_paths(msg.deltas)]
+        return self.exclusive(lambda: self._load_off_loop(path, msg.path, deltas))
 
-    async def _load_off_loop(self, path: str, shown: str) -> wire.Message:
+    async def _load_off_loop(self, path: str, shown: str, deltas: list[str]) -> wire.Message:
         index, servers = self.config.server_index, self.config.num_servers
         try:
-            shards, extra = await asyncio.to_thread(load_shards, path, index, servers, self.config.max_table_bytes)
+            shards, extra = await asyncio.to_thread(load_with_deltas, path, deltas, index, servers, self.config.max_table_bytes)
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
         except ApsError as exc:
@@ -180,6 +182,19 @@ def _client_extra(text: str | None) -> dict[str, Any] | None:
     if not isinstance(extra, dict):
         raise ServerError(ErrorCode.BAD_REQUEST, f"save extra must be a JSON object, got {type(extra).__name__}")
     return extra
+
+
+def _delta_paths(text: str | None) -> list[str]:
+    """A LOAD's ``deltas``: a JSON list of paths, else BAD_REQUEST."""
+    if text is None:
+        return []
+    try:
+        paths = json.loads(text)
+    except ValueError as exc:
+        raise ServerError(ErrorCode.BAD_REQUEST, f"load deltas are not JSON: {exc}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ServerError(ErrorCode.BAD_REQUEST, f"load deltas must be a JSON list of paths, got {text[:200]!r}")
+    return paths
 
 
 def checkpoint_root(root: str | None) -> str:

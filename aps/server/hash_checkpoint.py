@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,7 @@ def load_hash_table(
     for the servers holding the logical shards this one now owns (``l % saved_servers``).
     ``key_limit``: keys a size budget lets this server hold (None: only ``max_keys``)."""
     mine = range(shard, LOGICAL_SHARDS, num_shards)
-    for index, (directory, entry) in sources.items():
-        owned = {str(l) for l in range(index, LOGICAL_SHARDS, saved_servers)}
-        if entry.get("logical_shards") != LOGICAL_SHARDS or set(entry.get("files", ())) != owned or set(entry.get("keys", ())) != owned:
-            raise ConfigError(
-                f"checkpoint {directory}: hash table {spec.name!r} does not list one file for each of the "
-                f"{len(owned)} logical shards (of {LOGICAL_SHARDS}) that server {index} of {saved_servers} owns"
-            )
+    _check_entries(spec, sources, saved_servers)
     total = sum(int(sources[l % saved_servers][1]["keys"][str(l)]) for l in mine)
     store = HashSparseStore(spec, max(total, spec.max_keys or _MIN_ROWS), key_limit=key_limit)
     if total > store.key_limit:
@@ -126,15 +121,69 @@ def load_hash_table(
             f"checkpoint: hash table {spec.name!r} has {total} keys for server {shard} of {num_shards}, more than the "
             f"{store.key_limit} it may hold (max_keys per shard, aps-server --max-table-bytes); load onto more pservers"
         )
-    names = {"keys", *store.slab_arrays(), *_PENDING}
-    for l in mine:
-        directory, entry = sources[l % saved_servers]
-        arrays = _read_logical(directory, entry["files"][str(l)], names, int(entry.get("day", 0)))
-        _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
+    for directory, arrays in _logical_files(store, sources, saved_servers, shard, num_shards):
         try:
             store.restore(arrays["keys"], arrays, (arrays["pending_keys"], arrays["pending_counts"]))
         except ServerError as exc:
             raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
+    _restore_clocks(store, sources, saved_servers, shard, num_shards)
+    return store
+
+
+def apply_hash_delta(
+    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+) -> None:
+    """Put a delta save's part of ``store``'s table (server ``shard`` of ``num_shards``'s) over
+    it: each saved key's row replaces the one held (or is added), the admission counters and
+    the clocks and counts become the delta's. ``sources`` as for :func:`load_hash_table`. Keys
+    the delta does not hold keep their rows (a delta records no deletions)."""
+    _check_entries(store.spec, sources, saved_servers)
+    pending: list[tuple[np.ndarray, np.ndarray]] = []
+    for directory, arrays in _logical_files(store, sources, saved_servers, shard, num_shards):
+        rows = store.index.lookup(arrays["keys"])
+        held = rows >= 0
+        for name, arr in store.slab_arrays().items():
+            arr[rows[held]] = arrays[name][held]
+        if not held.all():
+            try:
+                store.restore(arrays["keys"][~held], {n: arrays[n][~held] for n in store.slab_arrays()}, (_NO_KEYS, _NO_KEYS))
+            except ServerError as exc:
+                raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
+        pending.append((arrays["pending_keys"], arrays["pending_counts"]))
+    store.replace_pending(np.concatenate([k for k, _ in pending]), np.concatenate([c for _, c in pending]))
+    _restore_clocks(store, sources, saved_servers, shard, num_shards)
+
+
+_NO_KEYS = np.empty(0, np.int64)
+
+
+def _logical_files(
+    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
+    """(directory, checked arrays) of each saved logical shard server ``shard`` now owns."""
+    names = {"keys", *store.slab_arrays(), *_PENDING}
+    for l in range(shard, LOGICAL_SHARDS, num_shards):
+        directory, entry = sources[l % saved_servers]
+        arrays = _read_logical(directory, entry["files"][str(l)], names, int(entry.get("day", 0)))
+        _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
+        yield directory, arrays
+
+
+def _check_entries(spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int) -> None:
+    """Each saved server's entry lists one file for each logical shard it owned."""
+    for index, (directory, entry) in sources.items():
+        owned = {str(l) for l in range(index, LOGICAL_SHARDS, saved_servers)}
+        if entry.get("logical_shards") != LOGICAL_SHARDS or set(entry.get("files", ())) != owned or set(entry.get("keys", ())) != owned:
+            raise ConfigError(
+                f"checkpoint {directory}: hash table {spec.name!r} does not list one file for each of the "
+                f"{len(owned)} logical shards (of {LOGICAL_SHARDS}) that server {index} of {saved_servers} owns"
+            )
+
+
+def _restore_clocks(
+    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+) -> None:
+    """The saved day, step, push counter and counts (admitted, ...) for server ``shard``."""
     # every pserver counts the same days (each shrink reaches all): the latest, even resharded
     store.day = max(int(e.get("day", 0)) for _, e in sources.values())
     if saved_servers == num_shards:  # the same server's clocks and counters
@@ -150,7 +199,6 @@ def load_hash_table(
         # old server when the cluster size changes, load_shards)
         for name in _COUNTERS:
             setattr(store, name, sum(int(e[name]) for i, (_, e) in sources.items() if i % num_shards == shard))
-    return store
 
 
 def _read_logical(directory: Path, file: str, names: set[str], day: int) -> dict[str, np.ndarray]:

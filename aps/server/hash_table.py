@@ -468,6 +468,14 @@ class HashSparseStore(HashChangeTracking):
         keys, at = self._pending.items()
         return keys, self._pending_counts[at]
 
+    def replace_pending(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Count exactly these not-admitted keys (a delta's counters replace a base's)."""
+        if self._pending is not None:
+            self._pending = HashIndex(self._pending.row_capacity)
+            self._pending_counts[:] = 0
+            fit = min(keys.shape[0], self._pending.free_rows)
+            self._pending_counts[self._pending.insert(keys[:fit])] = counts[:fit]
+
     def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
         """Put saved keys back with their rows (:meth:`slab_arrays` by name, one row per key)
         and saved admission counters (keys, counts), as a checkpoint load does. The keys must

@@ -196,9 +196,11 @@ class Save(Message):
 @dataclass(slots=True)
 class Load(Message):
     OP = Op.LOAD
-    FIELDS = (("path", "str"),)
+    FIELDS = (("path", "str"), ("deltas", "str?"))
     MUTATES = True
     path: str = ""
+    #: optional: a JSON list of delta save paths applied over the base ``path`` in order
+    deltas: str | None = None
 
 
 @dataclass(slots=True)
