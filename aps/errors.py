@@ -7,7 +7,7 @@ it: retry on :class:`ConnectionLost` / :class:`RequestTimeout`, fix their input 
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 
 class ApsError(Exception):
@@ -26,8 +26,48 @@ class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that are not a valid frame or message (the peer's bug, or garbage)."""
 
 
+class CloseReason(StrEnum):
+    """Why a connection closed, on either end: a server connection's ``close_reason``, a client
+    link's and the :class:`ConnectionLost` it raises, and the ``reason`` of their log lines. A
+    value to match on and count, where free text could only be read; the words that go with it
+    are the ``detail``. Never sent on the wire: the peer learns of a close only by its EOF
+    (and, when the server refuses something, by the error reply written before it)."""
+
+    #: too many connections (server-wide or from its address): refused when accepted or once
+    #: through its handshake
+    REFUSED = "refused"
+    #: still in its handshake, the oldest: closed to make room for a new connection
+    EVICTED = "evicted"
+    #: the handshake went wrong: a message out of order, a wrong token
+    HANDSHAKE_REFUSED = "handshake_refused"
+    #: not through the handshake within ``handshake_timeout``
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    #: a frame not complete within ``frame_timeout`` of its first byte
+    FRAME_TIMEOUT = "frame_timeout"
+    #: a frame over a byte budget (answered with TOO_LARGE first)
+    FRAME_REFUSED = "frame_refused"
+    #: bytes that are not a valid frame (either end)
+    BAD_FRAME = "bad_frame"
+    #: the server is shutting down
+    SHUTDOWN = "shutdown"
+    #: the other end closed it
+    PEER_CLOSED = "peer_closed"
+    #: the transport failed (a reset, a socket error)
+    RESET = "reset"
+    #: this end's owner closed it (a client's close, a program dropping a server connection)
+    CLOSED = "closed"
+    #: the connection could not be opened (refused, unreachable, TLS failed)
+    CONNECT_FAILED = "connect_failed"
+
+
 class ConnectionLost(ApsError):
-    """The connection to a pserver closed or could not be opened; ``__cause__`` has the reason."""
+    """The connection to a pserver closed or could not be opened; ``reason`` says why as a
+    :class:`CloseReason` (None where no connection was involved, e.g. a wait for servers to
+    start), ``__cause__`` has the underlying exception."""
+
+    def __init__(self, message: str, reason: CloseReason | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestTimeout(ApsError):

@@ -3,7 +3,9 @@
 A link is a single TCP connection. Many requests may be in flight; replies are matched by
 request id, so a reply that arrives after its caller gave up (timeout, cancel) is simply dropped
 and the connection stays in sync. When the connection dies every waiter fails with
-:class:`ConnectionLost` whose ``__cause__`` is the reason.
+:class:`ConnectionLost` whose ``reason`` says why (a :class:`CloseReason`: the pserver closed
+it, the transport failed, the pserver sent a bad frame, or our own close) and whose ``__cause__``
+is the underlying exception.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from typing import Any
 
 from .. import wire
-from ..errors import ConnectionLost, RemoteProtocolError, ServerError
+from ..errors import CloseReason, ConnectionLost, RemoteProtocolError, ServerError
 from ..wire.handshake import ClientHandshake
 from .retry import timed_out
 
@@ -67,7 +69,9 @@ class Link:
         self._writable = asyncio.Event()
         self._writable.set()
         self.closed = False
-        self.close_reason: BaseException | None = None
+        #: why it closed (None while open), and the exception behind it
+        self.close_reason: CloseReason | None = None
+        self.close_cause: BaseException | None = None
         self.server_index = -1
         self.num_servers = 0
         #: seconds of silence after which the server takes this trainer for gone (0: never)
@@ -105,9 +109,9 @@ class Link:
         try:
             await loop.create_connection(lambda: _LinkProtocol(link), host.strip("[]"), int(port), ssl=ssl)
         except _ssl.SSLError as exc:
-            raise ConnectionLost(f"cannot connect to pserver {address}: TLS failed: {exc}") from exc
+            raise ConnectionLost(f"cannot connect to pserver {address}: TLS failed: {exc}", CloseReason.CONNECT_FAILED) from exc
         except OSError as exc:
-            raise ConnectionLost(f"cannot connect to pserver {address}: {exc.strerror or exc}") from exc
+            raise ConnectionLost(f"cannot connect to pserver {address}: {exc.strerror or exc}", CloseReason.CONNECT_FAILED) from exc
         handshake = ClientHandshake(client_id, trainer_id, token, max_frame, address)
         try:
             step: wire.Message | None = handshake.hello()
@@ -197,11 +201,11 @@ class Link:
         ``limit`` seconds) once passed; a reply arriving later is dropped, as for a cancelled
         request. Without it the caller owns the time budget."""
         if self.closed or self.transport is None:
-            raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
+            raise ConnectionLost(f"connection to {self.address} is closed", self.close_reason) from self.close_cause
         if not self._writable.is_set():
             await self._writable.wait()
             if self.closed:
-                raise ConnectionLost(f"connection to {self.address} is closed") from self.close_reason
+                raise ConnectionLost(f"connection to {self.address} is closed", self.close_reason) from self.close_cause
         parts = wire.encode(msg, request_id, flags, self.max_frame)  # may raise LocalProtocolError: register after
         future: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self.waiters[request_id] = future
@@ -227,7 +231,7 @@ class Link:
                     return
                 msg = wire.decode(frame)
             except RemoteProtocolError as exc:
-                self._fail(exc)
+                self._fail(CloseReason.BAD_FRAME, exc)
                 if self.transport is not None:
                     self.transport.abort()
                 return
@@ -273,11 +277,16 @@ class Link:
             heapq.heappop(heap)
 
     def _lost(self, exc: Exception | None) -> None:
-        self._fail(exc or ConnectionResetError("closed by the pserver"))
+        """The transport is gone: the pserver closed it (EOF), or it failed (``exc``)."""
+        if exc is None:
+            self._fail(CloseReason.PEER_CLOSED, ConnectionResetError("closed by the pserver"))
+        else:
+            self._fail(CloseReason.RESET, exc)
 
-    def _fail(self, reason: BaseException) -> None:
+    def _fail(self, reason: CloseReason, cause: BaseException) -> None:
+        if not self.closed:  # the first reason stays (our close, then the transport's loss)
+            self.close_reason, self.close_cause = reason, cause
         self.closed = True
-        self.close_reason = reason
         self._writable.set()
         if self._timer is not None:
             self._timer.cancel()
@@ -286,14 +295,14 @@ class Link:
         self._stop_spinning()
         for future in self.waiters.values():
             if not future.done():
-                err = ConnectionLost(f"connection to pserver {self.address} lost: {reason}")
-                err.__cause__ = reason
+                err = ConnectionLost(f"connection to pserver {self.address} lost: {cause}", reason)
+                err.__cause__ = cause
                 future.set_exception(err)
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.close()
-        self._fail(ConnectionResetError("closed by the client"))
+        self._fail(CloseReason.CLOSED, ConnectionResetError("closed by the client"))
 
     def info(self) -> dict[str, Any]:
         return {"address": self.address, "inflight": len(self.waiters), "closed": self.closed}

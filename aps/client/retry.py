@@ -122,7 +122,8 @@ class Attempts:
                 raise error
             raise ConnectionLost(
                 f"pserver {self.where} still unreachable {waited:.1f} s after the connection was lost "
-                f"(rpc deadline {policy.deadline:g} s): {error}"
+                f"(rpc deadline {policy.deadline:g} s): {error}",
+                getattr(error, "reason", None),
             ) from (error.__cause__ or error)
         pause = min(policy.backoff * 2**self.attempt, MAX_BACKOFF, policy.deadline - waited)
         self.attempt += 1

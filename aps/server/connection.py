@@ -19,14 +19,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from enum import Enum
 from typing import Any
 
 import structlog
 
 from .. import wire
-from ..errors import RETRIABLE_CODES, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
+from ..errors import (
+    RETRIABLE_CODES, CloseReason, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError,
+)
 from ..wire.auth import check_mac
-from ..wire.handshake import Action, ServerHandshake, Step
+from ..wire.handshake import Action, HandshakeState, ServerHandshake, Step
 from ..wire.limits import ConnectionLimits
 from .context import ConnectionContext
 
@@ -40,6 +43,32 @@ _REFUSED_LINGER = 1.0
 #: what the handshake machine answers itself, whatever the state (the rest of a registered
 #: connection's requests it passes unchanged, so they skip it)
 _HANDSHAKE_MESSAGES = frozenset((wire.Hello, wire.Auth))
+
+
+class ConnectionState(Enum):
+    """Where a connection is in its life, which says what it holds and what its loss undoes.
+    Closing is not a state of its own: once ``close_reason`` is set the connection reads and
+    runs nothing more, whatever its state, until the transport is lost."""
+
+    #: refused when accepted: nothing was counted or held, nothing to undo
+    REFUSED = "refused"
+    #: accepted and counted by admission; in its handshake, or through it with no request yet
+    ACCEPTED = "accepted"
+    #: a request came after the handshake: also counted as one of its client's connections
+    SERVING = "serving"
+    #: the transport is gone and everything it held is given back
+    LOST = "lost"
+
+
+#: closes an operator should hear of: a warning line each; the others are the normal end of a
+#: connection, or are logged where they are decided (admission's rate-limited line, the failed
+#: AUTH): a debug line
+_WARNINGS = {
+    CloseReason.BAD_FRAME: "closing connection: bad frame",
+    CloseReason.FRAME_REFUSED: "closing connection: frame refused",
+    CloseReason.HANDSHAKE_TIMEOUT: "closing connection: no handshake in time",
+    CloseReason.FRAME_TIMEOUT: "closing connection: frame not completed in time",
+}
 
 
 class _FrameRefused(Exception):
@@ -76,18 +105,20 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.decoder = wire.FrameDecoder(self.handshake.frame_limit)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._held = False  # an AUTH waits for its (throttled) verdict: read and run nothing else
+        self.address = "?"  # the peer's host: what admission counts it under
+        self.state = ConnectionState.ACCEPTED
+        #: why it closes (None while open; the first reason stays), and the words that go with it
+        self.close_reason: CloseReason | None = None
+        self.close_detail = ""
         self.nonce = os.urandom(16)
         self.tasks: set[asyncio.Task[Any]] = set()
+        # flow control, not state: the peer does not read our replies / we stopped reading
         self._write_paused = False
         self._read_paused = False
-        self.closed = False
         #: bytes in flight (charged as they arrive, held while requests wait), deadlines
         self.limits = ConnectionLimits.from_config(server, self.config)
         self.decoder.on_header = self._on_header
         self._header_request = 0  # request id of the frame whose header came last
-        self._registered = False  # counted as one of its client's connections (core)
-        self._counted_as: str | None = None  # the address admission counted it under (None: refused)
         #: admission stopped counting it (evicted, or refused once through its handshake)
         self.uncounted = False
         self._handshake_timer: asyncio.TimerHandle | None = None
@@ -105,24 +136,33 @@ class ServerConnection(asyncio.BufferedProtocol):
         """What HELLO said (-1: not a trainer); only that trainer's worker_done is taken."""
         return self.handshake.trainer_id
 
+    @property
+    def closed(self) -> bool:
+        """Closing or closed: nothing more is parsed, run or sent."""
+        return self.close_reason is not None
+
+    @property
+    def _held(self) -> bool:
+        """An AUTH waits for its (throttled) verdict: read and run nothing else."""
+        return self.handshake.state is HandshakeState.CHECKING
+
     # ----------------------------------------------------------------- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        admitted, evicted = self.server.admission.admit(address, self)
+        self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        admitted, evicted = self.server.admission.admit(self.address, self)
         for victim in evicted:  # idle in their handshake: they make room for this one
             victim.uncounted = True
-            victim.abort("evicted: the oldest connection still in its handshake, to make room for a new one")
+            victim.abort(CloseReason.EVICTED, "the oldest connection still in its handshake, to make room for a new one")
         if not admitted:
             self.core.stats.connections_refused += 1
-            self.closed = True
-            self.handshake.close("refused: too many connections")
+            self.state = ConnectionState.REFUSED
+            self._closing(CloseReason.REFUSED, "too many connections")
             transport.abort()  # before it holds any buffer or timer
             return
-        self._counted_as = address
         self.server.connections.add(self)
         self.core.stats.connections += 1
         self.core.stats.connections_total += 1
@@ -132,13 +172,15 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._handshake_timer = loop.call_at(due, self._handshake_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self._counted_as is None:
-            return  # refused in connection_made: nothing was counted or held
+        if exc is not None:
+            self._closing(CloseReason.RESET, str(exc))
+        else:
+            self._closing(CloseReason.PEER_CLOSED)
+        state, self.state = self.state, ConnectionState.LOST
+        if state is ConnectionState.REFUSED or state is ConnectionState.LOST:
+            return  # nothing was counted or held, or it is all given back already
         if not self.uncounted:
-            self.server.admission.release(self._counted_as, self)
-        self._counted_as = None
-        self.handshake.close(f"connection lost: {exc}" if exc is not None else "connection closed")
+            self.server.admission.release(self.address, self)
         self.server.connections.discard(self)
         self.core.stats.connections -= 1
         for timer in (self._handshake_timer, self._frame_timer, self._linger_timer):
@@ -149,8 +191,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         # this was the client's last connection)
         self.limits.lost()
         self.decoder = wire.FrameDecoder(0)
-        if self._registered:
-            self._registered = False
+        if state is ConnectionState.SERVING:
             assert self.client_id is not None
             self.core.client_disconnected(self.client_id)
             if 0 <= self.trainer_id < self.config.num_trainers:
@@ -195,8 +236,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             except _FrameRefused:
                 return
             except RemoteProtocolError as exc:
-                log.warning("closing connection: bad frame", peer=self.peer, error=str(exc))
-                self.abort(f"bad frame: {exc}")
+                self.abort(CloseReason.BAD_FRAME, str(exc))
                 return
             if frame is None:
                 break
@@ -231,16 +271,15 @@ class ServerConnection(asyncio.BufferedProtocol):
         counts as an established connection of its address (admission.py)."""
         if self.limits.in_handshake and self.handshake.ready:
             self.limits.through_handshake()
-            if self._counted_as is not None and not self.server.admission.established(self._counted_as, self):
+            if not self.server.admission.established(self.address, self):
                 self.uncounted = True
                 self.core.stats.connections_refused += 1
-                self.close("refused: too many connections from this address (max_connections_per_address)")
+                self.close(CloseReason.REFUSED, "too many connections from this address (max_connections_per_address)")
 
     def _refuse_frame(self, request_id: int, exc: ServerError) -> None:
         """Answer a refused frame and close without reading its body into memory."""
-        log.warning("closing connection: frame refused", peer=self.peer, reason=exc.message)
         self._send_error(request_id, exc)
-        self._closing(f"frame refused: {exc.message}")  # nothing more is parsed or run; data_received drops what arrives
+        self._closing(CloseReason.FRAME_REFUSED, exc.message)  # nothing more is parsed or run; data_received drops what arrives
         transport = self.transport
         if transport is None:
             return
@@ -256,8 +295,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._handshake_timer = None
         if self.closed or self.handshake.ready:
             return
-        log.warning("closing connection: no handshake in time", peer=self.peer, timeout=self.config.handshake_timeout)
-        self.abort(f"no handshake within {self.config.handshake_timeout} s")
+        self.abort(CloseReason.HANDSHAKE_TIMEOUT, f"no handshake within {self.config.handshake_timeout} s")
 
     def _watch_frame(self, completed: bool) -> None:
         """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
@@ -278,14 +316,8 @@ class ServerConnection(asyncio.BufferedProtocol):
         if loop.time() < due:  # a later frame is in progress: its own deadline
             self._frame_timer = loop.call_at(due, self._frame_deadline)
             return
-        log.warning(
-            "closing connection: frame not completed in time",
-            peer=self.peer,
-            timeout=self.config.frame_timeout,
-            received=self.decoder.buffered,
-            declared=self.decoder.pending_length,
-        )
         self.abort(
+            CloseReason.FRAME_TIMEOUT,
             f"frame not completed within {self.config.frame_timeout} s "
             f"({self.decoder.buffered} bytes received of {self.decoder.pending_length} declared)"
         )
@@ -293,7 +325,7 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _register(self) -> None:
         """The handshake is done and a request came: count this connection for its client."""
         assert self.client_id is not None
-        self._registered = True
+        self.state = ConnectionState.SERVING
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -316,10 +348,10 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._handshake_error(self.handshake.receive_unparsable(frame.opcode, code, str(exc)), frame.request_id)
             return
         op_name = type(msg).__name__
-        if not self._registered or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
+        if self.state is not ConnectionState.SERVING or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
             if not self._admitted(msg, frame.request_id):
                 return
-            if not self._registered:
+            if self.state is not ConnectionState.SERVING:
                 self._register()
         # else: a request on a registered connection, which the handshake passes as it is
         assert self.client_id is not None
@@ -410,8 +442,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._send(wire.Ok(op=wire.Op.AUTH), request_id)
         elif action is Action.CHECK_AUTH:
             assert isinstance(msg, wire.Auth)
-            self._held = True
-            self._update_reading()
+            self._update_reading()  # held (CHECKING): nothing else is read meanwhile
             mac = msg.mac
             self.server.auth_throttle.submit(
                 self.peer.rpartition(":")[0],
@@ -426,7 +457,8 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _handshake_error(self, step: Step, request_id: int) -> None:
         assert step.code is not None
         if step.action is Action.REFUSE:
-            self._refuse(request_id, ServerError(step.code, step.message))
+            self._send_error(request_id, ServerError(step.code, step.message))
+            self.close(CloseReason.HANDSHAKE_REFUSED, step.message)
         else:
             self._send_error(request_id, ServerError(step.code, step.message))
 
@@ -447,7 +479,6 @@ class ServerConnection(asyncio.BufferedProtocol):
         self.decoder.max_frame = self.handshake.frame_limit
         self._through_handshake()
         self._send(wire.Ok(op=wire.Op.AUTH), request_id)
-        self._held = False
         self._update_reading()
         asyncio.get_running_loop().call_soon(self.data_received, b"")  # requests queued behind the AUTH
 
@@ -481,10 +512,6 @@ class ServerConnection(asyncio.BufferedProtocol):
         retriable = exc.retriable or exc.code in RETRIABLE_CODES
         self._send(wire.Error(code=int(exc.code), retriable=int(retriable), message=exc.message[:4000]), request_id)
 
-    def _refuse(self, request_id: int, exc: ServerError) -> None:
-        self._send_error(request_id, exc)
-        self.close(f"refused: {exc.message}")
-
     def _update_reading(self) -> None:
         """Stop reading while the peer does not read our replies or has too much in flight."""
         if self.transport is None or self.closed:
@@ -501,26 +528,30 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._read_paused = False
             asyncio.get_running_loop().call_soon(self.data_received, b"")  # frames left unparsed
 
-    def abort(self, reason: str) -> None:
-        """Drop the connection now (a protocol breach, a missed deadline): what is unsent is lost."""
-        self._closing(reason)
+    def abort(self, reason: CloseReason | str, detail: str = "") -> None:
+        """Drop the connection now (a protocol breach, a missed deadline): what is unsent is
+        lost. A ``reason`` in words (a program dropping the connection) is CLOSED with that
+        detail."""
+        if not isinstance(reason, CloseReason):
+            reason, detail = CloseReason.CLOSED, reason
+        self._closing(reason, detail)
         if self.transport is not None:
             self.transport.abort()
 
-    def close(self, reason: str) -> None:
-        """Close once the replies already written have gone out; ``reason`` is logged and kept
-        (``close_reason``) for whoever looks at the connection afterwards."""
+    def close(self, reason: CloseReason, detail: str = "") -> None:
+        """Close once the replies already written have gone out."""
         if self.transport is not None and not self.closed:
             self.transport.close()
-        self._closing(reason)
+        self._closing(reason, detail)
 
-    def _closing(self, reason: str) -> None:
-        if not self.closed:
-            log.debug("closing connection", peer=self.peer, client=self.client_id, reason=reason)
-        self.closed = True
-        self.handshake.close(reason)
-
-    @property
-    def close_reason(self) -> str:
-        """Why this connection closed (empty while it is open)."""
-        return self.handshake.close_reason
+    def _closing(self, reason: CloseReason, detail: str = "") -> None:
+        """Nothing more is parsed, run or sent; the first reason stays (``close_reason``)."""
+        if self.close_reason is not None:
+            return
+        self.close_reason, self.close_detail = reason, detail
+        self.handshake.close(f"{reason.value}: {detail}" if detail else reason.value)
+        warning = _WARNINGS.get(reason)
+        if warning is not None:
+            log.warning(warning, peer=self.peer, client=self.client_id, reason=reason.value, detail=detail)
+        else:
+            log.debug("closing connection", peer=self.peer, client=self.client_id, reason=reason.value, detail=detail)

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from .. import wire
-from ..errors import ConfigError, ErrorCode, ServerError
+from ..errors import CloseReason, ConfigError, ErrorCode, ServerError
 from ..telemetry import MetricsEndpoint, write_port_file
 from ..tls import server_context
 from .admission import Admission
@@ -274,7 +274,7 @@ class PServer:
                     log.error("checkpoint at shutdown failed", error=str(exc))
         # let the replies already written reach the socket before closing it
         for conn in list(self.connections):
-            conn.close("server shutting down")
+            conn.close(CloseReason.SHUTDOWN)
         if self._servers:
             try:
                 await asyncio.wait_for(asyncio.gather(*(s.wait_closed() for s in self._servers)), timeout=1.0)
