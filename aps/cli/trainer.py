@@ -210,6 +210,7 @@ def make_source(args: argparse.Namespace, trainer: Trainer) -> Source:
             args.data_stream,
             group=args.stream_group,
             trainer_id=trainer.trainer_id,
+            num_trainers=trainer.cluster.num_trainers,
             records=args.pass_records,
             wait=args.pass_wait,
             parts=trainer.strategy.workers or 1,

@@ -17,10 +17,21 @@ Exactly once, with the checkpoints (:mod:`aps.trainer.online`):
 * ``--resume`` loads that checkpoint, acknowledges this consumer's pending entries up to its
   covered id (the checkpoint has them: a crash came between the save and the XACK) and trains
   the rest again first; how many is the pass's ``reread`` (metrics: ``aps_trainer_reread_records``).
+
+The trainers of a job agree on every pass: each writes how many entries it read for pass ``seq``
+into the hash ``<group>:read`` and waits until every trainer has; the pass goes ahead (empty for
+those that read nothing: they still meet the others at its barriers) unless none read anything,
+and then all of them stop. Without that, a stream ending with fewer entries than the trainers
+take stopped the trainers that got none while the others waited for them at the pass's barrier.
+A trainer's field of a pass is written anew each time it reads that pass, so a resumed trainer
+could in principle read the field another trainer wrote for that pass before a crash, if it
+finishes reading the pass before the other restarts; it is deleted by its owner once a
+checkpoint covers the pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -30,7 +41,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from ...errors import ConfigError
+from ...errors import ConfigError, RequestTimeout
 from .base import Pass
 
 log = structlog.get_logger("aps.trainer")
@@ -38,6 +49,10 @@ log = structlog.get_logger("aps.trainer")
 FIELD = b"line"
 #: entries asked for per XREADGROUP
 READ_COUNT = 1000
+#: seconds a trainer waits, beyond --pass-wait, for the others to say what they read of a pass
+AGREE_GRACE = 120.0
+#: seconds between two looks at the others' counts
+AGREE_POLL = 0.02
 
 
 def parse_stream_url(url: str) -> tuple[str, int, str]:
@@ -64,6 +79,7 @@ class RedisStream:
         *,
         group: str | None = None,
         trainer_id: int = 0,
+        num_trainers: int = 1,
         records: int = 100_000,
         wait: float = 600.0,
         parts: int = 1,
@@ -76,7 +92,9 @@ class RedisStream:
             raise ConfigError(f"stream wait must be > 0 seconds, got {wait}")
         self.group = group or f"aps:{self.stream}"
         self.consumer = f"trainer-{trainer_id}"
-        self.trainer_id = trainer_id
+        if num_trainers > 1 and not 0 <= trainer_id < num_trainers:
+            raise ConfigError(f"trainer id {trainer_id} is not one of {num_trainers} trainers")
+        self.trainer_id, self.num_trainers = trainer_id, max(1, num_trainers)
         self.records, self.wait, self.parts = records, wait, max(1, parts)
         self.spool_parent = spool_dir
         self.stop_reason: str | None = None
@@ -87,10 +105,15 @@ class RedisStream:
         self._lines: dict[bytes, bytes] = {}  # their lines
         self._unacked: list[bytes] = []  # read, not yet covered by a written checkpoint
         self._last_file: list[str] = []
+        self._last_id: str | None = None  # the last entry this consumer read
 
     @property
     def covered_key(self) -> str:
         return f"{self.group}:covered"
+
+    @property
+    def read_key(self) -> str:
+        return f"{self.group}:read"
 
     async def open(self, position: dict[str, Any] | None) -> None:
         try:
@@ -108,6 +131,7 @@ class RedisStream:
                 raise
         self._spool = tempfile.mkdtemp(prefix="aps-stream-", dir=self.spool_parent)
         covered = (position or {}).get("covered", {}).get(self.consumer)
+        self._last_id = covered
         if position:
             self._seq = int(position["seq"]) + 1
         await self._take_pending(covered)
@@ -156,18 +180,38 @@ class RedisStream:
             for entry_id, fields in reply[0][1] if reply else []:
                 ids.append(entry_id)
                 lines.append(fields.get(FIELD, b"") if fields else b"")
-        if not ids:
+        seq = self._seq
+        if ids:
+            self._last_id = ids[-1].decode()
+        if self._last_id is not None:
+            await self._redis.hset(self.covered_key, f"{seq}:{self.consumer}", self._last_id)
+        if not await self._anyone_read(seq, len(ids)):
             self.stop_reason = f"no new entry in stream {self.stream} within --pass-wait {self.wait:g} s"
             return None
-        seq = self._seq
         self._seq += 1
         self._unacked.extend(ids)
-        last = ids[-1].decode()
-        await self._redis.hset(self.covered_key, f"{seq}:{self.consumer}", last)
         files = self._spool_lines(seq, lines)
-        name = f"{self.stream}@{last}"
+        name = f"{self.stream}@{self._last_id or '0-0'}"
         day = time.strftime("%Y%m%d", time.gmtime())
         return Pass(seq, name, files, {"source": "redis", "stream": self.stream, "seq": seq}, reread=reread, day=day)
+
+    async def _anyone_read(self, seq: int, count: int) -> bool:
+        """Say how many entries this trainer read for pass ``seq``, wait until every trainer has,
+        and return whether any read one (see the module). A trainer alone asks nobody."""
+        if self.num_trainers == 1:
+            return count > 0
+        await self._redis.hset(self.read_key, f"{seq}:{self.consumer}", count)
+        fields = [f"{seq}:trainer-{k}" for k in range(self.num_trainers)]
+        deadline = time.monotonic() + self.wait + AGREE_GRACE
+        while True:
+            counts = await self._redis.hmget(self.read_key, fields)
+            if all(c is not None for c in counts):
+                return any(int(c) for c in counts)
+            if time.monotonic() > deadline:
+                missing = [f for f, c in zip(fields, counts) if c is None]
+                raise RequestTimeout(f"stream {self.stream}: {', '.join(missing)} did not read pass {seq} "
+                                     f"within --pass-wait {self.wait:g} s + {AGREE_GRACE:g} s")
+            await asyncio.sleep(AGREE_POLL)
 
     def _spool_lines(self, seq: int, lines: list[bytes]) -> list[str]:
         assert self._spool is not None
@@ -205,6 +249,10 @@ class RedisStream:
         stale = [k for k in await self._redis.hkeys(self.covered_key) if int(k.decode().split(":")[0]) < done.seq]
         if stale and self.trainer_id == 0:
             await self._redis.hdel(self.covered_key, *stale)
+        mine = [k for k in await self._redis.hkeys(self.read_key)
+                if k.decode().endswith(f":{self.consumer}") and int(k.decode().split(":")[0]) <= done.seq]
+        if mine:
+            await self._redis.hdel(self.read_key, *mine)
 
     async def aclose(self) -> None:
         if self._redis is not None:
