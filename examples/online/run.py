@@ -65,6 +65,8 @@ class Settings:
     model_args: list[str] = field(default_factory=lambda: ["hidden=64,64", "batch_size=256", "lr=0.003"])
     #: serve the exports and score from them (off: train and export only, as a benchmark may)
     serve: bool = True
+    #: export after every pass, with a shrink at each new day (off: no exports, no shrink, no serving)
+    exports: bool = True
     #: seconds to wait for any process step before giving up
     timeout: float = 120.0
 
@@ -157,6 +159,8 @@ class Follower:
 
     def ready(self, version: int) -> bool:
         """Export ``version`` is done, and served when there is a server to ask."""
+        if not self.settings.exports:
+            return True
         return version in (self.freshness if self.client is not None else self.done)
 
 
@@ -190,7 +194,7 @@ async def follow(settings: Settings, workdir: Path, names: list[str], trainer: s
 def row(record: dict[str, Any], version: int, f: Follower) -> dict[str, Any]:
     return {
         "pass": record["pass"], "online_auc": record.get("online_auc"), "keys": record.get("keys", {}).get(EMBEDDING),
-        "export": version, "export_kind": f.kinds.get(version),
+        "export": version if f.settings.exports else None, "export_kind": f.kinds.get(version),
         "freshness_s": f.freshness.get(version), "served_auc_next_pass": f.served_auc.get(version),
     }
 
@@ -200,7 +204,7 @@ def show(r: dict[str, Any]) -> str:
         return "-" if x is None else format(x, fmt)
 
     return (f"{r['pass']:>14}  {num(r['online_auc'], '.4f'):>10}  {num(r['keys'], ',d'):>7}  "
-            f"{r['export']:>3} {r['export_kind'] or '':<5}  {num(r['freshness_s'], '.2f'):>11}  {num(r['served_auc_next_pass'], '.4f'):>10}")
+            f"{num(r['export'], 'd'):>3} {r['export_kind'] or '':<5}  {num(r['freshness_s'], '.2f'):>11}  {num(r['served_auc_next_pass'], '.4f'):>10}")
 
 
 HEADER = f"{'pass':>14}  {'online AUC':>10}  {'keys':>7}  {'export':<9}  {'freshness s':>11}  {'served AUC':>10}"
@@ -218,7 +222,7 @@ async def run(settings: Settings, workdir: Path, report: Any = print) -> dict[st
                              "--checkpoint-root", str(workdir / "ckpt"), "--no-exit-when-done")
         ps_port = await wait_for_port(workdir / "ps.port", server, settings.timeout)
         serve_port = None
-        if settings.serve:
+        if settings.serve and settings.exports:
             serving = procs.start("aps-serve", str(workdir / "ckpt" / "exports"), "--port", "0",
                                   "--port-file", str(workdir / "serve.port"), "--poll", "0.05")
             serve_port = await wait_for_port(workdir / "serve.port", serving, settings.timeout)
@@ -226,7 +230,7 @@ async def run(settings: Settings, workdir: Path, report: Any = print) -> dict[st
         trainer = procs.start(
             "aps-trainer", "--pservers", f"127.0.0.1:{ps_port}", "--model", "ctr_dnn", *model_args, "--workers", "1",
             "--mode", "async", "--seed", str(settings.seed), "--data-passes", str(workdir / "passes"), "--pass-wait", "10",
-            "--save-every-passes", "0", "--export-dir", "exports", "--metrics", str(workdir / "trainer.metrics.jsonl"),
+            "--save-every-passes", "0", *(["--export-dir", "exports"] if settings.exports else []), "--metrics", str(workdir / "trainer.metrics.jsonl"),
             "--print-period", "0",
         )
         report(f"{len(meta['passes'])} passes of {settings.lines} lines ({meta['passes'][0]} .. {meta['passes'][-1]}), "
