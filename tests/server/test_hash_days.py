@@ -51,6 +51,7 @@ def test_without_ttl_days_no_key_ages_out() -> None:
     assert store.shrink(days=1000) == 0 and len(store) == 10 and store.day == 1000
 
 
+@pytest.mark.slow
 async def test_days_through_the_client_and_across_a_reshard(tmp_path: Path) -> None:
     old = np.arange(0, 500, dtype=np.int64) * 7919
     new = np.arange(500, 1000, dtype=np.int64) * 7919

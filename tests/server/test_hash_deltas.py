@@ -21,6 +21,7 @@ async def push(ps: aps.PSClient, keys: np.ndarray, seed: int) -> None:
     await ps.push_sparse_grad("emb", keys, grads)
 
 
+@pytest.mark.slow
 async def test_a_base_and_its_deltas_load_onto_another_cluster_with_the_rows_of_the_last_delta(tmp_path: Path) -> None:
     keys = random_keys(1500, seed=21)
     async with cluster(2, tmp_path) as (servers, ps):
