@@ -55,3 +55,34 @@ class CountingLR(Model):
 
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
         return batch.data[3], batch.data[2]
+
+
+class HashCountingLR(CountingLR):
+    """CountingLR whose feature weights ``w`` are a hash table keyed by the feature (any int64),
+    pushing each feature's shows and clicks, so a day tick's shrink scores and evicts its keys.
+    Every key goes into a base export (``base_threshold`` 0): what a base leaves out, only the
+    shrink took away."""
+
+    name = "hash_counting_lr"
+
+    def tables(self) -> list:
+        seen, _ = super().tables()
+        w = aps.HashTable("w", dim=1, init=aps.Constant(0.0), optimizer=aps.SGD(lr=self.lr), base_threshold=0.0)
+        return [seen, w]
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        for batch in super().batches(chunk, ctx):
+            _, fpos, labels = batch.data
+            stats = np.zeros((len(batch.sparse_ids["w"]), 2), np.float32)
+            np.add.at(stats[:, 0], fpos, 1.0)
+            np.add.at(stats[:, 1], fpos, labels.astype(np.float32))
+            batch.stats["w"] = stats
+            yield batch
+
+    def _probs(self, batch: Batch, params: Params) -> np.ndarray:
+        _, fpos, _ = batch.data[:3]
+        z = params.sparse["w"][fpos, 0].astype(np.float64)  # a hash table's rows: the batch's keys, in order
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def max_batch_ids(self, table: str) -> int:
+        return self.batch_size if table == "w" else super().max_batch_ids(table)

@@ -1,19 +1,23 @@
 """Exports from the pass loop: a base after the first pass and at each new day (after shrinking
-the hash tables), a delta after the other passes, each complete (done marker) for aps-serve."""
+the hash tables), a delta after the other passes, each complete (done marker) for aps-serve; a
+key the day tick's shrink evicted is in no later base and no longer served."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import aps
 from aps.cluster import ClusterSpec
 from aps.serving.layout import list_exports
+from aps.serving.server import serve_exports
 from aps.trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from aps.trainer.online_exports import ExportOptions
 
-from .models import CountingLR
+from .models import CountingLR, HashCountingLR
 from .passdata import write_pass
 
 pytestmark = pytest.mark.timeout(90)
@@ -52,3 +56,49 @@ def test_aps_trainer_export_flags_make_the_export_options() -> None:
     )
     assert online_options(args).export == ExportOptions("exp", delta_every=3, base_every=2)
     assert online_options(build_parser().parse_args(["--model", "m", "--data-passes", "r"])).export is None
+
+
+def write_lines(root: Path, name: str, lines: list[tuple[int, int, int]]) -> None:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "part-00000").write_text("".join(f"{r} {label} {feature}\n" for r, label, feature in lines))
+    (folder / "_SUCCESS").write_text("")
+
+
+async def served_keys(root: Path, keys: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """(version, keys held, rows of ``keys``) of the newest base and deltas under ``root``."""
+    server = await serve_exports(root, poll=60.0)
+    try:
+        async with aps.connect([server.address]) as client:
+            rows, version = await client.pull_sparse("w", keys, with_version=True)
+            return version, (await client.table_info("w")).keys, rows
+    finally:
+        await server.aclose()
+
+
+@pytest.mark.slow  # worker processes and two exports of a hash table: ~10 s on a loaded machine
+async def test_the_day_ticks_shrink_leaves_evicted_keys_out_of_the_base_and_out_of_serving(tmp_path: Path) -> None:
+    data = tmp_path / "passes"
+    # day 1: 40 features shown once, never clicked; day 2: 4 features shown 10 times, all clicked
+    write_lines(data, "20261126/1", [(i, 0, 100 + i) for i in range(40)])
+    write_lines(data, "20261127/1", [(40 + i, 1, 200 + i % 4) for i in range(40)])
+    server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
+    try:
+        options = TrainOptions(save_dir=None, print_period=0, live_line=False)
+        trainer = Trainer(HashCountingLR(batch_size=40), Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=ExportOptions("exports")))
+        async with aps.connect([server.address]) as ps:
+            held = (await ps.table_info("w")).keys
+    finally:
+        await server.aclose()
+    assert [(p["export"], p["export_kind"]) for p in result.passes] == [(1, "base"), (2, "base")]
+    assert [p["keys"]["w"] for p in result.passes] == [40, 44]  # after each pass's training, before the tick
+    assert result.passes[1]["evicted"] == {"w": 40} and held == 4  # score 0.1 x 0.98 < 0.8 went, 9.8 stayed
+    evicted, kept = np.arange(100, 140), np.arange(200, 204)
+    first = tmp_path / "first-base-only"
+    shutil.copytree(tmp_path / "exports" / "00000001-base", first / "00000001-base")
+    version, count, before = await served_keys(first, evicted)
+    assert (version, count) == (1, 40) and (before != 0).all()  # trained away from their 0 init
+    version, count, after = await served_keys(tmp_path / "exports", np.concatenate([evicted, kept]))
+    assert (version, count) == (2, 4)  # the day's base holds the kept keys only
+    assert not after[:40].any() and (after[40:] != 0).all()  # evicted keys read their init row again
