@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--last-pass", metavar="DAY/PASS", help="stop after training this pass")
     on.add_argument("--save-every-passes", type=int, default=1, metavar="N",
                     help="trainer 0 saves SAVE_DIR/pass-SEQ with the position after every N passes (default 1; 0: never)")
+    on.add_argument("--keep-passes", type=int, default=OnlineOptions.keep_passes, metavar="K",
+                    help="after each pass checkpoint, delete those older than the newest K (default %(default)s; 0: keep all)")
     on.add_argument("--resume", action="store_true",
                     help="load the newest complete pass checkpoint in --save-dir and continue after its pass "
                     "(none yet: start at the first pass)")
@@ -231,7 +233,8 @@ def online_options(args: argparse.Namespace) -> OnlineOptions:
     if args.resume and args.no_save:
         raise ConfigError("--resume reads the checkpoints in --save-dir: it cannot go with --no-save")
     export = ExportOptions(args.export_dir, args.delta_every, args.base_every) if args.export_dir else None
-    return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score, export=export)
+    return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score, export=export,
+                         keep_passes=args.keep_passes)
 
 
 async def _amain(args: argparse.Namespace) -> int:

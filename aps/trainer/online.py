@@ -10,13 +10,15 @@
 2. *train*: the same files are trained once, as an epoch (flush and barrier at its end); trainer 0
    adds the keys every hash table holds then to the record (``keys``: what ``max_keys`` bounds);
 3. *checkpoint*: every ``save_every`` passes trainer 0 saves ``SAVE_DIR/pass-<seq>`` with the
-   source's position in the manifest, the trainers meet at a barrier, and the source is told
+   source's position in the manifest (and deletes those older than the newest ``keep_passes``),
+   the trainers meet at a barrier, and the source is told
    (a stream acknowledges the records the checkpoint covers only then). A trainer killed in a
    pass loses that pass only: ``--resume`` loads the checkpoint and continues after it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,7 +31,7 @@ from ..errors import ConfigError
 from ..metrics import auc_from_counts
 from .files import assign_to_workers
 from .online_exports import Exporter, ExportOptions, hash_tables
-from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint
+from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint, prune_checkpoints
 from .pool import start_fork_server
 from .sources.base import Pass, Source
 
@@ -51,6 +53,8 @@ class OnlineOptions:
     score: bool = True
     #: exports for serving after passes (trainer 0); None: none
     export: ExportOptions | None = None
+    #: after each save, delete the pass checkpoints older than the newest N (0: keep every one)
+    keep_passes: int = 3
 
 
 @dataclass
@@ -76,8 +80,8 @@ def pass_auc(scores: np.ndarray) -> float | None:
 async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
     """Run ``trainer`` over the passes of ``source`` until it has no more (see the module)."""
     online = online or OnlineOptions()
-    if online.save_every < 0:
-        raise ConfigError(f"save_every must be >= 0 passes, got {online.save_every}")
+    if online.save_every < 0 or online.keep_passes < 0:
+        raise ConfigError(f"save_every and keep_passes must be >= 0, got {online.save_every}, {online.keep_passes}")
     if online.resume and not trainer.options.save_dir:
         raise ConfigError("resume needs a save dir: the checkpoints to resume from are there (--save-dir)")
     trainer.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
@@ -102,7 +106,7 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
             saving = bool(online.save_every and trainer.options.save_dir and len(result.passes) % online.save_every == 0)
             if trainer.trainer_id == 0:
                 if saving:
-                    record["saved"] = await _save(trainer, s.ps, source, p)
+                    record["saved"] = await _save(trainer, s.ps, source, p, online.keep_passes)
                 if exporter is not None:
                     record.update(await exporter.after_pass(s.ps, p))
             if saving or exporter is not None:
@@ -149,11 +153,18 @@ async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions
     return record
 
 
-async def _save(trainer: Trainer, ps: PSClient, source: Source, p: Pass) -> str:
-    """Save the tables with the position after ``p`` (trainer 0); returns the path."""
+async def _save(trainer: Trainer, ps: PSClient, source: Source, p: Pass, keep: int) -> str:
+    """Save the tables with the position after ``p`` (trainer 0), then delete the checkpoints
+    older than the newest ``keep`` (0: none); returns the path."""
     assert trainer.options.save_dir is not None
     path = pass_checkpoint(trainer.options.save_dir, p.seq)
     await ps.save(path, extra={KEY: await source.position(p)})
+    if keep:
+        local = local_save_dir(trainer.options.save_dir, await ps.checkpoint_roots())
+        if not os.path.isdir(local):
+            log.warning("cannot prune pass checkpoints: the save dir is not on this machine", save_dir=local, keep=keep)
+        elif pruned := prune_checkpoints(local, keep):
+            log.info("pruned pass checkpoints", save_dir=local, deleted=pruned, keep=keep)
     return path
 
 

@@ -5,12 +5,16 @@ position in the manifest's ``extra`` under ``"online"``. ``--resume`` takes the 
 one (every shard present, one save id: a save killed half-way is skipped), has the pservers load
 it and continues after its position. The trainer lists the save dir itself, so it must see the
 pservers' checkpoint root at the same path (same machine or shared storage), as exports need.
+Trainer 0 deletes the pass checkpoints older than the newest ``keep`` complete ones after each
+save (``--keep-passes``): a pass checkpoint is a whole copy of the tables, and one per pass
+would fill the disk of a job that runs for weeks.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from typing import Any
 
 import structlog
@@ -65,6 +69,26 @@ def newest_checkpoint(local_dir: str) -> tuple[str, dict[str, Any]] | None:
             return name, extra[KEY]
         log.warning("skipping an incomplete checkpoint", path=os.path.join(local_dir, name))
     return None
+
+
+def prune_checkpoints(local_dir: str, keep: int) -> list[str]:
+    """Delete the pass checkpoints in ``local_dir`` older than its newest ``keep`` complete ones
+    (complete or not: an older incomplete one is a save that was killed); returns their names.
+    Newer incomplete ones are left alone: a save may be writing them."""
+    if keep < 1:
+        raise ConfigError(f"keep must be >= 1 pass checkpoints, got {keep}")
+    try:
+        names = sorted((e.name for e in os.scandir(local_dir) if e.is_dir() and _PASS_DIR.match(e.name)), key=lambda n: int(n[5:]))
+    except FileNotFoundError:
+        return []
+    complete = [n for n in names if _complete_extra(os.path.join(local_dir, n)) is not None]
+    if len(complete) <= keep:
+        return []
+    oldest_kept = int(complete[-keep][5:])
+    doomed = [n for n in names if int(n[5:]) < oldest_kept]
+    for name in doomed:
+        shutil.rmtree(os.path.join(local_dir, name), ignore_errors=True)
+    return doomed
 
 
 def local_save_dir(save_dir: str, roots: dict[str, str | None]) -> str:

@@ -63,3 +63,38 @@ async def test_resume_without_a_checkpoint_starts_at_the_first_pass(tmp_path: Pa
         await server.aclose()
     assert result.resumed_from is None and [p["pass"] for p in result.passes] == ["d1/p1"]
     assert "saved" not in result.passes[0] and not (tmp_path / "fresh").exists()
+
+
+async def test_pass_checkpoints_older_than_the_newest_k_are_deleted_and_resume_still_works(tmp_path: Path) -> None:
+    data, root = tmp_path / "passes", tmp_path / "ckpt"
+    (root / "online" / "pass-000000" / "shard-00000-of-00001").mkdir(parents=True)  # a killed save's leftover
+    for k in range(5):
+        write_pass(data, f"d1/p{k + 1}", 8 * k, 8)
+    server = await aps.serve(port=0, checkpoint_root=str(root))
+    try:
+        first = await trainer(server.address, "online").atrain_passes(PassDir(str(data), wait=0), OnlineOptions(keep_passes=2))
+        assert [p["saved"] for p in first.passes] == [f"online/pass-{k:06d}" for k in range(5)]
+        assert sorted(p.name for p in (root / "online").iterdir()) == ["pass-000003", "pass-000004"]
+        write_pass(data, "d1/p6", 40, 8)
+        (data / "_SUCCESS").write_text("")
+        again = await trainer(server.address, "online").atrain_passes(
+            PassDir(str(data), wait=0), OnlineOptions(resume=True, keep_passes=0)
+        )
+        async with aps.connect(server.address) as ps:
+            counts = (await ps.pull_sparse("seen", np.arange(64)))[:, 0]
+    finally:
+        await server.aclose()
+    assert again.resumed_from == "online/pass-000004" and [p["pass"] for p in again.passes] == ["d1/p6"]
+    assert sorted(p.name for p in (root / "online").iterdir()) == ["pass-000003", "pass-000004", "pass-000005"]  # 0: keep all
+    assert counts[:48].tolist() == [1.0] * 48 and not counts[48:].any()
+
+
+def test_keep_passes_is_a_flag_and_checked() -> None:
+    from aps.cli.trainer import build_parser, online_options
+    from aps.trainer.online_checkpoints import prune_checkpoints
+
+    args = build_parser().parse_args(["--model", "m", "--data-passes", "r", "--keep-passes", "5"])
+    assert online_options(args).keep_passes == 5
+    assert online_options(build_parser().parse_args(["--model", "m", "--data-passes", "r"])).keep_passes == 3
+    with pytest.raises(aps.ConfigError, match="keep must be >= 1"):
+        prune_checkpoints("/nonexistent", 0)
