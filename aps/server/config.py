@@ -104,7 +104,7 @@ class ServerConfig:
     auth_fail_max_delay: float = 1.0
     auth_fail_concurrent: int = 2
     #: limits (docs/operations.md "Limits"; each checked here, against each other and max_frame
-    #: by connection.check_limits); 0 turns one off.
+    #: by wire/limits.check_limits); 0 turns one off.
     #: seconds a new connection has to finish HELLO (and AUTH) before it is closed
     handshake_timeout: float = 10.0
     #: seconds a frame may take from its first byte to its last before the connection is closed

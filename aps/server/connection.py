@@ -1,17 +1,13 @@
-"""One client connection on a pserver: bytes in, frames decoded, handlers called, replies out.
+"""One client connection on a pserver: bytes in, frames decoded and dispatched, replies out.
 
-The protocol object only moves bytes and keeps per-connection state (handshake, flow control,
-limits); the request logic lives in :class:`~aps.server.core.ServerCore`.
-
-Limits (docs/operations.md, "Limits"): a connection must finish its handshake within
-``handshake_timeout`` and every frame within ``frame_timeout`` of its first byte; a frame's
-declared size is checked against the per-connection budget as soon as its header is in, and its
-bytes are charged as they arrive (what a peer only declares costs nothing) to the server-wide
-budget of bytes in flight (``max_inflight_bytes``, or ``max_handshake_bytes`` while the
-connection is in its handshake) and held until its request is done (a barrier or sync push holds
-them while it waits). A frame over a budget is answered with a retriable TOO_LARGE and the
-connection is closed. While the peer does not read our replies, or
-has too many requests waiting, frames already received are left unparsed until it catches up.
+The protocol object moves bytes and acts on what small objects decide: the handshake
+(:class:`~aps.wire.handshake.ServerHandshake`: which message may come now), the limits
+(:class:`~aps.wire.limits.ConnectionLimits`: bytes held, when to stop reading, deadlines), the
+answer to a request (:mod:`aps.server.dispatch`: replays, error mapping; the request logic is
+:class:`~aps.server.core.ServerCore`'s). Its life is one :class:`ConnectionState`, and why it
+closes one :class:`~aps.errors.CloseReason`. A frame over a budget is answered with a retriable
+TOO_LARGE and the connection is closed; while the peer does not read our replies, or has too
+many requests waiting, frames already received are left unparsed until it catches up.
 """
 
 from __future__ import annotations
@@ -19,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable
 from enum import Enum
 from typing import Any
 
 import structlog
 
 from .. import wire
-from ..errors import (
-    RETRIABLE_CODES, CloseReason, ConfigError, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError,
-)
+from ..errors import CloseReason, ErrorCode, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
 from ..wire.handshake import Action, HandshakeState, ServerHandshake, Step
 from ..wire.limits import ConnectionLimits
+from . import dispatch
 from .context import ConnectionContext
 
 log = structlog.get_logger("aps.server")
@@ -73,20 +69,6 @@ _WARNINGS = {
 
 class _FrameRefused(Exception):
     """Raised through the decoder by the header hook once a frame has been refused."""
-
-
-def check_limits(config: Any) -> None:
-    """Refuse limits that contradict each other or the max frame (ConfigError names the option).
-    Each limit alone (a number of seconds or bytes >= 0) is checked by ServerConfig itself."""
-    frame = config.max_frame + wire.HEADER_SIZE
-    own, total = config.max_connection_bytes, config.max_inflight_bytes
-    if own and own < frame:
-        raise ConfigError(
-            f"max_connection_bytes ({own}) must hold at least one frame of max_frame ({config.max_frame}) "
-            f"plus its {wire.HEADER_SIZE}-byte header"
-        )
-    if total and total < (own or frame):
-        raise ConfigError(f"max_inflight_bytes ({total}) must be at least max_connection_bytes ({own or frame})")
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -347,7 +329,6 @@ class ServerConnection(asyncio.BufferedProtocol):
             code = ErrorCode.UNKNOWN_OPCODE if "opcode" in str(exc) else ErrorCode.BAD_REQUEST
             self._handshake_error(self.handshake.receive_unparsable(frame.opcode, code, str(exc)), frame.request_id)
             return
-        op_name = type(msg).__name__
         if self.state is not ConnectionState.SERVING or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
             if not self._admitted(msg, frame.request_id):
                 return
@@ -355,48 +336,32 @@ class ServerConnection(asyncio.BufferedProtocol):
                 self._register()
         # else: a request on a registered connection, which the handshake passes as it is
         assert self.client_id is not None
-        replay = msg.MUTATES and self.core.replays.get(self.client_id, frame.request_id)
-        if replay:
-            self._finish_later(frame.request_id, op_name, replay, started, size_in)
-            return
-        try:
-            reply = self.core.handle(self.client_id, msg, frame.flags, trainer_id=self.trainer_id)
-        except ServerError as exc:
-            self._send_error(frame.request_id, exc)
-            self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, 0, True)
-            return
-        except Exception as exc:  # a bug must not take the server down; the client learns of it
-            log.exception("request failed", op=op_name, peer=self.peer)
-            self._send_error(frame.request_id, ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
-            self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, 0, True)
-            return
+        op_name = type(msg).__name__
+        reply = dispatch.run(self.core, self.client_id, self.trainer_id, msg, frame.flags, frame.request_id, self.peer)
         if isinstance(reply, wire.Message):
-            if msg.MUTATES:
-                self.core.replays.put(self.client_id, frame.request_id, reply)
             size_out = self._send(reply, frame.request_id)
             self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, size_out, False)
-            return
-        task = asyncio.ensure_future(reply)
-        if msg.MUTATES:
-            self.core.replays.put(self.client_id, frame.request_id, task)
-        self._finish_later(frame.request_id, op_name, task, started, size_in)
+        elif isinstance(reply, ServerError):
+            self._send_error(frame.request_id, reply)
+            self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, 0, True)
+        else:
+            self._finish_later(frame.request_id, op_name, reply, started, size_in)
 
-    def _finish_later(self, request_id: int, op_name: str, reply: Any, started: int, size_in: int) -> None:
-        """Send the reply of a request that waits (barrier, sync round, or a replay still running)."""
+    def _finish_later(self, request_id: int, op_name: str, reply: Awaitable[wire.Message], started: int, size_in: int) -> None:
+        """Send the reply of a request that waits (barrier, sync round, or a replay)."""
 
         async def finish() -> None:
             try:
-                result = await reply if not isinstance(reply, wire.Message) else reply
+                result = await reply
             except ServerError as exc:
                 self._send_error(request_id, exc)
                 self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, 0, True)
                 return
             except asyncio.CancelledError:
-                self._send_error(request_id, ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
+                self._send_error(request_id, dispatch.shutting_down())
                 raise
             except Exception as exc:
-                log.exception("request failed", op=op_name, peer=self.peer)
-                self._send_error(request_id, ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                self._send_error(request_id, dispatch.internal(exc, op_name, self.peer))
                 return
             size_out = self._send(result, request_id)
             self.core.stats.record(op_name, time.perf_counter_ns() - started, size_in, size_out, False)
@@ -421,7 +386,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         action = step.action
         if action is Action.REQUEST:
             if self.server.closing:
-                self._send_error(request_id, ServerError(ErrorCode.SHUTTING_DOWN, "server is shutting down", True))
+                self._send_error(request_id, dispatch.shutting_down())
                 return False
             return True
         if action is Action.HELLO:
@@ -495,13 +460,7 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _send(self, msg: wire.Message, request_id: int) -> int:
         if self.closed or self.transport is None:
             return 0
-        try:
-            parts = wire.encode(msg, request_id, max_frame=self.config.max_frame)
-        except LocalProtocolError as exc:  # e.g. a pull whose reply does not fit in a frame
-            if isinstance(msg, wire.Error):
-                raise
-            error = wire.Error(code=int(ErrorCode.TOO_LARGE), retriable=0, message=f"reply not sent: {exc}")
-            parts = wire.encode(error, request_id, max_frame=self.config.max_frame)
+        parts = dispatch.encode_reply(msg, request_id, self.config.max_frame)
         if len(parts) == 1:
             self.transport.write(parts[0])
             return len(parts[0])
@@ -509,8 +468,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         return sum(len(p) for p in parts)
 
     def _send_error(self, request_id: int, exc: ServerError) -> None:
-        retriable = exc.retriable or exc.code in RETRIABLE_CODES
-        self._send(wire.Error(code=int(exc.code), retriable=int(retriable), message=exc.message[:4000]), request_id)
+        self._send(dispatch.error_reply(exc), request_id)
 
     def _update_reading(self) -> None:
         """Stop reading while the peer does not read our replies or has too much in flight."""

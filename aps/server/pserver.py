@@ -21,9 +21,10 @@ from .. import wire
 from ..errors import CloseReason, ConfigError, ErrorCode, ServerError
 from ..telemetry import MetricsEndpoint, write_port_file
 from ..tls import server_context
+from ..wire.limits import check_limits
 from .admission import Admission
 from .config import ServerConfig
-from .connection import ServerConnection, check_limits
+from .connection import ServerConnection
 from .context import ConnectionContext
 from .autosave import AutoCheckpoints
 from .periodic import Periodic

@@ -19,8 +19,22 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, Protocol
 
-from ..errors import ErrorCode, ServerError
+from ..errors import ConfigError, ErrorCode, ServerError
 from .frame import HEADER_SIZE
+
+
+def check_limits(config: Any) -> None:
+    """Refuse limits that contradict each other or the max frame (ConfigError names the option).
+    Each limit alone (a number of seconds or bytes >= 0) is checked by ServerConfig itself."""
+    frame = config.max_frame + HEADER_SIZE
+    own, total = config.max_connection_bytes, config.max_inflight_bytes
+    if own and own < frame:
+        raise ConfigError(
+            f"max_connection_bytes ({own}) must hold at least one frame of max_frame ({config.max_frame}) "
+            f"plus its {HEADER_SIZE}-byte header"
+        )
+    if total and total < (own or frame):
+        raise ConfigError(f"max_inflight_bytes ({total}) must be at least max_connection_bytes ({own or frame})")
 
 
 class BytePools(Protocol):

@@ -1,0 +1,81 @@
+"""What a pserver does with one request of a handshaken client, apart from moving its bytes:
+a retried mutation's replay, the core's handling, and every failure mapped to the error reply the
+client gets (a bug in a handler must not take the server down: the client learns of it).
+
+Why apart from the connection: these are the rules of answering (which reply a retry gets, what
+a failure is worth to the client), not of the transport; the connection sends what comes back
+and records its stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+import structlog
+
+from .. import wire
+from ..errors import RETRIABLE_CODES, ErrorCode, LocalProtocolError, ServerError
+
+log = structlog.get_logger("aps.server")
+
+#: a request refused or cut short because the server is stopping (the client retries elsewhere
+#: or later)
+SHUTTING_DOWN = "server is shutting down"
+
+
+def shutting_down() -> ServerError:
+    return ServerError(ErrorCode.SHUTTING_DOWN, SHUTTING_DOWN, True)
+
+
+def internal(exc: BaseException, op: str, peer: str) -> ServerError:
+    """A handler raised what it should not have: logged with its traceback, INTERNAL for the client."""
+    log.exception("request failed", op=op, peer=peer)
+    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def run(core: Any, client_id: int, trainer_id: int, msg: wire.Message, flags: int, request_id: int, peer: str
+        ) -> wire.Message | ServerError | Awaitable[wire.Message]:
+    """Run one request: its reply, the error to answer, or what to await for the reply (a
+    barrier, a sync round, a replay of a retried mutation, even one already answered)."""
+    if msg.MUTATES:
+        replay = core.replays.get(client_id, request_id)
+        if replay:
+            return _replayed(replay)
+    try:
+        reply = core.handle(client_id, msg, flags, trainer_id=trainer_id)
+    except ServerError as exc:
+        return exc
+    except Exception as exc:
+        return internal(exc, type(msg).__name__, peer)
+    if isinstance(reply, wire.Message):
+        if msg.MUTATES:
+            core.replays.put(client_id, request_id, reply)
+        return reply
+    task = asyncio.ensure_future(reply)
+    if msg.MUTATES:
+        core.replays.put(client_id, request_id, task)
+    return task
+
+
+async def _replayed(reply: wire.Message | Awaitable[wire.Message]) -> wire.Message:
+    return reply if isinstance(reply, wire.Message) else await reply
+
+
+def error_reply(exc: ServerError) -> wire.Error:
+    """The ERROR frame's message for ``exc`` (retriable by its own word or by its code)."""
+    retriable = exc.retriable or exc.code in RETRIABLE_CODES
+    return wire.Error(code=int(exc.code), retriable=int(retriable), message=exc.message[:4000])
+
+
+def encode_reply(msg: wire.Message, request_id: int, max_frame: int) -> list[bytes]:
+    """The frames of a reply; one that does not fit in a frame (a pull too large) is answered
+    with a TOO_LARGE error instead."""
+    try:
+        return wire.encode(msg, request_id, max_frame=max_frame)
+    except LocalProtocolError as exc:
+        if isinstance(msg, wire.Error):
+            raise
+        error = wire.Error(code=int(ErrorCode.TOO_LARGE), retriable=0, message=f"reply not sent: {exc}")
+        return wire.encode(error, request_id, max_frame=max_frame)
