@@ -11,7 +11,7 @@ Layout under ``path``::
 Why this shape:
 
 * Atomic per shard: everything is written into a hidden temp dir next to the final one, every
-  file fsync'd, the manifest written last, the dir fsync'd, then renamed into place. A crash
+  file made durable (one syncfs on Linux, aps/durable.py), the manifest written last, the dir fsync'd, then renamed into place. A crash
   mid-save leaves the previous checkpoint (or nothing), never a half-written shard that loads.
 * No pickle anywhere (``allow_pickle=False`` both ways): a checkpoint is data, not code.
 * Re-sharding on load: sparse rows move by global id (``g = k + N * local``), dense elements by
@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from ..digests import dir_sha256
 from ..durable import fsync_dir as _fsync_dir
+from ..durable import sync_tree
 from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
@@ -63,10 +64,9 @@ def shard_dir_name(shard: int, num_shards: int) -> str:
 
 
 def _write_array(path: Path, array: np.ndarray) -> None:
+    """Write one array; made durable with the rest of its shard by ``sync_tree`` in :func:`save_shard`."""
     with open(path, "wb") as f:
         np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _progress(what: str, total: int, unit: str) -> tqdm:
@@ -153,6 +153,7 @@ def save_shard(
                     progress.update(table.nbytes)
                 else:
                     tables[name] = _write_table(tmp, prefix, table, progress)
+        sync_tree(tmp)  # every table file durable before the manifest that names them
         digests = {"sha256": dir_sha256(tmp), "previous_save_id": previous_save_id} if mode != "full" else {}
         manifest = {
             "format": FORMAT,
