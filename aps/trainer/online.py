@@ -100,15 +100,17 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
 
     async def body(s: Session) -> None:
         while (p := await source.next_pass()) is not None:
-            record = await _one_pass(trainer, s, p, online, workers)
-            result.passes.append(record)
+            started = time.monotonic()
+            extra = await _one_pass(trainer, s, p, online, workers)
             s.comm.check()
-            saving = bool(online.save_every and trainer.options.save_dir and len(result.passes) % online.save_every == 0)
+            saving = bool(online.save_every and trainer.options.save_dir and (len(result.passes) + 1) % online.save_every == 0)
             if trainer.trainer_id == 0:
                 if saving:
-                    record["saved"] = await _save(trainer, s.ps, source, p, online.keep_passes)
+                    extra["saved"] = await _save(trainer, s.ps, source, p, online.keep_passes)
                 if exporter is not None:
-                    record.update(await exporter.after_pass(s.ps, p))
+                    extra.update(await exporter.after_pass(s.ps, p))
+            # the record is written after the save and the export, so the metrics file says them too
+            result.passes.append(_end_pass(trainer, s, p, extra, started))
             if saving or exporter is not None:
                 # every trainer waits for trainer 0's save and export: none pushes the next
                 # pass's gradients into them
@@ -126,7 +128,7 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
 
 
 async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions, workers: int) -> dict[str, Any]:
-    started = time.monotonic()
+    """Score ``p``, then train it; returns what its record adds to the monitor's numbers."""
     files = assign_to_workers(p.files, workers)
     extra: dict[str, Any] = {"mode": trainer.strategy.mode, "pass": p.name, "files": len(p.files)}
     if online.score:
@@ -144,6 +146,11 @@ async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions
     if trainer.trainer_id == 0 and (hashed := hash_tables(trainer.model)):
         # after the pass's flush and barrier: what the pservers hold now, the number max_keys bounds
         extra["keys"] = {name: (await s.ps.table_info(name)).keys for name in hashed}
+    return extra
+
+
+def _end_pass(trainer: Trainer, s: Session, p: Pass, extra: dict[str, Any], started: float) -> dict[str, Any]:
+    """The pass's record (the monitor's epoch numbers with ``extra``), written and logged."""
     record = s.monitor.end_epoch(p.seq, extra)
     trainer.probe.passes = (trainer.probe.passes or 0) + 1
     log.info(

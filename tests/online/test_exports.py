@@ -4,6 +4,7 @@ key the day tick's shrink evicted is in no later base and no longer served."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -29,7 +30,8 @@ async def test_a_base_on_the_first_pass_and_each_new_day_deltas_between(tmp_path
         write_pass(data, name, 16 * k, 16)
     server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
     try:
-        options = TrainOptions(save_dir=None, print_period=0, live_line=False)
+        metrics = tmp_path / "metrics.jsonl"
+        options = TrainOptions(save_dir=None, print_period=0, live_line=False, metrics_path=str(metrics))
         trainer = Trainer(CountingLR(), Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
         online = OnlineOptions(export=ExportOptions("exports", delta_every=2))
         result = await trainer.atrain_passes(PassDir(str(data), wait=0), online)
@@ -41,6 +43,9 @@ async def test_a_base_on_the_first_pass_and_each_new_day_deltas_between(tmp_path
     exports = list_exports(tmp_path / "exports")
     assert [(e.version, e.kind, e.done) for e in exports] == [(1, "base", True), (2, "base", True), (3, "delta", True)]
     assert [p["export"] for p in result.passes if "export" in p] == [1, 2, 3]
+    records = [r for line in metrics.read_text().splitlines() if (r := json.loads(line))["event"] == "epoch"]
+    assert [(r.get("export"), r.get("export_kind")) for r in records] == [(1, "base"), (None, None), (2, "base"), (None, None), (3, "delta")]
+    assert records[2]["evicted"] == {} == result.passes[2]["evicted"]  # the metrics file says what the pass did
 
 
 def test_export_intervals_are_checked() -> None:
