@@ -134,13 +134,11 @@ class Follower:
         self.done: dict[int, float] = {}  # version -> its DONE marker's time
         self.freshness: dict[int, float] = {}
         self.served_auc: dict[int, float] = {}
-        self.kinds: dict[int, str] = {}
 
     async def look(self) -> None:
         for e in list_exports(self.exports):
             if e.done and e.version not in self.done:
                 self.done[e.version] = (e.path / MARKER).stat().st_mtime
-                self.kinds[e.version] = e.kind
         if self.client is None or not self.done:
             return  # aps-serve has no table before the first export
         try:
@@ -157,9 +155,10 @@ class Follower:
                     files = [str(self.passes / self.names[v] / "part-00000")]
                     self.served_auc[v] = (await score(self.model, self.client, files, None))["auc"]
 
-    def ready(self, version: int) -> bool:
-        """Export ``version`` is done, and served when there is a server to ask."""
-        if not self.settings.exports:
+    def ready(self, version: int | None) -> bool:
+        """Export ``version`` (None: the pass wrote none) is done, and served when there is a
+        server to ask."""
+        if version is None:
             return True
         return version in (self.freshness if self.client is not None else self.done)
 
@@ -177,8 +176,8 @@ async def follow(settings: Settings, workdir: Path, names: list[str], trainer: s
         while True:
             await f.look()
             records = epoch_records(metrics)
-            while len(rows) < len(records) and f.ready(len(rows) + 1):  # export k follows pass k
-                rows.append(row(records[len(rows)], len(rows) + 1, f))
+            while len(rows) < len(records) and f.ready(records[len(rows)].get("export")):
+                rows.append(row(records[len(rows)], f))
                 report(rows[-1])
                 deadline = time.monotonic() + settings.timeout
             if trainer.poll() is not None:
@@ -191,10 +190,11 @@ async def follow(settings: Settings, workdir: Path, names: list[str], trainer: s
             await asyncio.sleep(0.02)
 
 
-def row(record: dict[str, Any], version: int, f: Follower) -> dict[str, Any]:
+def row(record: dict[str, Any], f: Follower) -> dict[str, Any]:
+    version = record.get("export")
     return {
         "pass": record["pass"], "online_auc": record.get("online_auc"), "keys": record.get("keys", {}).get(EMBEDDING),
-        "export": version if f.settings.exports else None, "export_kind": f.kinds.get(version),
+        "export": version, "export_kind": record.get("export_kind"),
         "freshness_s": f.freshness.get(version), "served_auc_next_pass": f.served_auc.get(version),
     }
 
