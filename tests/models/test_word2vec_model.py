@@ -378,7 +378,8 @@ def test_pickled_model_is_small_and_carries_no_caches(dict_path: Path) -> None:
     model = Word2Vec(dict_path=str(dict_path), dim=8, batch_size=5)
     batch = first_batch(model, LINES)
     model.local_sgd(batch, random_params(model), {EMB: 0.1, EMB_W: 0.1, EMB_B: 0.1}, {k: np.zeros(VOCAB, np.uint8) for k in (EMB, EMB_W, EMB_B)})
-    assert set(model._process_local) >= {"cdf", "window"}  # the cdf and scratch buffers exist in this process
+    assert set(model._process_local) >= {"cdf", "work"}  # the cdf and scratch buffers exist in this process
+    assert "window" in vars(model._process_local["work"])
     blob = pickle.dumps(model)
     assert len(blob) < 4096
     clone = pickle.loads(blob)
@@ -758,3 +759,33 @@ def test_geo_window_batches_skip_the_unique_ids_and_step_the_same(dict_path: Pat
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
     assert results[0][2].sum() > 5  # rows were written (and marked)
+
+
+def test_index_rows_finds_each_batchs_distinct_rows_in_order_of_first_use() -> None:
+    from aps.models.word2vec.batching import BatchRows, index_rows
+
+    ids, bounds = (lambda *x: np.array(x, np.int32)), (lambda *x: np.array(x, np.int64))
+    # two batches: inputs [5 7 5] | [7], positives [9] | [5 9], negatives [7 9] | [9 2]
+    rows = BatchRows(ids(5, 7, 5, 7), bounds(0, 3, 4), ids(9, 5, 9), bounds(0, 1, 3), ids(7, 9, 9, 2), bounds(0, 2, 4))
+    mark = np.full(10, -1, np.int32)
+    ix = index_rows(rows, mark)
+    assert ix.u_in[: ix.u_in_off[-1]].tolist() == [5, 7, 7] and ix.u_in_off.tolist() == [0, 2, 3]
+    assert ix.u_out[: ix.u_out_off[-1]].tolist() == [9, 7, 5, 9, 2] and ix.u_out_off.tolist() == [0, 2, 5]
+    assert ix.inv_in.tolist() == [0, 1, 0, 0] and ix.inv_pos.tolist() == [0, 0, 1] and ix.inv_neg.tolist() == [1, 0, 1, 2]
+    assert (mark == -1).all()  # left as found, for the next chunk
+
+
+@pytest.mark.parametrize("negatives,kind", [("window", "WindowSampling"), ("batch", "PairSampling"),
+                                            ("pair", "PairSampling")])
+def test_each_sampling_mode_is_one_object_that_owns_its_batches_and_bounds(dict_path: Path, negatives: str,
+                                                                            kind: str) -> None:
+    from aps.models.word2vec import sampling
+
+    model = Word2Vec(dict_path=str(dict_path), dim=4, batch_size=20, neg_num=3, negatives=negatives)
+    assert type(model.sampling).__name__ == kind
+    batch_type = sampling.WindowBatch if negatives == "window" else sampling.PairBatch
+    assert all(isinstance(b.data, batch_type) for b in model.batches(chunk(LINES), ctx()))
+    pairs = 20 - 1 + 2 * 5 if negatives == "window" else 20
+    outputs = {"window": pairs * 4, "batch": 20 + 3, "pair": 20 * 4}[negatives]
+    assert model.sampling.max_batch_ids(EMB) == min(pairs, VOCAB) == model.max_batch_ids(EMB)
+    assert model.sampling.max_batch_ids(EMB_W) == min(outputs, VOCAB) == model.max_batch_ids(EMB_W)

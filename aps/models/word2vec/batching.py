@@ -13,6 +13,8 @@ crossing a line). A pair is ``(tgt[t], ctx[j])``; every sampling mode reads this
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -218,34 +220,69 @@ def _index_range(src: np.ndarray, lo: int, hi: int, mark: np.ndarray, unique: np
     return total
 
 
-@njit(cache=True, nogil=True)
-def index_batches(
-    inp: np.ndarray, in_b: np.ndarray, pos: np.ndarray, pos_b: np.ndarray, neg: np.ndarray, neg_b: np.ndarray,
-    mark: np.ndarray, u_in: np.ndarray, u_in_off: np.ndarray, u_out: np.ndarray, u_out_off: np.ndarray,
-    inv_in: np.ndarray, inv_pos: np.ndarray, inv_neg: np.ndarray,
-) -> None:
-    """Distinct rows and inverse indexes of every batch, for every sampling mode.
+class BatchRows(NamedTuple):
+    """The rows batches read, for :func:`index_batches`: flat id arrays and each batch's bounds.
 
-    Batch ``b`` reads input (``emb``) rows ``inp[in_b[b]:in_b[b+1]]`` and output (``emb_w`` /
-    ``emb_b``) rows ``pos[pos_b[b]:pos_b[b+1]]`` (the positives) and ``neg[neg_b[b]:neg_b[b+1]]``
-    (the negatives); all three are flat id arrays. Its distinct rows, in order of first use, are
-    ``u_in[u_in_off[b]:u_in_off[b+1]]`` and ``u_out[u_out_off[b]:u_out_off[b+1]]``; ``inv_in`` /
-    ``inv_pos`` / ``inv_neg`` (shaped like their sources) index those lists. ``mark`` (int32[vocab],
-    all -1) is scratch: a row's slot while its batch is indexed, reset to -1 afterwards.
-    """
+    Batch ``b`` reads input (``emb``) rows ``inputs[input_b[b]:input_b[b + 1]]`` and output
+    (``emb_w`` / ``emb_b``) rows ``positives[positive_b[b]:positive_b[b + 1]]`` and
+    ``negatives[negative_b[b]:negative_b[b + 1]]``."""
+
+    inputs: np.ndarray  # int32 ids
+    input_b: np.ndarray  # int64 [batches + 1]
+    positives: np.ndarray
+    positive_b: np.ndarray
+    negatives: np.ndarray
+    negative_b: np.ndarray
+
+
+class RowIndex(NamedTuple):
+    """What :func:`index_batches` finds: batch ``b``'s distinct rows, in order of first use,
+    ``u_in[u_in_off[b]:u_in_off[b + 1]]`` and ``u_out[u_out_off[b]:u_out_off[b + 1]]``; the
+    inverse indexes ``inv_in`` / ``inv_pos`` / ``inv_neg`` (shaped like :class:`BatchRows`'
+    ``inputs`` / ``positives`` / ``negatives``) index those lists."""
+
+    u_in: np.ndarray  # int64
+    u_in_off: np.ndarray  # int64 [batches + 1]
+    u_out: np.ndarray
+    u_out_off: np.ndarray
+    inv_in: np.ndarray  # int32
+    inv_pos: np.ndarray
+    inv_neg: np.ndarray
+
+
+@njit(cache=True, nogil=True)
+def index_batches(rows: BatchRows, mark: np.ndarray, out: RowIndex) -> None:
+    """Distinct rows and inverse indexes of every batch (:class:`RowIndex`), for every sampling
+    mode. ``mark`` (int32[vocab], all -1) is scratch: a row's slot while its batch is indexed,
+    reset to -1 afterwards."""
     i_tot = 0
     o_tot = 0
-    u_in_off[0] = 0
-    u_out_off[0] = 0
-    for b in range(in_b.shape[0] - 1):
+    out.u_in_off[0] = 0
+    out.u_out_off[0] = 0
+    for b in range(rows.input_b.shape[0] - 1):
         i0 = i_tot
-        i_tot = _index_range(inp, in_b[b], in_b[b + 1], mark, u_in, i_tot, i0, inv_in)
+        i_tot = _index_range(rows.inputs, rows.input_b[b], rows.input_b[b + 1], mark, out.u_in, i_tot, i0, out.inv_in)
         for q in range(i0, i_tot):
-            mark[u_in[q]] = -1
+            mark[out.u_in[q]] = -1
         o0 = o_tot
-        o_tot = _index_range(pos, pos_b[b], pos_b[b + 1], mark, u_out, o_tot, o0, inv_pos)
-        o_tot = _index_range(neg, neg_b[b], neg_b[b + 1], mark, u_out, o_tot, o0, inv_neg)
+        o_tot = _index_range(rows.positives, rows.positive_b[b], rows.positive_b[b + 1], mark, out.u_out, o_tot, o0,
+                             out.inv_pos)
+        o_tot = _index_range(rows.negatives, rows.negative_b[b], rows.negative_b[b + 1], mark, out.u_out, o_tot, o0,
+                             out.inv_neg)
         for q in range(o0, o_tot):
-            mark[u_out[q]] = -1
-        u_in_off[b + 1] = i_tot
-        u_out_off[b + 1] = o_tot
+            mark[out.u_out[q]] = -1
+        out.u_in_off[b + 1] = i_tot
+        out.u_out_off[b + 1] = o_tot
+
+
+def index_rows(rows: BatchRows, mark: np.ndarray) -> RowIndex:
+    """:func:`index_batches` with its output arrays allocated here."""
+    nb = rows.input_b.shape[0] - 1
+    out = RowIndex(
+        np.empty(rows.inputs.shape[0], dtype=np.int64), np.empty(nb + 1, dtype=np.int64),
+        np.empty(rows.positives.shape[0] + rows.negatives.shape[0], dtype=np.int64), np.empty(nb + 1, dtype=np.int64),
+        np.empty(rows.inputs.shape[0], dtype=np.int32), np.empty(rows.positives.shape[0], dtype=np.int32),
+        np.empty(rows.negatives.shape[0], dtype=np.int32),
+    )
+    index_batches(rows, mark, out)
+    return out

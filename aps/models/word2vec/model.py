@@ -54,15 +54,21 @@ every pair instead, in the same layout.
 ``dict.txt`` is read and checked in ``__init__`` (a file that is not ``word count`` lines is a
 DataError naming its file and line, before anything starts; its length is the vocabulary size,
 which the table specs need); the counts for negative sampling are read again, lazily, in the
-worker that first needs them, so the pickled model stays a handful of settings. The kernels are split by job:
-:mod:`.batching` (text to batches) and :mod:`.step` (a batch's gradients or SGD).
+worker that first needs them, so the pickled model stays a handful of settings.
+
+The code is split by job: this module keeps the settings, the tables, parsing and windows, the
+negative sampler and the schedule; :mod:`.sampling` holds one class per sampling mode
+(:class:`~.sampling.WindowSampling`, :class:`~.sampling.PairSampling`), each owning its batch
+type, its gradients and its geo step; :mod:`.batching` and :mod:`.step` are their kernels (text
+to batches; a batch's gradients or SGD).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import structlog
@@ -72,12 +78,9 @@ from ...specs import SGD, Constant, ExponentialDecay, SparseTable, TableSpec, Un
 from ...trainer.model import Batch, Grads, Model, Params, WorkerContext
 from ...trainer.reader import Chunk
 from . import batching as B
-from .corpus import check_bool, check_float, check_fraction, check_int, epoch_tokens_of, negative_cdf, read_counts
 from . import step as S
-
-EMB = "emb"
-EMB_W = "emb_w"
-EMB_B = "emb_b"
+from .corpus import check_bool, check_float, check_fraction, check_int, epoch_tokens_of, negative_cdf, read_counts
+from .sampling import EMB, EMB_B, EMB_W, Sampling, Settings, Windows, Workspace, sampling_for
 
 NEGATIVES = ("window", "pair", "batch")
 LR_SCHEDULES = ("linear", "exponential")
@@ -96,49 +99,6 @@ _PARSE_ERRORS = {
     B.PARSE_NOT_INT: "is not a word id (a non-negative integer)",
     B.PARSE_OUT_OF_RANGE: "is not a word id of the dictionary (id >= vocabulary size {vocab})",
 }
-
-
-class PairBatch(NamedTuple):
-    """``Batch.data`` of the reference modes (``negatives="batch"`` / ``"pair"``).
-
-    ``inv_centre[p]`` is the position of pair ``p``'s centre in ``batch.sparse_ids["emb"]``;
-    ``inv_context[p]`` and ``inv_negatives`` are positions in ``batch.sparse_ids["emb_w"]`` (the
-    same list as ``["emb_b"]``): ``[neg_num]`` shared by the batch, or ``[pairs, neg_num]`` with
-    ``negatives="pair"``. ``centre`` / ``context`` / ``negatives`` are the global ids (for
-    inspection and tests; the kernels use the positions). ``progress`` is the fraction of the run
-    this worker will have trained at the end of the batch (the linear schedule's clock). All arrays
-    are views of per-chunk arrays, so a batch stays valid after the next one is made.
-    """
-
-    inv_centre: np.ndarray
-    inv_context: np.ndarray
-    inv_negatives: np.ndarray
-    centre: np.ndarray
-    context: np.ndarray
-    negatives: np.ndarray
-    progress: float
-
-
-class WindowBatch(NamedTuple):
-    """``Batch.data`` of ``negatives="window"``: whole targets with their contexts.
-
-    Target ``t`` of the batch is ``target[t]``; its contexts are
-    ``context[ctx_off[t] - ctx_off[0]:ctx_off[t + 1] - ctx_off[0]]`` and its ``neg_num``
-    negatives ``negatives[t]``, shared by those contexts. ``inv_*`` are the same in positions of
-    ``batch.sparse_ids`` (contexts in ``["emb"]``, targets and negatives in ``["emb_w"]``), used
-    by :meth:`Word2Vec.compute`; the geo step uses the global ids, so a geo worker's batches
-    (``WorkerContext.local_sgd``) have empty ``inv_*`` and ``sparse_ids``: finding a batch's unique
-    ids was 70% of batching time there, for nothing. ``progress`` as in :class:`PairBatch`.
-    """
-
-    inv_context: np.ndarray
-    inv_target: np.ndarray
-    inv_negatives: np.ndarray
-    ctx_off: np.ndarray
-    context: np.ndarray
-    target: np.ndarray
-    negatives: np.ndarray
-    progress: float
 
 
 class Word2Vec(Model):
@@ -218,6 +178,9 @@ class Word2Vec(Model):
         if self.bias:
             self._tables += (SparseTable(EMB_B, self.vocab_size, 1, Constant(0.0), optimizer, seed=self.seed),)
         self._by_name = {t.name: t for t in self._tables}
+        settings = Settings(self.vocab_size, self.dim, self.window, self.neg_num, self.batch_size, self.bias)
+        #: how pairs get their negatives and how a batch is stepped (sampling.py)
+        self.sampling: Sampling = sampling_for(self.negatives, settings)
 
     # ------------------------------------------------------------ contract
 
@@ -228,20 +191,9 @@ class Word2Vec(Model):
         return self._by_name[name]
 
     def max_batch_ids(self, table: str) -> int:
-        """Distinct rows a batch may read, never more than the vocabulary. Reference modes: one
-        centre per pair; one context per pair plus ``neg_num`` shared negatives, or ``neg_num``
-        per pair. Window mode: a batch is whole targets, at most ``batch_size - 1 + 2 * window``
-        pairs (contexts), and at most one target and ``neg_num`` negatives per pair."""
-        pairs = self.batch_size
-        if self.negatives == "window":
-            pairs = self.batch_size - 1 + 2 * self.window
-        if table == EMB:
-            return min(pairs, self.vocab_size)
-        if table == EMB_W or (table == EMB_B and self.bias):
-            if self.negatives == "batch":
-                return min(pairs + self.neg_num, self.vocab_size)
-            return min(pairs * (1 + self.neg_num), self.vocab_size)
-        raise KeyError(table)
+        """Distinct rows a batch may read, never more than the vocabulary (the sampling mode's
+        bound: :meth:`~.sampling.Sampling.max_batch_ids`)."""
+        return self.sampling.max_batch_ids(table)
 
     def describe(self) -> dict[str, Any]:
         out = {
@@ -356,82 +308,8 @@ class Word2Vec(Model):
         done = (start + tok_before + 1) * per_token
         done[-1] = (start + ids.shape[0]) * per_token  # the chunk's last batch covers its tail too
         self._say_overrun(float(done[-1]), ctx)
-        if self.negatives == "window":
-            yield from self._window_batches(tgt, ctx_off, ctx_ids, done, ctx)
-        else:
-            yield from self._pair_batches(tgt, ctx_off, ctx_ids, done, ctx)
-
-    def _index(self, inp: np.ndarray, in_b: np.ndarray, pos: np.ndarray, pos_b: np.ndarray, neg: np.ndarray,
-               neg_b: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:func:`~.batching.index_batches` with its output arrays allocated here."""
-        nb = in_b.shape[0] - 1
-        mark = self.local("mark", lambda: np.full(self.vocab_size, -1, dtype=np.int32))
-        u_in = np.empty(inp.shape[0], dtype=np.int64)
-        u_out = np.empty(pos.shape[0] + neg.shape[0], dtype=np.int64)
-        u_in_off = np.empty(nb + 1, dtype=np.int64)
-        u_out_off = np.empty(nb + 1, dtype=np.int64)
-        inv_in = np.empty(inp.shape[0], dtype=np.int32)
-        inv_pos = np.empty(pos.shape[0], dtype=np.int32)
-        inv_neg = np.empty(neg.shape[0], dtype=np.int32)
-        B.index_batches(inp, in_b, pos, pos_b, neg, neg_b, mark, u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg)
-        return u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg
-
-    def _window_batches(self, tgt: np.ndarray, ctx_off: np.ndarray, ctx_ids: np.ndarray, done: np.ndarray,
-                        ctx: WorkerContext) -> Iterator[Batch]:
-        """Batches of whole targets (about ``batch_size`` pairs), ``neg_num`` negatives per target."""
-        k = self.neg_num
-        tb = B.batch_bounds(ctx_off, self.batch_size)
-        negs = self.draw_negatives(tgt.shape[0] * k, ctx.rng)
-        negs2 = negs.reshape(-1, k)
-        pb = ctx_off[tb]
-        tb_l, pb_l = tb.tolist(), pb.tolist()
-        if ctx.local_sgd:
-            # geo: the in-place step works on global ids, so no batch needs its unique ids
-            none = np.zeros(0, np.int32)
-            for i in range(tb.shape[0] - 1):
-                t0, t1, p0, p1 = tb_l[i], tb_l[i + 1], pb_l[i], pb_l[i + 1]
-                data = WindowBatch(none, none, none, ctx_off[t0 : t1 + 1], ctx_ids[p0:p1], tgt[t0:t1], negs2[t0:t1],
-                                   float(done[t1 - 1]))
-                yield Batch({}, p1 - p0, data)
-            return
-        u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg = self._index(ctx_ids, pb, tgt, tb, negs, tb * k)
-        inv_neg2 = inv_neg.reshape(-1, k)
-        ui, uo = u_in_off.tolist(), u_out_off.tolist()
-        for i in range(tb.shape[0] - 1):
-            t0, t1, p0, p1 = tb_l[i], tb_l[i + 1], pb_l[i], pb_l[i + 1]
-            w_ids = u_out[uo[i] : uo[i + 1]]
-            data = WindowBatch(inv_in[p0:p1], inv_pos[t0:t1], inv_neg2[t0:t1], ctx_off[t0 : t1 + 1], ctx_ids[p0:p1],
-                               tgt[t0:t1], negs2[t0:t1], float(done[t1 - 1]))
-            yield Batch(self._ids(u_in[ui[i] : ui[i + 1]], w_ids), p1 - p0, data)
-
-    def _pair_batches(self, tgt: np.ndarray, ctx_off: np.ndarray, ctx_ids: np.ndarray, done: np.ndarray,
-                      ctx: WorkerContext) -> Iterator[Batch]:
-        """The reference modes: ``batch_size`` consecutive (centre, context) pairs per batch, with
-        ``neg_num`` negatives shared by the batch or drawn for every pair."""
-        npairs = ctx_ids.shape[0]
-        k = self.neg_num
-        counts = np.diff(ctx_off)
-        cen = np.repeat(tgt, counts)
-        pb = np.append(np.arange(0, npairs, self.batch_size, dtype=np.int64), npairs)
-        nb = pb.shape[0] - 1
-        per_pair = self.negatives == "pair"
-        rows = npairs if per_pair else nb
-        negs = self.draw_negatives(rows * k, ctx.rng)
-        neg_b = pb * k if per_pair else np.arange(nb + 1, dtype=np.int64) * k
-        u_in, u_in_off, u_out, u_out_off, inv_in, inv_pos, inv_neg = self._index(cen, pb, ctx_ids, pb, negs, neg_b)
-        negs2 = negs.reshape(rows, k)
-        inv_neg2 = inv_neg.reshape(rows, k)
-        last_target = np.searchsorted(ctx_off, pb[1:] - 1, side="right") - 1
-        pb_l, ui, uo = pb.tolist(), u_in_off.tolist(), u_out_off.tolist()
-        for i in range(nb):
-            p0, p1 = pb_l[i], pb_l[i + 1]
-            n0, n1 = (p0, p1) if per_pair else (i, i + 1)
-            neg_rows = negs2[n0:n1] if per_pair else negs2[i]
-            inv_rows = inv_neg2[n0:n1] if per_pair else inv_neg2[i]
-            w_ids = u_out[uo[i] : uo[i + 1]]
-            data = PairBatch(inv_in[p0:p1], inv_pos[p0:p1], inv_rows, cen[p0:p1], ctx_ids[p0:p1], neg_rows,
-                             float(done[last_target[i]]))
-            yield Batch(self._ids(u_in[ui[i] : ui[i + 1]], w_ids), p1 - p0, data)
+        draw = partial(self.draw_negatives, rng=ctx.rng)
+        yield from self.sampling.batches(Windows(tgt, ctx_off, ctx_ids, done), draw, self._work(), ctx.local_sgd)
 
     def warm_up(self, ctx: WorkerContext, local_sgd: bool) -> None:
         """Loads every kernel this setting calls (parsing, windows, sampling, indexing, the step)
@@ -465,49 +343,27 @@ class Word2Vec(Model):
         loss in window mode), times the linear schedule's :meth:`lr_factor` at the batch's
         progress: the pservers' SGD runs at a fixed ``lr``, so the pushed step is the decayed
         rate's, as in geo. Returns the loss summed over pairs (unscaled)."""
-        d = batch.data
-        f = self.lr_factor(d.progress)
         full = S.Tables(params.sparse[EMB], params.sparse[EMB_W], self._bias(params.sparse))
         g = S.Tables(grads.sparse[EMB], grads.sparse[EMB_W], self._bias(grads.sparse, rows=self.max_batch_ids(EMB_W)))
-        ids = batch.sparse_ids
-        if isinstance(d, WindowBatch):
-            return float(S.window_grad(full, ids[EMB], ids[EMB_W], d.inv_context, d.ctx_off, d.inv_target,
-                                       d.inv_negatives.reshape(-1), self._scratch("gather"), g, self._window_scratch(), f))
-        return float(S.batch_grad(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
-                                  self.negatives == "pair", self._scratch("gather"), g, f))
+        return self.sampling.compute(batch, full, g, self.lr_factor(batch.data.progress), self._work())
 
     def local_sgd(
         self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]
     ) -> float:
         """Geo's step, Hogwild with the other workers on the shared replica (like word2vec.c's
-        threads). Window mode updates the replica in place target by target with global ids (no
-        gathered copy, no gradient buffer); the reference modes compute the :meth:`compute`
-        gradient into per-process scratch, then apply SGD, in one kernel call. The learning
-        rates are the runtime's times :meth:`lr_factor` of the batch's progress.
-
-        Window mode also multiplies them by the number of trainers: geo's exchange adds each
-        trainer's delta divided by that number (the reference's rule), so with T trainers every
-        pair would move the shared model by only ``lr / T``; scaled, a pair's step stays ``lr``
-        (gensim's) whatever the cluster shape. Measured: ``make demo`` (2 trainers) went from
-        8.5% to 10.4% analogy accuracy, gensim's being 10.3-10.4% on the same corpus."""
-        d = batch.data
+        threads), as the sampling mode does it. The learning rates are the runtime's times
+        :meth:`lr_factor` of the batch's progress, times the mode's
+        :meth:`~.sampling.Sampling.geo_rate_scale` (window mode: the number of trainers)."""
         s = params.sparse
         full = S.Tables(s[EMB], s[EMB_W], self._bias(s))
-        f = self.lr_factor(d.progress)
-        if isinstance(d, WindowBatch):
-            f *= self.local("trainers", lambda: 1)
+        f = self.lr_factor(batch.data.progress) * self.sampling.geo_rate_scale(self.local("trainers", lambda: 1))
         lr = S.Rates(lrs[EMB] * f, lrs[EMB_W] * f, lrs[EMB_B] * f if self.bias else 0.0)
         marks = S.Marks(dirty[EMB], dirty[EMB_W], dirty[EMB_B] if self.bias else self._no_marks())
-        if isinstance(d, WindowBatch):
-            return float(S.window_sgd(full, d.context, d.ctx_off, d.target, d.negatives.reshape(-1), lr,
-                                      self._window_scratch(), marks))
-        ids = batch.sparse_ids
-        return float(S.local_step(full, ids[EMB], ids[EMB_W], d.inv_centre, d.inv_context, d.inv_negatives.reshape(-1),
-                                  self.negatives == "pair", lr, self._scratch("gather"), self._scratch("grad"), marks))
+        return self.sampling.local_sgd(batch, full, lr, marks, self._work())
 
-    def _ids(self, emb: np.ndarray, emb_w: np.ndarray) -> dict[str, np.ndarray]:
-        """A batch's ``sparse_ids``: the output biases share the output vectors' rows."""
-        return {EMB: emb, EMB_W: emb_w, EMB_B: emb_w} if self.bias else {EMB: emb, EMB_W: emb_w}
+    def _work(self) -> Workspace:
+        """The sampling mode's buffers in this process."""
+        return self.local("work", self.sampling.workspace)
 
     def _bias(self, arrays: dict[str, np.ndarray], rows: int | None = None) -> np.ndarray:
         """``arrays["emb_b"]``, or without the bias table a per-process zero column the kernels
@@ -523,21 +379,3 @@ class Word2Vec(Model):
     def _no_marks(self) -> np.ndarray:
         """Dirty marks the kernels write for the absent bias table: per process, never read."""
         return self.local("no_bias_marks", lambda: np.zeros(self.vocab_size, np.uint8))
-
-    def _scratch(self, kind: str) -> S.Tables:
-        """Row buffers for one batch (``gather``: its parameter rows, ``grad``: the fused step's
-        gradients), allocated once per process at the largest batch size."""
-        return self.local(kind, lambda: S.Tables(
-            np.zeros((self.max_batch_ids(EMB), self.dim), np.float32),
-            np.zeros((self.max_batch_ids(EMB_W), self.dim), np.float32),
-            np.zeros((self.max_batch_ids(EMB_W), 1), np.float32),
-        ))
-
-    def _window_scratch(self) -> S.WindowScratch:
-        """One target's buffers (window mode), allocated once per process."""
-        width = 1 + self.neg_num
-        return self.local("window", lambda: S.WindowScratch(
-            np.zeros(width, np.int64), np.zeros((width, self.dim), np.float32), np.zeros(width, np.float32),
-            np.zeros((width, self.dim), np.float32), np.zeros((2 * self.window, self.dim), np.float32),
-            np.zeros(width, np.float32), np.zeros(width, np.float32),
-        ))
