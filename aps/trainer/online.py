@@ -101,7 +101,7 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
     async def body(s: Session) -> None:
         while (p := await source.next_pass()) is not None:
             started = time.monotonic()
-            extra = await _one_pass(trainer, s, p, online, workers)
+            extra = await _one_pass(trainer, s, p, online, workers, exporter)
             s.comm.check()
             saving = bool(online.save_every and trainer.options.save_dir and (len(result.passes) + 1) % online.save_every == 0)
             if trainer.trainer_id == 0:
@@ -127,8 +127,11 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
     return result
 
 
-async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions, workers: int) -> dict[str, Any]:
-    """Score ``p``, then train it; returns what its record adds to the monitor's numbers."""
+async def _one_pass(
+    trainer: Trainer, s: Session, p: Pass, online: OnlineOptions, workers: int, exporter: Exporter | None
+) -> dict[str, Any]:
+    """Score ``p``, then (after the day tick, with exports) train it; returns what its record
+    adds to the monitor's numbers."""
     files = assign_to_workers(p.files, workers)
     extra: dict[str, Any] = {"mode": trainer.strategy.mode, "pass": p.name, "files": len(p.files)}
     if online.score:
@@ -139,6 +142,11 @@ async def _one_pass(trainer: Trainer, s: Session, p: Pass, online: OnlineOptions
         auc = pass_auc(s.shared.scores)
         if auc is not None:
             extra["online_auc"] = trainer.probe.online_auc = auc
+    if exporter is not None:
+        if trainer.trainer_id == 0:
+            extra.update(await exporter.before_training(s.ps, p))
+        # every trainer waits for trainer 0's day tick: none pushes the new day's keys before it
+        await s.ps.barrier(f"aps.online.tick.{p.seq}", timeout=trainer.strategy.rpc_timeout)
     if p.reread:
         extra["reread"] = p.reread
         trainer.probe.reread += p.reread

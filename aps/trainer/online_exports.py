@@ -2,11 +2,15 @@
 
 After a pass, trainer 0 writes (``PSClient.export``, read by ``aps-serve``):
 
+* the **day tick**: before the first pass of a new day is trained, every hash table's day
+  advances by one (``PSClient.shrink(days=1)``: keys unseen for more than the table's
+  ``ttl_days`` go), and on a day a base is due its keys are also shrunk by score (the defaults:
+  decayed shows and clicks, keys under the score threshold evicted); every trainer waits for it
+  at a barrier, so the new day's pushes are marked seen on the new day;
 * a **base** after the first pass of the run (a delta needs a base the pservers wrote since they
   started or loaded a checkpoint, so a resumed run starts with one too), and after the first pass
-  of every ``base_every``-th new day, once every hash table was shrunk (``PSClient.shrink``
-  with its defaults: decayed shows and clicks, keys under the score threshold evicted), as the
-  reference's users write a base model a day;
+  of every ``base_every``-th new day, after its tick, as the reference's users write a base
+  model a day;
 * a **delta** every ``delta_every`` passes otherwise: the keys whose delta score passed its
   threshold since the last base or delta, dense tables whole.
 
@@ -58,27 +62,42 @@ class Exporter:
         self._day: str | None = None
         self._days = 0  # new days since the last base
         self._passes = 0  # passes since the last export
+        self._base_due = False  # a base after the pass being trained
+
+    async def before_training(self, ps: PSClient, p: Pass) -> dict[str, Any]:
+        """The day tick, when ``p`` is the first pass of a new day (trainer 0, before any trainer
+        trains it, so the new day's keys are marked seen on the new day): every hash table's day
+        advances by one, and its keys are shrunk by score when a base is due after this pass,
+        else only aged (``ttl_days``). Returns what the pass's record should say."""
+        new_day = self._day is not None and p.day != self._day
+        self._day = p.day
+        if not self._have_base:
+            self._base_due = True
+            return {}
+        if not new_day:
+            return {}
+        self._days += 1
+        self._base_due = self._days >= self.options.base_every
+        # by score on a base's day; otherwise no score is under 0: only the days unseen count
+        rule = {} if self._base_due else {"decay": 1.0, "threshold": 0.0}
+        evicted = {name: await ps.shrink(name, days=1, **rule) for name in self.hash_tables}
+        log.info("day tick", day=p.day, before_pass=p.name, shrunk_by_score=self._base_due,
+                 **{f"evicted_{k}": v for k, v in evicted.items()})
+        return {"evicted": evicted}
 
     async def after_pass(self, ps: PSClient, p: Pass) -> dict[str, Any]:
         """Export if one is due after ``p``; returns what the pass's record should say."""
-        new_day = self._day is not None and p.day != self._day
-        self._day = p.day
-        self._days += int(new_day)
         self._passes += 1
-        out: dict[str, Any] = {}
-        if not self._have_base or (new_day and self._days >= self.options.base_every):
-            if self._have_base:  # a day boundary: forget what nobody sees any more, then a base
-                out["evicted"] = {name: await ps.shrink(name) for name in self.hash_tables}
+        if self._base_due:
             kind = "base"
         elif self._passes >= self.options.delta_every:
             kind = "delta"
         else:
-            return out
+            return {}
         info = await ps.export(self.options.root, kind)
         self._have_base = True
         self._passes = 0
         if kind == "base":
-            self._days = 0
-        log.info("exported", kind=kind, version=info.version, base_version=info.base_version, path=info.path,
-                 after_pass=p.name, **{f"evicted_{k}": v for k, v in out.get("evicted", {}).items()})
-        return {**out, "export": info.version, "export_kind": kind}
+            self._days, self._base_due = 0, False
+        log.info("exported", kind=kind, version=info.version, base_version=info.base_version, path=info.path, after_pass=p.name)
+        return {"export": info.version, "export_kind": kind}

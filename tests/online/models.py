@@ -61,13 +61,18 @@ class HashCountingLR(CountingLR):
     """CountingLR whose feature weights ``w`` are a hash table keyed by the feature (any int64),
     pushing each feature's shows and clicks, so a day tick's shrink scores and evicts its keys.
     Every key goes into a base export (``base_threshold`` 0): what a base leaves out, only the
-    shrink took away."""
+    shrink took away. ``ttl_days``: the table's (keys unseen for more days go at a day tick)."""
 
     name = "hash_counting_lr"
 
+    def __init__(self, ttl_days: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.ttl_days = ttl_days
+
     def tables(self) -> list:
         seen, _ = super().tables()
-        w = aps.HashTable("w", dim=1, init=aps.Constant(0.0), optimizer=aps.SGD(lr=self.lr), base_threshold=0.0)
+        w = aps.HashTable("w", dim=1, init=aps.Constant(0.0), optimizer=aps.SGD(lr=self.lr), base_threshold=0.0,
+                          ttl_days=self.ttl_days)
         return [seen, w]
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:

@@ -97,8 +97,9 @@ async def test_the_day_ticks_shrink_leaves_evicted_keys_out_of_the_base_and_out_
     finally:
         await server.aclose()
     assert [(p["export"], p["export_kind"]) for p in result.passes] == [(1, "base"), (2, "base")]
-    assert [p["keys"]["w"] for p in result.passes] == [40, 44]  # after each pass's training, before the tick
-    assert result.passes[1]["evicted"] == {"w": 40} and held == 4  # score 0.1 x 0.98 < 0.8 went, 9.8 stayed
+    # the tick came before day 2's pass: score 0.1 x 0.98 < 0.8 went, then the day's 4 keys came
+    assert [p["keys"]["w"] for p in result.passes] == [40, 4]
+    assert result.passes[1]["evicted"] == {"w": 40} and held == 4
     evicted, kept = np.arange(100, 140), np.arange(200, 204)
     first = tmp_path / "first-base-only"
     shutil.copytree(tmp_path / "exports" / "00000001-base", first / "00000001-base")
@@ -107,3 +108,25 @@ async def test_the_day_ticks_shrink_leaves_evicted_keys_out_of_the_base_and_out_
     version, count, after = await served_keys(tmp_path / "exports", np.concatenate([evicted, kept]))
     assert (version, count) == (2, 4)  # the day's base holds the kept keys only
     assert not after[:40].any() and (after[40:] != 0).all()  # evicted keys read their init row again
+
+
+@pytest.mark.slow  # worker processes and four exports: ~10 s on a loaded machine
+async def test_each_new_day_ticks_the_hash_tables_day_before_its_pass_so_ttl_days_ages_keys(tmp_path: Path) -> None:
+    data = tmp_path / "passes"
+    for d in range(4):  # one key a day, clicked 10 times: no score rule would ever take it
+        write_lines(data, f"2026112{6 + d}/1", [(10 * d + i, 1, 300 + d) for i in range(10)])
+    server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
+    try:
+        options = TrainOptions(save_dir=None, print_period=0, live_line=False)
+        model = HashCountingLR(ttl_days=1, batch_size=10)
+        trainer = Trainer(model, Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=ExportOptions("exports")))
+        async with aps.connect([server.address]) as ps:
+            held = (await ps.table_info("w")).keys
+            rows = (await ps.pull_sparse("w", np.arange(300, 304)))[:, 0]
+    finally:
+        await server.aclose()
+    # day d's key is seen on day d; at the tick to day d + 2 it was unseen for 2 days > ttl_days 1
+    assert [p.get("evicted") for p in result.passes] == [None, {"w": 0}, {"w": 1}, {"w": 1}]
+    assert [p["keys"]["w"] for p in result.passes] == [1, 2, 2, 2] and held == 2
+    assert rows[:2].tolist() == [0.0, 0.0] and (rows[2:] != 0).all()  # 300 and 301 gone, 302 and 303 held
