@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: row name -> (model it applies to, aps mode (None: the model's, hybrid), workers, extra trainer args)
 ROWS: dict[str, tuple[str, str | None, int, str]] = {
-    "hybrid, 2 workers (default)": ("ctr_dnn", None, 2, ""),
+    "hybrid, 2 workers (default mode)": ("ctr_dnn", None, 2, ""),
     "hybrid, 2 workers, init_range=0.05": ("ctr_dnn", None, 2, "--model-arg init_range=0.05"),
     "hybrid, 2 workers, bias_correction=step": ("ctr_dnn", None, 2, "--model-arg bias_correction=step"),
     "sync, 1 worker": ("ctr_dnn", "sync", 1, ""),

@@ -4,7 +4,7 @@ The network is PaddlePaddle Fleet's CTR-DNN example on Criteo data:
 
 * one sparse table ``SparseFeatFactors`` (``buckets`` x ``embedding_size`` = 1,000,001 x 10,
   uniform init in [-0.05, 0.05); the reference's ``fluid.initializer.Uniform()`` is [-1, 1), which
-  ``init_range=1.0`` restores: it cost 0.027-0.040 test AUC on each of three generated data sets,
+  ``init_range=1.0`` restores: it cost 0.03-0.04 test AUC on each of three generated data sets,
   in aps and in PyTorch alike, bench/README.md "ctr_ablation.py"), looked up once per slot (26
   lookups per example);
 * the 26 embeddings concatenated with the 13 normalised dense features (273 inputs) ->
