@@ -80,10 +80,7 @@ def pass_auc(scores: np.ndarray) -> float | None:
 async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
     """Run ``trainer`` over the passes of ``source`` until it has no more (see the module)."""
     online = online or OnlineOptions()
-    if online.save_every < 0 or online.keep_passes < 0:
-        raise ConfigError(f"save_every and keep_passes must be >= 0, got {online.save_every}, {online.keep_passes}")
-    if online.resume and not trainer.options.save_dir:
-        raise ConfigError("resume needs a save dir: the checkpoints to resume from are there (--save-dir)")
+    check_checkpointing(online.save_every, online.keep_passes, online.resume, trainer.options.save_dir)
     trainer.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
     start_fork_server(type(trainer.model).__module__)
     workers = trainer.strategy.workers
@@ -93,7 +90,12 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
     log.info("online trainer starting", trainer=trainer.trainer_id, source=type(source).__name__, **trainer.model.describe())
 
     async def prepare(ps: PSClient) -> None:
-        position = await _resume(trainer, ps, result) if online.resume else None
+        position = None
+        if online.resume:
+            assert trainer.options.save_dir is not None
+            result.resumed_from, position = await resume_position(
+                ps, trainer.options.save_dir, trainer.trainer_id, trainer.strategy.rpc_timeout
+            )
         await source.open(position)
 
     exporter = Exporter(online.export, trainer.model) if online.export is not None else None
@@ -106,7 +108,8 @@ async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions |
             saving = bool(online.save_every and trainer.options.save_dir and (len(result.passes) + 1) % online.save_every == 0)
             if trainer.trainer_id == 0:
                 if saving:
-                    extra["saved"] = await _save(trainer, s.ps, source, p, online.keep_passes)
+                    assert trainer.options.save_dir is not None
+                    extra["saved"] = await save_pass(s.ps, trainer.options.save_dir, source, p, online.keep_passes)
                 if exporter is not None:
                     extra.update(await exporter.after_pass(s.ps, p))
             # the record is written after the save and the export, so the metrics file says them too
@@ -168,14 +171,21 @@ def _end_pass(trainer: Trainer, s: Session, p: Pass, extra: dict[str, Any], star
     return record
 
 
-async def _save(trainer: Trainer, ps: PSClient, source: Source, p: Pass, keep: int) -> str:
-    """Save the tables with the position after ``p`` (trainer 0), then delete the checkpoints
+def check_checkpointing(save_every: int, keep_passes: int, resume: bool, save_dir: str | None) -> None:
+    """The checkpoint settings of a pass loop make sense together (ConfigError if not)."""
+    if save_every < 0 or keep_passes < 0:
+        raise ConfigError(f"save_every and keep_passes must be >= 0, got {save_every}, {keep_passes}")
+    if resume and not save_dir:
+        raise ConfigError("resume needs a save dir: the checkpoints to resume from are there (--save-dir)")
+
+
+async def save_pass(ps: PSClient, save_dir: str, source: Source, p: Pass, keep: int) -> str:
+    """Save the tables with the position after ``p`` (one trainer), then delete the checkpoints
     older than the newest ``keep`` (0: none); returns the path."""
-    assert trainer.options.save_dir is not None
-    path = pass_checkpoint(trainer.options.save_dir, p.seq)
+    path = pass_checkpoint(save_dir, p.seq)
     await ps.save(path, extra={KEY: await source.position(p)})
     if keep:
-        local = local_save_dir(trainer.options.save_dir, await ps.checkpoint_roots())
+        local = local_save_dir(save_dir, await ps.checkpoint_roots())
         if not os.path.isdir(local):
             log.warning("cannot prune pass checkpoints: the save dir is not on this machine", save_dir=local, keep=keep)
         elif pruned := prune_checkpoints(local, keep):
@@ -183,20 +193,22 @@ async def _save(trainer: Trainer, ps: PSClient, source: Source, p: Pass, keep: i
     return path
 
 
-async def _resume(trainer: Trainer, ps: PSClient, result: OnlineResult) -> dict[str, Any] | None:
+async def resume_position(
+    ps: PSClient, save_dir: str, trainer_id: int, timeout: float | None
+) -> tuple[str | None, dict[str, Any] | None]:
     """Load the newest complete pass checkpoint (trainer 0 asks the pservers) and return its
-    position; None, with a warning, when there is none yet (a job's first start)."""
-    assert trainer.options.save_dir is not None
-    local = local_save_dir(trainer.options.save_dir, await ps.checkpoint_roots())
+    path and position; ``(None, None)``, with a warning, when there is none yet (a job's first
+    start). Every trainer calls it: they meet at a barrier once the tables are loaded."""
+    local = local_save_dir(save_dir, await ps.checkpoint_roots())
     found = newest_checkpoint(local)
+    resumed_from = position = None
     if found is None:
         log.warning("resume: no complete pass checkpoint yet, starting at the first pass", save_dir=local)
-        position = None
     else:
         name, position = found
-        result.resumed_from = f"{trainer.options.save_dir.rstrip('/')}/{name}"
-        if trainer.trainer_id == 0:
-            await ps.load(result.resumed_from)
-        log.warning("resumed from a pass checkpoint", path=result.resumed_from, position=position)
-    await ps.barrier("aps.online.resumed", timeout=trainer.strategy.rpc_timeout)
-    return position
+        resumed_from = f"{save_dir.rstrip('/')}/{name}"
+        if trainer_id == 0:
+            await ps.load(resumed_from)
+        log.warning("resumed from a pass checkpoint", path=resumed_from, position=position)
+    await ps.barrier("aps.online.resumed", timeout=timeout)
+    return resumed_from, position

@@ -42,8 +42,10 @@ from .ipc import Kind, Record
 from .model import Batch, Model
 from .modes import mode_class
 from .monitor import Monitor
+from .online import check_checkpointing, resume_position, save_pass
 from .reader import Chunk
 from .shared import STAT, Attached, SharedArrays
+from .sources.base import Pass, Source
 from .strategy import Strategy
 from .trainer import TrainOptions, check_options, check_trainer, create_tables, make_monitor, open_client, save_roots
 from .worker import Worker, WorkerSpec
@@ -89,6 +91,8 @@ class StepTrainer:
         self.registry = trainer_registry(self.probe)
         self.epoch = 0
         self.records: list[dict[str, Any]] = []  #: one "epoch" record per finished epoch
+        #: the pass checkpoint the last :meth:`passes` resumed from, if any
+        self.resumed_from: str | None = None
         self.failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -295,19 +299,19 @@ class StepTrainer:
         self._check()
         return loss / batch.examples if batch.examples else loss
 
-    def end_epoch(self) -> dict[str, Any]:
+    def end_epoch(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """End this pass over the data: flush, meet every other trainer at the epoch barrier (sync
-        mode: keep joining rounds until all have run out), write the epoch's metrics record and
-        begin the next epoch. Every trainer must call it the same number of times."""
+        mode: keep joining rounds until all have run out), write the epoch's metrics record (with
+        ``extra`` added) and begin the next epoch. Every trainer must call it the same number of times."""
         self._running()
         self._check()
-        return self._call(self._finish_epoch(begin_next=True))
+        return self._call(self._finish_epoch(begin_next=True, extra=extra))
 
-    async def _finish_epoch(self, begin_next: bool) -> dict[str, Any]:
+    async def _finish_epoch(self, begin_next: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         assert self._comm is not None and self._monitor is not None
         await self._comm.handle(0, Record(Kind.EPOCH_DONE, epoch=self.epoch))
         await self._comm.finish_epoch(self.epoch)
-        record = self._monitor.end_epoch(self.epoch, {"mode": self.strategy.mode})
+        record = self._monitor.end_epoch(self.epoch, {"mode": self.strategy.mode, **(extra or {})})
         self.records.append(record)
         if begin_next:
             self.epoch += 1
@@ -328,6 +332,57 @@ class StepTrainer:
         assert self._comm is not None and self._ps is not None
         await self._comm.flush()
         await self._ps.save(path)
+
+    def passes(self, source: Source, *, save_every: int = 1, resume: bool = False, keep_passes: int = 3) -> Iterator[Pass]:
+        """Online training in the caller's loop: the passes of ``source`` (a
+        :class:`~aps.trainer.sources.PassDir` or :class:`~aps.trainer.sources.RedisStream` made
+        for this trainer), in order, each once::
+
+            for p in worker.passes(source, resume=True):
+                for batch in my_batches(worker, p.files):  # this trainer's share of the pass
+                    worker.step(batch)
+
+        A pass is finished when the loop asks for the next one: the epoch ends (its record
+        names the pass), and every ``save_every`` passes trainer 0 saves
+        ``options.save_dir/pass-<seq>`` with the source's position, as ``aps-trainer
+        --data-passes`` does; the trainers meet at a barrier and only then is the source told (a
+        stream acknowledges the entries the checkpoint covers). Leaving the loop early (break, an
+        error) finishes nothing: that pass is trained again after a restart. ``resume`` first
+        loads the newest complete pass checkpoint in ``save_dir`` and continues after its
+        position. Every trainer runs the same loop. Passes are not scored before training
+        (aps-trainer's online AUC); :meth:`auc` and the epoch records have the training AUC."""
+        check_checkpointing(save_every, keep_passes, resume, self.options.save_dir)
+        if resume and mode_class(self.strategy.mode).local_sgd:
+            # geo filled its replica (and the baseline of its deltas) at start(), before the load
+            raise ConfigError("resuming passes in geo mode is not supported by the step-wise trainer; use aps-trainer --resume")
+        self._running()
+        return self._passes(source, save_every, resume, keep_passes)
+
+    def _passes(self, source: Source, save_every: int, resume: bool, keep: int) -> Iterator[Pass]:
+        assert self._ps is not None
+        ps, save_dir, timeout = self._ps, self.options.save_dir, self.strategy.rpc_timeout
+        position = None
+        if resume:
+            assert save_dir is not None
+            self.resumed_from, position = self._call(resume_position(ps, save_dir, self.trainer_id, timeout))
+        self._call(source.open(position))
+        try:
+            done = 0
+            while (p := self._call(source.next_pass())) is not None:
+                yield p  # the caller trains the pass; coming back for the next one finishes it
+                self.end_epoch({"pass": p.name, "seq": p.seq, "files": len(p.files)})
+                done += 1
+                if not (save_every and save_dir and done % save_every == 0):
+                    continue
+                if self.trainer_id == 0:
+                    self.records[-1]["saved"] = self._call(save_pass(ps, save_dir, source, p, keep))
+                # every trainer waits for the save: none pushes the next pass into it
+                self._call(ps.barrier(f"aps.online.saved.{p.seq}", timeout=timeout))
+                self._call(source.committed(p))
+            log.info("online passes stopped", trainer=self.trainer_id, reason=source.stop_reason, passes=done)
+        finally:
+            if self._loop is not None and self._loop.is_running():
+                self._call(source.aclose())
 
     def barrier(self) -> None:
         """Wait until every trainer reached the same barrier (Paddle's ``barrier_worker``)."""
