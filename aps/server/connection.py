@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from .. import wire
-from ..errors import CloseReason, ErrorCode, RemoteProtocolError, ServerError
+from ..errors import CloseReason, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
 from ..wire.auth import check_mac
 from ..wire.handshake import Action, HandshakeState, ServerHandshake, Step
 from ..wire.limits import ConnectionLimits
@@ -67,6 +67,10 @@ _WARNINGS = {
 }
 
 
+_CHECKING = HandshakeState.CHECKING
+_SERVING = ConnectionState.SERVING
+
+
 class _FrameRefused(Exception):
     """Raised through the decoder by the header hook once a frame has been refused."""
 
@@ -107,6 +111,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._frame_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._drain: bytearray | None = None  # where bytes go once closed (read and dropped)
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when connected
 
     @property
     def client_id(self) -> int | None:
@@ -126,12 +131,13 @@ class ServerConnection(asyncio.BufferedProtocol):
     @property
     def _held(self) -> bool:
         """An AUTH waits for its (throttled) verdict: read and run nothing else."""
-        return self.handshake.state is HandshakeState.CHECKING
+        return self.handshake.state is _CHECKING
 
     # ----------------------------------------------------------------- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
@@ -188,14 +194,14 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.closed:  # refused or closing: what still arrives is dropped, not buffered
+        if self.close_reason is not None:  # refused or closing: what arrives is dropped, not buffered
             if self._drain is None:
                 self._drain = bytearray(64 * 1024)
             return memoryview(self._drain)
         return self.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.closed:
+        if self.close_reason is not None:
             return
         self.decoder.buffer_updated(nbytes)
         if self._charge_arrived():
@@ -203,7 +209,7 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Bytes handed over whole (also called with b"" to parse frames left unparsed)."""
-        if self.closed:
+        if self.close_reason is not None:
             return
         self.decoder.receive_data(data)
         if self._charge_arrived():
@@ -212,7 +218,8 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         completed = False
         # while reading is paused (slow reader, too many waiting requests) frames stay unparsed
-        while not self.closed and not self._held and not self._read_paused:
+        handshake = self.handshake
+        while self.close_reason is None and not self._read_paused and handshake.state is not _CHECKING:
             try:
                 frame = self.decoder.next_frame()
             except _FrameRefused:
@@ -281,13 +288,12 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def _watch_frame(self, completed: bool) -> None:
         """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
-        if self.closed:
+        if self.close_reason is not None:
             return
-        loop = asyncio.get_running_loop()
         reading = not (self._read_paused or self._held)
-        due = self.limits.watch_frame(loop.time(), self.decoder.buffered, reading, completed)
+        due = self.limits.watch_frame(self._loop.time, self.decoder.buffered, reading, completed)
         if due is not None and self._frame_timer is None:
-            self._frame_timer = loop.call_at(due, self._frame_deadline)
+            self._frame_timer = self._loop.call_at(due, self._frame_deadline)
 
     def _frame_deadline(self) -> None:
         self._frame_timer = None
@@ -329,10 +335,10 @@ class ServerConnection(asyncio.BufferedProtocol):
             code = ErrorCode.UNKNOWN_OPCODE if "opcode" in str(exc) else ErrorCode.BAD_REQUEST
             self._handshake_error(self.handshake.receive_unparsable(frame.opcode, code, str(exc)), frame.request_id)
             return
-        if self.state is not ConnectionState.SERVING or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
+        if self.state is not _SERVING or type(msg) in _HANDSHAKE_MESSAGES or self.server.closing:
             if not self._admitted(msg, frame.request_id):
                 return
-            if self.state is not ConnectionState.SERVING:
+            if self.state is not _SERVING:
                 self._register()
         # else: a request on a registered connection, which the handshake passes as it is
         assert self.client_id is not None
@@ -458,9 +464,12 @@ class ServerConnection(asyncio.BufferedProtocol):
     # ----------------------------------------------------------------- output
 
     def _send(self, msg: wire.Message, request_id: int) -> int:
-        if self.closed or self.transport is None:
+        if self.close_reason is not None or self.transport is None:
             return 0
-        parts = dispatch.encode_reply(msg, request_id, self.config.max_frame)
+        try:
+            parts = wire.encode(msg, request_id, max_frame=self.config.max_frame)
+        except LocalProtocolError as exc:  # e.g. a pull whose reply does not fit in a frame
+            parts = dispatch.too_large(msg, exc, request_id, self.config.max_frame)
         if len(parts) == 1:
             self.transport.write(parts[0])
             return len(parts[0])

@@ -69,13 +69,18 @@ def error_reply(exc: ServerError) -> wire.Error:
     return wire.Error(code=int(exc.code), retriable=int(retriable), message=exc.message[:4000])
 
 
+def too_large(msg: wire.Message, exc: LocalProtocolError, request_id: int, max_frame: int) -> list[bytes]:
+    """What a reply that could not be encoded (``exc``: a pull too large for a frame) is
+    answered with: a TOO_LARGE error. An error reply that does not fit is our bug: raised."""
+    if isinstance(msg, wire.Error):
+        raise exc
+    error = wire.Error(code=int(ErrorCode.TOO_LARGE), retriable=0, message=f"reply not sent: {exc}")
+    return wire.encode(error, request_id, max_frame=max_frame)
+
+
 def encode_reply(msg: wire.Message, request_id: int, max_frame: int) -> list[bytes]:
-    """The frames of a reply; one that does not fit in a frame (a pull too large) is answered
-    with a TOO_LARGE error instead."""
+    """The frames of a reply; one that does not fit in a frame is answered with :func:`too_large`."""
     try:
         return wire.encode(msg, request_id, max_frame=max_frame)
     except LocalProtocolError as exc:
-        if isinstance(msg, wire.Error):
-            raise
-        error = wire.Error(code=int(ErrorCode.TOO_LARGE), retriable=0, message=f"reply not sent: {exc}")
-        return wire.encode(error, request_id, max_frame=max_frame)
+        return too_large(msg, exc, request_id, max_frame)

@@ -16,7 +16,7 @@ a frame's bytes stay charged while its request waits (a barrier, a sync push).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from ..errors import ConfigError, ErrorCode, ServerError
@@ -131,7 +131,11 @@ class ConnectionLimits:
         if total and pool + grow > total:
             return _too_large(f"{who} {pool} bytes in flight and {grow} more arrived, over the limit of {total} ({option})")
         self.arrived += grow
-        self._charge(grow)
+        self.held += grow
+        if self.in_handshake:
+            self.pools.handshake_bytes += grow
+        else:
+            self.pools.inflight_bytes += grow
         return None
 
     def take_frame(self, size: int) -> None:
@@ -142,8 +146,14 @@ class ConnectionLimits:
 
     def frame_done(self) -> None:
         """The frame being handled is done with: its bytes go, unless a waiting request took them."""
-        self.release(self.frame)
-        self.frame = 0
+        size = self.frame
+        if size:
+            self.frame = 0
+            self.held -= size
+            if self.in_handshake:
+                self.pools.handshake_bytes -= size
+            else:
+                self.pools.inflight_bytes -= size
 
     def hold_frame(self, request: Hashable) -> None:
         """The frame's request waits: its bytes stay charged until :meth:`request_done`."""
@@ -166,13 +176,6 @@ class ConnectionLimits:
         theirs back when they finish."""
         self.release(self.frame + self.arrived)
         self.frame = self.arrived = 0
-
-    def _charge(self, size: int) -> None:
-        self.held += size
-        if self.in_handshake:
-            self.pools.handshake_bytes += size
-        else:
-            self.pools.inflight_bytes += size
 
     def release(self, size: int) -> None:
         if size:
@@ -197,17 +200,18 @@ class ConnectionLimits:
         """When a connection accepted at ``now`` must be through its handshake (None: never)."""
         return now + self.handshake_timeout if self.handshake_timeout else None
 
-    def watch_frame(self, now: float, buffered: int, reading: bool, completed: bool) -> float | None:
-        """After bytes were parsed at ``now`` (``completed``: a whole frame came out of them):
-        when the frame in progress must be complete, or None when there is none in progress or
-        the peer cannot finish one (we do not read)."""
+    def watch_frame(self, now: Callable[[], float], buffered: int, reading: bool, completed: bool) -> float | None:
+        """After bytes were parsed (``completed``: a whole frame came out of them; ``now``: the
+        clock, read only when a frame is in progress): when the frame in progress must be
+        complete, or None when there is none in progress or the peer cannot finish one (we do
+        not read)."""
         if not self.frame_timeout:
             return None
         if buffered == 0 or not reading:
             self.partial_since = None
             return None
         if completed or self.partial_since is None:  # the frame in progress began in this data
-            self.partial_since = now
+            self.partial_since = now()
         return self.partial_since + self.frame_timeout
 
     def frame_deadline(self) -> float | None:

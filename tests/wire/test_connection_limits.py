@@ -17,6 +17,11 @@ class Pools:
     handshake_bytes: int = 0
 
 
+def at(t: float):
+    """A clock that reads ``t``."""
+    return lambda: t
+
+
 def limits(pools: Pools, **kw: float) -> ConnectionLimits:
     return ConnectionLimits(pools, **kw)  # type: ignore[arg-type]
 
@@ -97,14 +102,14 @@ def test_handshake_deadline() -> None:
 
 def test_frame_deadline_runs_from_the_first_byte_of_the_frame_in_progress() -> None:
     lim = limits(Pools(), frame_timeout=5.0)
-    assert lim.watch_frame(10.0, 0, reading=True, completed=False) is None  # nothing buffered
-    assert lim.watch_frame(11.0, 3, reading=True, completed=False) == 16.0  # a frame began at 11
-    assert lim.watch_frame(13.0, 8, reading=True, completed=False) == 16.0  # still the same frame
+    assert lim.watch_frame(at(10.0), 0, reading=True, completed=False) is None  # nothing buffered
+    assert lim.watch_frame(at(11.0), 3, reading=True, completed=False) == 16.0  # a frame began at 11
+    assert lim.watch_frame(at(13.0), 8, reading=True, completed=False) == 16.0  # still the same frame
     assert lim.frame_deadline() == 16.0
-    assert lim.watch_frame(14.0, 2, reading=True, completed=True) == 19.0  # one done, the next began
-    assert lim.watch_frame(15.0, 2, reading=False, completed=False) is None  # we do not read: no deadline
+    assert lim.watch_frame(at(14.0), 2, reading=True, completed=True) == 19.0  # one done, the next began
+    assert lim.watch_frame(at(15.0), 2, reading=False, completed=False) is None  # we do not read: no deadline
     assert lim.frame_deadline() is None
-    lim.watch_frame(16.0, 2, reading=True, completed=False)
+    lim.watch_frame(at(16.0), 2, reading=True, completed=False)
     lim.reading_stopped()
     assert lim.frame_deadline() is None
-    assert limits(Pools()).watch_frame(1.0, 3, reading=True, completed=False) is None  # 0: no limit
+    assert limits(Pools()).watch_frame(at(1.0), 3, reading=True, completed=False) is None  # 0: no limit
