@@ -333,7 +333,9 @@ class StepTrainer:
         await self._comm.flush()
         await self._ps.save(path)
 
-    def passes(self, source: Source, *, save_every: int = 1, resume: bool = False, keep_passes: int = 3) -> Iterator[Pass]:
+    def passes(
+        self, source: Source, *, save_dir: str | None = None, save_every: int = 1, resume: bool = False, keep_passes: int = 3
+    ) -> Iterator[Pass]:
         """Online training in the caller's loop: the passes of ``source`` (a
         :class:`~aps.trainer.sources.PassDir` or :class:`~aps.trainer.sources.RedisStream` made
         for this trainer), in order, each once::
@@ -344,23 +346,27 @@ class StepTrainer:
 
         A pass is finished when the loop asks for the next one: the epoch ends (its record
         names the pass), and every ``save_every`` passes trainer 0 saves
-        ``options.save_dir/pass-<seq>`` with the source's position, as ``aps-trainer
-        --data-passes`` does; the trainers meet at a barrier and only then is the source told (a
-        stream acknowledges the entries the checkpoint covers). Leaving the loop early (break, an
+        ``SAVE_DIR/pass-<seq>`` (``save_dir``, else ``options.save_dir``; none: no checkpoints)
+        with the source's position, as ``aps-trainer --data-passes`` does; the trainers meet at a
+        barrier and only then is the source told (a stream acknowledges the entries the
+        checkpoint covers). Leaving the loop early (break, an
         error) finishes nothing: that pass is trained again after a restart. ``resume`` first
         loads the newest complete pass checkpoint in ``save_dir`` and continues after its
         position. Every trainer runs the same loop. Passes are not scored before training
         (aps-trainer's online AUC); :meth:`auc` and the epoch records have the training AUC."""
-        check_checkpointing(save_every, keep_passes, resume, self.options.save_dir)
+        save_dir = save_dir or self.options.save_dir
+        check_checkpointing(save_every, keep_passes, resume, save_dir)
         if resume and mode_class(self.strategy.mode).local_sgd:
             # geo filled its replica (and the baseline of its deltas) at start(), before the load
             raise ConfigError("resuming passes in geo mode is not supported by the step-wise trainer; use aps-trainer --resume")
         self._running()
-        return self._passes(source, save_every, resume, keep_passes)
+        if save_dir:
+            check_checkpoint_path(save_dir, self._roots, "pass save dir")
+        return self._passes(source, save_dir, save_every, resume, keep_passes)
 
-    def _passes(self, source: Source, save_every: int, resume: bool, keep: int) -> Iterator[Pass]:
+    def _passes(self, source: Source, save_dir: str | None, save_every: int, resume: bool, keep: int) -> Iterator[Pass]:
         assert self._ps is not None
-        ps, save_dir, timeout = self._ps, self.options.save_dir, self.strategy.rpc_timeout
+        ps, timeout = self._ps, self.strategy.rpc_timeout
         position = None
         if resume:
             assert save_dir is not None

@@ -4,10 +4,14 @@
     aps-local 2x2 -- python examples/fleet/ctr_dnn_train.py --data data/ctr/train_data --mode async --save model/ctr
     # incremental training: the pservers start from the saved tables
     aps-local 2x2 -- python examples/fleet/ctr_dnn_train.py --data data/ctr/train_data --init-model model/ctr
+    # online: pass folders data/passes/<day>/<pass>/ (each complete with its _SUCCESS), a
+    # checkpoint after each pass; after a crash --resume continues after the newest one
+    aps-local 2x2 -- python examples/fleet/ctr_dnn_train.py --data-passes data/passes --save online/ctr --resume
 
 Every trainer prints the loss of every step and, every --print-period steps, the AUC so far (the
 reference's ``fetch_list=[auc_var]``); the first trainer saves at the end of each epoch, as the
-reference's ``fleet.is_first_worker()`` does.
+reference's ``fleet.is_first_worker()`` does. With --data-passes each pass is an epoch, and the
+first trainer saves ``--save``/pass-<seq> with the position in the pass folders after each.
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_fo
 
 from aps.fleet import Fleet
 from aps.models.ctr_dnn.model import CtrDnn
+from aps.trainer import PassDir
+from aps.trainer.stepwise import StepTrainer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, hidden="400,400,400", batch_size=1000, lr=0.001)
+    add_arguments(parser, hidden="400,400,400", batch_size=1000, lr=0.001, online=True)
     parser.add_argument("--print-period", type=int, default=10, help="steps between AUC lines (default: %(default)s)")
     args = parser.parse_args()
+    if args.data_passes and not args.save:
+        parser.error("--data-passes needs --save: the pass checkpoints go there")
 
     fleet = Fleet()
     fleet.init()
@@ -36,21 +44,43 @@ def main() -> None:
     model = CtrDnn(hidden=args.hidden, batch_size=args.batch_size, lr=args.lr, optimizer=optimizer_for(args),
                    meta=args.meta, **table_args(args))
     worker = fleet.init_worker(model, strategy_for(args))
+    if args.data_passes:
+        train_passes(fleet, worker, args)
+    else:
+        train_epochs(fleet, worker, args)
+    fleet.stop_worker()
+
+
+def train_pass(worker: StepTrainer, files: list[str], epoch: int, print_period: int) -> None:
+    """One pass over ``files``: the loss of every step, the AUC so far every ``print_period``."""
+    for batch in batches(worker, files):
+        loss = worker.step(batch)
+        print(f"epoch {epoch} step {worker.steps} loss {loss:.6f}", flush=True)
+        if worker.steps % print_period == 0:
+            print(f"epoch {epoch} step {worker.steps} auc {worker.auc():.4f}", flush=True)
+
+
+def train_epochs(fleet: Fleet, worker: StepTrainer, args: argparse.Namespace) -> None:
     files = train_files(fleet, args.data)
     print(f"trainer {fleet.worker_index()} of {fleet.worker_num()}: {len(files)} files", flush=True)
     for epoch in range(args.epochs):
-        for batch in batches(worker, files):
-            loss = worker.step(batch)
-            print(f"epoch {epoch} step {worker.steps} loss {loss:.6f}", flush=True)
-            if worker.steps % args.print_period == 0:
-                auc = worker.auc()
-                print(f"epoch {epoch} step {worker.steps} auc {auc:.4f}", flush=True)
+        train_pass(worker, files, epoch, args.print_period)
         record = worker.end_epoch()
         print(f"epoch {epoch} finished: {record['examples']} examples, loss {record['loss']:.6f}, "
               f"auc {record.get('auc', float('nan')):.4f}, {record['examples_per_s']:.0f} examples/s", flush=True)
         if args.save and fleet.is_first_worker():
             worker.save(os.path.join(args.save, f"epoch_{epoch}"))
-    fleet.stop_worker()
+
+
+def train_passes(fleet: Fleet, worker: StepTrainer, args: argparse.Namespace) -> None:
+    """Online: every pass once, in order; asking for the next pass ends this one and saves it."""
+    source = PassDir(args.data_passes, trainer_id=fleet.worker_index(), num_trainers=fleet.worker_num(),
+                     wait=args.pass_wait)
+    for p in worker.passes(source, save_dir=args.save, resume=args.resume):
+        print(f"pass {p.name} (seq {p.seq}): {len(p.files)} files", flush=True)
+        train_pass(worker, p.files, worker.epoch, args.print_period)
+    print(f"passes stopped: {source.stop_reason}; {len(worker.records)} trained"
+          + (f", resumed from {worker.resumed_from}" if worker.resumed_from else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,21 @@ from aps.trainer import Batch
 from aps.trainer.stepwise import StepTrainer
 
 
-def add_arguments(parser: argparse.ArgumentParser, hidden: str, batch_size: int, lr: float) -> None:
-    """The options every example takes (each also has the model's own)."""
+def add_arguments(parser: argparse.ArgumentParser, hidden: str, batch_size: int, lr: float, online: bool = False) -> None:
+    """The options every example takes (each also has the model's own); ``online``: --data or
+    --data-passes, --resume and --pass-wait."""
     add = parser.add_argument
-    add("--data", required=True, help="directory of Criteo-format training files (train_data/ of make_data.py)")
+    data_help = "directory of Criteo-format training files (train_data/ of make_data.py)"
+    if online:
+        data = parser.add_mutually_exclusive_group(required=True)
+        data.add_argument("--data", help=data_help)
+        data.add_argument("--data-passes", metavar="ROOT", help="online training: pass folders ROOT/<day>/<pass>/, each "
+                          "trained once when its _SUCCESS appears, a checkpoint SAVE/pass-<seq> after each (needs --save)")
+        add("--resume", action="store_true", help="--data-passes: continue after the newest pass checkpoint in --save")
+        add("--pass-wait", type=float, default=600.0, help="--data-passes: seconds to wait for the next pass before "
+            "stopping (default: %(default)s)")
+    else:
+        add("--data", required=True, help=data_help)
     add("--mode", choices=("sync", "async", "half_async", "geo"), default="async", help="default: %(default)s")
     add("--k-steps", type=int, default=100, help="geo: push every K steps (default: %(default)s)")
     add("--epochs", type=int, default=1, help="passes over this trainer's files (default: %(default)s)")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,8 @@ import aps
 from aps.errors import ConfigError
 from aps.trainer import PassDir
 from aps.trainer.stepwise import StepTrainer
-from tests.conftest import Processes
+from tests.conftest import BIN, ROOT, Processes
+from tests.fleet.conftest import run
 from tests.online.models import CountingLR
 from tests.online.passdata import write_pass
 
@@ -79,9 +82,9 @@ def test_passes_train_once_in_order_and_resume_after_the_saved_position(tmp_path
     asyncio.run(reached())
     write_pass(data, "d2/p2", 48, 16)
     (data / "_SUCCESS").write_text("")
-    again = trainer(servers).start()
+    again = trainer(servers, save_dir=None).start()
     names = []
-    for p in again.passes(PassDir(str(data), wait=0), resume=True):
+    for p in again.passes(PassDir(str(data), wait=0), save_dir="online", resume=True):  # the script's own path
         names.append((p.name, p.seq))
         for batch in again.batches(lines(p.files)):
             again.step(batch)
@@ -102,3 +105,37 @@ def test_passes_misuse_is_a_clear_error(tmp_path: Path) -> None:
                       aps.TrainOptions(save_dir="online"))
     with pytest.raises(ConfigError, match="geo mode"):
         geo.passes(PassDir(str(tmp_path)), resume=True)
+
+
+def make_pass(root: Path, name: str, source: Path) -> None:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "part-00000").write_bytes(source.read_bytes())
+    (folder / "_SUCCESS").write_text("")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_ctr_dnn_fleet_script_trains_pass_folders_and_resumes(tmp_path: Path, data: Path) -> None:
+    script = ROOT / "examples" / "fleet" / "ctr_dnn_train.py"
+    files = sorted(data.iterdir())
+    for k in range(2):
+        make_pass(tmp_path / "passes", f"d1/p{k + 1}", files[k])
+    (tmp_path / "passes" / "_SUCCESS").write_text("")
+    argv = [sys.executable, str(BIN / "aps-local"), "1x1", "--status-interval", "0", "--", "python", str(script),
+            "--data-passes", "passes", "--save", "online/ctr", "--pass-wait", "0", "--batch-size", "100",
+            "--hidden", "8", "--print-period", "5", "--resume"]
+    done = run(argv, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "log" / "trainer.0.log").read_text()
+    assert re.findall(r"^pass (\S+) \(seq (\d)\): 1 files$", log, re.M) == [("d1/p1", "0"), ("d1/p2", "1")]
+    assert "passes stopped: " in log and "2 trained" in log and "resumed" not in log
+    assert sorted(p.name for p in (tmp_path / "online" / "ctr").iterdir()) == ["pass-000000", "pass-000001"]
+
+    make_pass(tmp_path / "passes", "d1/p3", files[2])
+    again = run(argv, tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    log = (tmp_path / "log" / "trainer.0.log").read_text()
+    assert re.findall(r"^pass (\S+) \(seq (\d)\): 1 files$", log, re.M) == [("d1/p3", "2")]
+    assert "1 trained, resumed from online/ctr/pass-000001" in log
+    assert (tmp_path / "online" / "ctr" / "pass-000002").is_dir()
