@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import replace
 from multiprocessing import Pipe
 from typing import Any, TypeVar
 
+import numpy as np
 import structlog
 
 from ..client import PSClient
@@ -289,15 +290,18 @@ class StepTrainer:
         """Train on one batch in the strategy's mode; returns its mean loss per example (the
         summed loss the model's ``compute`` returns, divided by ``batch.examples``)."""
         worker = self._running()
-        self._check()
-        try:
-            loss = worker._train(batch, None)
-        except ApsError as exc:
-            if self.failure is not None:
-                raise self.failure from exc
-            raise
-        self._check()
+        loss = self._in_worker(lambda: worker._train(batch, None))
         return loss / batch.examples if batch.examples else loss
+
+    def predict(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """The model's predictions of ``batch`` (probabilities, labels) with the current
+        parameters, pulled fresh as a step pulls them; nothing is pushed or counted. None for a
+        model that does not predict. Predicting a pass before training on it gives the online
+        AUC (an :class:`~aps.metrics.Auc` over the pass), as aps-trainer's passes report it. The
+        model's ``compute`` may change the batch: train on batches parsed anew."""
+        worker = self._running()
+        self._in_worker(lambda: worker._score(batch))
+        return self.model.predictions(batch)
 
     def end_epoch(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """End this pass over the data: flush, meet every other trainer at the epoch barrier (sync
@@ -352,8 +356,8 @@ class StepTrainer:
         checkpoint covers). Leaving the loop early (break, an
         error) finishes nothing: that pass is trained again after a restart. ``resume`` first
         loads the newest complete pass checkpoint in ``save_dir`` and continues after its
-        position. Every trainer runs the same loop. Passes are not scored before training
-        (aps-trainer's online AUC); :meth:`auc` and the epoch records have the training AUC."""
+        position. Every trainer runs the same loop. For the online AUC, :meth:`predict` a pass's
+        batches before training on them."""
         save_dir = save_dir or self.options.save_dir
         check_checkpointing(save_every, keep_passes, resume, save_dir)
         if resume and mode_class(self.strategy.mode).local_sgd:
@@ -425,6 +429,19 @@ class StepTrainer:
         """Run ``work`` on the communicator's loop and wait for its result in this thread."""
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout)
+
+    def _in_worker(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (the worker's code, which waits on the communicator) in this thread; a
+        communicator failure it ran into is raised as itself."""
+        self._check()
+        try:
+            result = work()
+        except ApsError as exc:
+            if self.failure is not None:
+                raise self.failure from exc
+            raise
+        self._check()
+        return result
 
     def _check(self) -> None:
         if self.failure is None and self._comm is not None and self._comm.failure is not None:

@@ -11,7 +11,8 @@
 Every trainer prints the loss of every step and, every --print-period steps, the AUC so far (the
 reference's ``fetch_list=[auc_var]``); the first trainer saves at the end of each epoch, as the
 reference's ``fleet.is_first_worker()`` does. With --data-passes each pass is an epoch, and the
-first trainer saves ``--save``/pass-<seq> with the position in the pass folders after each.
+first trainer saves ``--save``/pass-<seq> with the position in the pass folders after each;
+each pass is predicted before it is trained, and its AUC printed (the online AUC).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from ctr_reader import add_arguments, batches, optimizer_for, serve, strategy_for, table_args, train_files
 
 from aps.fleet import Fleet
+from aps.metrics import Auc
 from aps.models.ctr_dnn.model import CtrDnn
 from aps.trainer import PassDir
 from aps.trainer.stepwise import StepTrainer
@@ -78,6 +80,11 @@ def train_passes(fleet: Fleet, worker: StepTrainer, args: argparse.Namespace) ->
                      wait=args.pass_wait)
     for p in worker.passes(source, save_dir=args.save, resume=args.resume):
         print(f"pass {p.name} (seq {p.seq}): {len(p.files)} files", flush=True)
+        auc = Auc()  # predict, then train: the online AUC, the model's score on data it has not seen
+        for batch in batches(worker, p.files):
+            if (predicted := worker.predict(batch)) is not None:
+                auc.update(*predicted)
+        print(f"pass {p.name} online auc {auc.global_auc():.4f}", flush=True)
         train_pass(worker, p.files, worker.epoch, args.print_period)
     print(f"passes stopped: {source.stop_reason}; {len(worker.records)} trained"
           + (f", resumed from {worker.resumed_from}" if worker.resumed_from else ""), flush=True)

@@ -16,6 +16,7 @@ import pytest
 
 import aps
 from aps.errors import ConfigError
+from aps.metrics import Auc
 from aps.trainer import PassDir
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import BIN, ROOT, Processes
@@ -123,13 +124,15 @@ def test_the_ctr_dnn_fleet_script_trains_pass_folders_and_resumes(tmp_path: Path
         make_pass(tmp_path / "passes", f"d1/p{k + 1}", files[k])
     (tmp_path / "passes" / "_SUCCESS").write_text("")
     argv = [sys.executable, str(BIN / "aps-local"), "1x1", "--status-interval", "0", "--", "python", str(script),
-            "--data-passes", "passes", "--save", "online/ctr", "--pass-wait", "0", "--batch-size", "100",
+            "--data-passes", "passes", "--save", "online/ctr", "--pass-wait", "0", "--batch-size", "50", "--lr", "0.01",
             "--hidden", "8", "--print-period", "5", "--resume"]
     done = run(argv, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (tmp_path / "log" / "trainer.0.log").read_text()
     assert re.findall(r"^pass (\S+) \(seq (\d)\): 1 files$", log, re.M) == [("d1/p1", "0"), ("d1/p2", "1")]
     assert "passes stopped: " in log and "2 trained" in log and "resumed" not in log
+    online = [float(x) for x in re.findall(r"^pass d1/p\d online auc ([0-9.]+)$", log, re.M)]
+    assert len(online) == 2 and online[1] > 0.55, online  # the second pass is scored by a trained model
     assert sorted(p.name for p in (tmp_path / "online" / "ctr").iterdir()) == ["pass-000000", "pass-000001"]
 
     make_pass(tmp_path / "passes", "d1/p3", files[2])
@@ -139,3 +142,31 @@ def test_the_ctr_dnn_fleet_script_trains_pass_folders_and_resumes(tmp_path: Path
     assert re.findall(r"^pass (\S+) \(seq (\d)\): 1 files$", log, re.M) == [("d1/p3", "2")]
     assert "1 trained, resumed from online/ctr/pass-000001" in log
     assert (tmp_path / "online" / "ctr" / "pass-000002").is_dir()
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_predict_then_train_scores_each_pass_with_the_parameters_before_it(tmp_path: Path, processes: Processes,
+                                                                           mode: str) -> None:
+    """Online AUC in the step loop: a pass predicted before it is trained is scored by the model
+    of the passes before it (feature 0 always clicked, feature 1 never): chance on the first pass,
+    1 once trained; predicting updates nothing."""
+    data = tmp_path / "passes"
+    write_pass(data, "d1/p1", 0, 16)
+    write_pass(data, "d1/p2", 16, 16)
+    servers = processes.start_servers(1, 1)
+    st = StepTrainer(CountingLR(), aps.Strategy(mode=mode), aps.ClusterSpec(servers, 1), 0,
+                     aps.TrainOptions(save_dir=None, print_period=0, live_line=False)).start()
+    online = []
+    for p in st.passes(PassDir(str(data), wait=0)):
+        auc = Auc()
+        for batch in st.batches(lines(p.files)):
+            predicted = st.predict(batch)
+            assert predicted is not None
+            auc.update(*predicted)
+        assert counts(servers, 32) == [1.0] * (16 * len(online)) + [0.0] * (32 - 16 * len(online))
+        online.append(auc.global_auc())
+        for batch in st.batches(lines(p.files)):  # read again: compute may change a batch it ran on
+            st.step(batch)
+    assert online == [0.5, 1.0]
+    assert st.steps == 4 and [r["examples"] for r in st.records] == [16, 16]
+    st.stop()
