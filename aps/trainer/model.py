@@ -20,13 +20,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec
 from .reader import Chunk
+
+if TYPE_CHECKING:
+    from .modes import Mode
 
 
 @dataclass
@@ -119,10 +122,17 @@ class Model(ABC):
         here, so that there is one source of truth, and raises ConfigError (one line, saying what
         to pass) if it was given a different one itself. The default ignores it."""
 
-    def check_mode(self, mode: str) -> None:
-        """Raise ConfigError if this model's settings cannot train in ``mode`` (called once at
-        trainer start, so a setting that only one mode supports fails before any work, with a
-        line that says what to change). Most models train in every mode: the default accepts it."""
+    def check_mode(self, mode: type[Mode]) -> None:
+        """Raise ConfigError if this model cannot train in ``mode`` (its class, from
+        :func:`aps.trainer.modes.mode_class`; ``mode.name`` is the name a strategy gives). Called
+        once at trainer start, by either kind of trainer, so a setting that a mode does not
+        support fails before any work, with a line that says what to change. The default refuses
+        the tables the mode itself cannot train (``mode.table_problem``: geo's local SGD, say);
+        a model with settings of its own to check overrides it and calls this one too."""
+        for spec in self.tables():
+            problem = mode.table_problem(spec)
+            if problem is not None:
+                raise ConfigError(problem)
 
     def local_sgd(
         self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]

@@ -130,8 +130,7 @@ def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, traine
         raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
     if not 0 <= trainer_id < cluster.num_trainers:
         raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
-    mode_class(strategy.mode).check(model)
-    model.check_mode(strategy.mode)
+    model.check_mode(mode_class(strategy.mode))
 
 
 def open_client(strategy: Strategy, cluster: ClusterSpec, trainer_id: int, options: TrainOptions) -> PSClient:

@@ -19,11 +19,7 @@ from .hybrid import HybridRounds
 from .step_group import HalfAsyncStepGroup, StepGroup, SyncStepGroup
 
 _CLASSES: dict[str, type[Mode]] = {
-    "sync": SyncStepGroup,
-    "half_async": HalfAsyncStepGroup,
-    "async": AsyncSender,
-    "geo": GeoExchange,
-    "hybrid": HybridRounds,
+    kind.name: kind for kind in (SyncStepGroup, HalfAsyncStepGroup, AsyncSender, GeoExchange, HybridRounds)
 }
 
 

@@ -24,6 +24,7 @@ from .base import Link, Mode
 class AsyncSender(Mode):
     """Merge on arrival into bounded accumulators; one sender task pushes them in order."""
 
+    name = "async"
     prefetch = True
 
     def __init__(self, link: Link, dense: bool = True) -> None:

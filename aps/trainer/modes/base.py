@@ -16,7 +16,7 @@ import numpy as np
 
 from ...client import PSClient
 from ...errors import ApsError
-from ...specs import SGD, DenseTable, HashTable, SparseTable
+from ...specs import SGD, DenseTable, HashTable, SparseTable, TableSpec
 from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
 from ..kernels import scatter_rows
@@ -180,6 +180,8 @@ class Mode:
     :meth:`stop`. A failure of a background task is kept in :attr:`failure`.
     """
 
+    #: the mode's name, as ``Strategy.mode`` spells it
+    name: ClassVar[str] = ""
     #: workers hand gradients over through shared mailboxes (else they keep them)
     mailboxes: ClassVar[bool] = True
     #: workers apply SGD to the shared replica themselves (a model's fused ``local_sgd``)
@@ -191,8 +193,10 @@ class Mode:
     resumes_one_shard: ClassVar[bool] = True
 
     @classmethod
-    def check(cls, model: Model) -> None:
-        """Raise ConfigError if ``model`` cannot train in this mode (before anything starts)."""
+    def table_problem(cls, spec: TableSpec) -> str | None:
+        """Why a table like ``spec`` cannot train in this mode (one line saying what to change),
+        or None. A model's :meth:`~aps.trainer.model.Model.check_mode` asks it of every table."""
+        return None
 
     def __init__(self, link: Link) -> None:
         self.link = link

@@ -13,10 +13,8 @@ import asyncio
 
 import numpy as np
 
-from ...errors import ConfigError
-from ...specs import SGD, HashTable
+from ...specs import SGD, HashTable, TableSpec
 from ..kernels import geo_apply, geo_delta
-from ..model import Model
 from ..shared import STAT
 from .base import Link, Mode
 
@@ -27,30 +25,31 @@ _POLL_S = 0.005
 class GeoExchange(Mode):
     """Local SGD on the replica; a delta exchange with the pservers every ``k_steps`` steps."""
 
+    name = "geo"
     mailboxes = False
     local_sgd = True
 
     @classmethod
-    def check(cls, model: Model) -> None:
-        for spec in model.tables():
-            if isinstance(spec, HashTable):
-                # geo trains on a persistent local copy of every row, indexed by id: a hash
-                # table's replica only holds the rows of the batches in flight
-                raise ConfigError(
-                    f"geo mode keeps a local copy of every row, which hash table {spec.name!r} cannot have; "
-                    "train it in sync, async, half_async or hybrid mode (or use a fixed table)"
-                )
-            if not isinstance(spec.optimizer, SGD):
-                raise ConfigError(
-                    f"geo mode trains locally with SGD, but table {spec.name!r} declares "
-                    f"{type(spec.optimizer).__name__}; use SGD or another mode"
-                )
-            if spec.optimizer.l2 or spec.optimizer.clip_norm is not None:
-                # the pservers only add geo's deltas: their optimizer, decay and clip included, never runs
-                raise ConfigError(
-                    f"geo mode trains locally with plain SGD, but table {spec.name!r} declares l2 or "
-                    "clip_norm, which only the pservers' optimizer applies; drop them or use another mode"
-                )
+    def table_problem(cls, spec: TableSpec) -> str | None:
+        if isinstance(spec, HashTable):
+            # geo trains on a persistent local copy of every row, indexed by id: a hash
+            # table's replica only holds the rows of the batches in flight
+            return (
+                f"geo mode keeps a local copy of every row, which hash table {spec.name!r} cannot have; "
+                "train it in sync, async, half_async or hybrid mode (or use a fixed table)"
+            )
+        if not isinstance(spec.optimizer, SGD):
+            return (
+                f"geo mode trains locally with SGD, but table {spec.name!r} declares "
+                f"{type(spec.optimizer).__name__}; use SGD or another mode"
+            )
+        if spec.optimizer.l2 or spec.optimizer.clip_norm is not None:
+            # the pservers only add geo's deltas: their optimizer, decay and clip included, never runs
+            return (
+                f"geo mode trains locally with plain SGD, but table {spec.name!r} declares l2 or "
+                "clip_norm, which only the pservers' optimizer applies; drop them or use another mode"
+            )
+        return None
 
     def __init__(self, link: Link) -> None:
         super().__init__(link)

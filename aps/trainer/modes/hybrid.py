@@ -26,6 +26,7 @@ from .step_group import SyncStepGroup
 class HybridRounds(AsyncSender):
     """Sparse gradients through the async sender, dense ones in sync steps across trainers."""
 
+    name = "hybrid"
     #: a restarted shard would miss the dense rounds the others applied
     resumes_one_shard = False
 

@@ -93,6 +93,7 @@ class StepGroup(Mode):
 class SyncStepGroup(StepGroup):
     """sync: one averaged update per round on the pservers, after every trainer pushed."""
 
+    name = "sync"
     across_trainers = True
     #: a restarted shard would miss the round the others applied, and desynchronise them
     resumes_one_shard = False
@@ -101,4 +102,5 @@ class SyncStepGroup(StepGroup):
 class HalfAsyncStepGroup(StepGroup):
     """half_async: as sync inside the trainer; each push is applied as it arrives."""
 
+    name = "half_async"
     across_trainers = False
