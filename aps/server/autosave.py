@@ -61,7 +61,7 @@ def latest_checkpoint(directory: str | Path, shard: int, num_shards: int) -> tup
 
 
 #: writes the server's shard at a path with a save id; returns the seconds it took, or None when
-#: the server holds no tables (ServerCore.save_own_shard)
+#: the server holds no tables (core_checkpoints.CheckpointHandlers.save_own_shard)
 SaveShard = Callable[[str, str], Awaitable[float | None]]
 
 

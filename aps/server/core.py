@@ -11,7 +11,6 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +20,8 @@ from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
 from ..wire.messages import message_op
-from .checkpoint import shard_dir_name
 from .config import ServerConfig
-from .core_checkpoints import CheckpointHandlers, checkpoint_root
+from .core_checkpoints import CheckpointHandlers
 from .core_hash import HashHandlers
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
@@ -32,7 +30,6 @@ from .lag import SPARSE, UpdateVersions
 from .optim import scan_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
-from .stale_saves import remove_stale_saves
 from .stats import ServerStats
 from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
 from .tracking import TrackingBudget
@@ -49,7 +46,7 @@ Shard = SparseShard | DenseShard | HashSparseStore
 _HASH_START_ROWS = 1024
 
 
-class ServerCore(CheckpointHandlers, HashHandlers):
+class ServerCore(HashHandlers):
     """State and request handlers of one pserver."""
 
     def __init__(self, config: ServerConfig, on_all_done: Callable[[], None]) -> None:
@@ -74,27 +71,27 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         #: change tracking over all sparse tables, bounded by max_tracking_bytes (tracking.py)
         self.tracking = TrackingBudget(config.max_tracking_bytes)
         self._stopping = False
-        self.extra: dict[str, Any] = {}
-        self.checkpoint_root = checkpoint_root(config.checkpoint_root)
         #: pushes, creates, saves and loads wait here while a save or load runs off the loop
         self.gate = WriteGate()
+        #: SAVE, LOAD, init_model and resume, over this core's tables (core_checkpoints.py)
+        self.checkpointing = CheckpointHandlers(config, self, self.gate, self.stats)
         self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
         #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
-        self.resumed = None
-        self._start_tables()
+        self.checkpointing.start()
 
-    def _start_tables(self) -> None:
-        """The tables a pserver starts with: ``init_model``'s or ``resume``'s, else none."""
-        config = self.config
-        # leftovers of saves killed midway (a shard's size each) go before anything is loaded
-        tops = {self.checkpoint_root, config.checkpoint_dir, config.resume, config.init_model}
-        remove_stale_saves([Path(p) for p in tops if p], shard_dir_name(config.server_index, config.num_servers), depth=2)
-        if config.init_model:
-            self._load(config.init_model)
-        elif config.resume:
-            self._resume(config.resume)
+    def install(self, shards: dict[str, Shard]) -> None:
+        """Serve the tables a load brought instead of those held (core_checkpoints.Tables);
+        geo clients' next reads return every row, since all may have changed."""
+        self.tracking.drop_all()
+        self.tables = shards
+        self.specs = {name: shard.spec for name, shard in shards.items()}
+
+    @property
+    def resumed(self) -> str | None:
+        """The shard directory this server resumed from alone (None: it did not)."""
+        return self.checkpointing.resumed
 
     # ----------------------------------------------------------------- dispatch
 
@@ -634,7 +631,7 @@ class ServerCore(CheckpointHandlers, HashHandlers):
             "server_index": self.config.server_index,
             "num_servers": self.config.num_servers,
             # where SAVE and LOAD paths must lie: a trainer checks its save path at start
-            "checkpoint_root": self.checkpoint_root,
+            "checkpoint_root": self.checkpointing.root,
             "tables": {
                 name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec), **_hash_counts(self.tables[name])}
                 for name, spec in self.specs.items()
@@ -643,6 +640,12 @@ class ServerCore(CheckpointHandlers, HashHandlers):
             "lagged_grads": self.versions.as_dict(),
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
+
+    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
+        return self.checkpointing.save(msg)
+
+    def _load(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
+        return self.checkpointing.load(msg)
 
     _handlers: dict[type, Callable[..., Reply]] = {
         wire.CreateTable: _create_table,
@@ -657,8 +660,8 @@ class ServerCore(CheckpointHandlers, HashHandlers):
         wire.Barrier: _barrier,
         wire.Ping: _ping,
         wire.Stats: _stats,
-        wire.Save: CheckpointHandlers._save,
-        wire.Load: CheckpointHandlers._load_msg,
+        wire.Save: _save,
+        wire.Load: _load,
         wire.Shrink: HashHandlers._shrink,
     }
 

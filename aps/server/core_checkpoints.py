@@ -1,7 +1,10 @@
 """The pserver's checkpoint requests: SAVE and LOAD from clients, ``init_model`` and ``resume``
-at start. A mixin of :class:`~aps.server.core.ServerCore`, kept apart because it is a
+at start, the shard the periodic checkpoints write. An object the core holds
+(:class:`~aps.server.core.ServerCore` ``.checkpointing``), kept apart because it is a
 responsibility of its own: paths confined to the checkpoint root, the write gate held while a
-save or load runs in a thread, and the state a load installs.
+save or load runs in a thread, and the save ids a base or delta save chains. It reads the
+core's tables through :class:`Tables`, the one narrow view it needs, and hands a loaded set
+back through it: what else a load resets (change tracking) stays the core's business.
 """
 
 from __future__ import annotations
@@ -10,65 +13,84 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
 from .. import wire
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
-from ..specs import TableSpec
 from .autosave import latest_checkpoint
-from .checkpoint import load_own_shard, load_shards, save_shard
-from .hash_deltas import load_with_deltas
-from .hash_checkpoint import SAVE_MODES
+from .checkpoint import load_own_shard, load_shards, save_shard, shard_dir_name
 from .config import ServerConfig
 from .gate import WriteGate
+from .hash_checkpoint import SAVE_MODES
+from .hash_deltas import load_with_deltas
+from .stale_saves import remove_stale_saves
 from .stats import ServerStats
 from .tables import Shard
-from .tracking import TrackingBudget
 
 log = structlog.get_logger("aps.server")
 
-T = TypeVar("T")
-Reply = wire.Message | Awaitable[wire.Message]
+
+class Tables(Protocol):
+    """The server's tables as a checkpoint sees them: read for a save, replaced by a load."""
+
+    tables: dict[str, Shard]
+
+    def install(self, shards: dict[str, Shard]) -> None:
+        """Serve ``shards`` from now on, instead of every table held so far."""
 
 
 class CheckpointHandlers:
-    """Save, load, resume; the state it reads and replaces is the core's."""
+    """Save, load, resume of one server's shard; the tables are the core's (:class:`Tables`)."""
 
-    config: ServerConfig
-    tables: dict[str, Shard]
-    specs: dict[str, TableSpec]
-    extra: dict[str, Any]
-    stats: ServerStats
-    gate: WriteGate
-    checkpoint_root: str
-    tracking: TrackingBudget
-    #: the shard directory this server resumed from (None: it did not): its shard may be
-    #: older than the others', which sync mode cannot accept
-    resumed: str | None
-    #: the save id of the last base save this server wrote or loaded (None: none yet), which
-    #: a delta save names as the base it follows
-    base_save_id: str | None = None
-    #: the save id of the last base or delta save this server wrote (None: none since it
-    #: started or loaded); the next one's manifest names it, so an export sees a save between two
-    previous_save_id: str | None = None
+    def __init__(self, config: ServerConfig, held: Tables, gate: WriteGate, stats: ServerStats) -> None:
+        self.config = config
+        self.held = held
+        self.gate = gate
+        self.stats = stats
+        #: where client-named SAVE and LOAD paths must lie (its real path)
+        self.root = checkpoint_root(config.checkpoint_root)
+        #: the manifest keys a load brought, written again by every save
+        self.extra: dict[str, Any] = {}
+        #: the shard directory this server resumed from (None: it did not): its shard may be
+        #: older than the others', which sync mode cannot accept
+        self.resumed: str | None = None
+        #: the save id of the last base save this server wrote or loaded (None: none yet), which
+        #: a delta save names as the base it follows
+        self.base_save_id: str | None = None
+        #: the save id of the last base or delta save this server wrote (None: none since it
+        #: started or loaded); the next one's manifest names it, so an export sees a save between two
+        self.previous_save_id: str | None = None
+
+    def start(self) -> None:
+        """The tables a pserver starts with: ``init_model``'s or ``resume``'s, else none. The
+        leftovers of saves killed midway (a shard's size each) go before anything is loaded."""
+        config = self.config
+        tops = {self.root, config.checkpoint_dir, config.resume, config.init_model}
+        remove_stale_saves([Path(p) for p in tops if p], shard_dir_name(config.server_index, config.num_servers), depth=2)
+        if config.init_model:
+            self._load_at_start(config.init_model)
+        elif config.resume:
+            self._resume(config.resume)
 
     def _confine(self, path: str) -> str:
         """The real path of a checkpoint directory a client named, refused outside the root."""
         if not path or "\0" in path:
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad checkpoint path {path!r}")
-        real = os.path.realpath(os.path.join(self.checkpoint_root, path))
-        if os.path.commonpath([self.checkpoint_root, real]) != self.checkpoint_root:
+        real = os.path.realpath(os.path.join(self.root, path))
+        if os.path.commonpath([self.root, real]) != self.root:
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
-                f"checkpoint path {path!r} is {real}, outside this pserver's checkpoint root {self.checkpoint_root} "
+                f"checkpoint path {path!r} is {real}, outside this pserver's checkpoint root {self.root} "
                 "(aps-server --checkpoint-root)",
             )
         return real
 
-    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
+    def save(self, msg: wire.Save) -> Awaitable[wire.Message]:
+        """A client's SAVE: refused at once, or the save's reply to await (writes wait meanwhile)."""
         path = self._confine(msg.path)
         mode = msg.mode or "full"
         if mode not in SAVE_MODES:
@@ -79,20 +101,15 @@ class CheckpointHandlers:
                 f"a delta save follows a base save, and server {self.config.server_index} has written or loaded none: save mode='base' first",
             )
         extra = _client_extra(msg.extra)
-        return self.exclusive(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode, extra))
-
-    def exclusive(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-        """Close the write gate now and run ``work`` (a save or load) while writes wait."""
-        self.gate.close()
-        return self.gate.exclusive(work)
+        return self.gate.hold(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode, extra))
 
     async def save_own_shard(self, path: str, save_id: str) -> float | None:
         """Write this server's shard at ``path`` once the writes already queued are applied (its
         own periodic and shutdown checkpoints, autosave.py); the seconds it took, or None (and
         nothing written) when the server holds no tables."""
-        if not self.tables:
+        if not self.held.tables:
             return None
-        await self.gate.after(lambda: self.exclusive(lambda: self.write_checkpoint(path, save_id)))
+        await self.gate.after(lambda: self.gate.hold(lambda: self.write_checkpoint(path, save_id)))
         return self.stats.last_save_seconds
 
     async def write_checkpoint(
@@ -103,7 +120,7 @@ class CheckpointHandlers:
         "full", "base" or "delta" (hash_checkpoint.py). ``extra``: a client's keys for this
         save's manifest, over the server's own, for this save only (an online trainer's
         position describes the tables as they are now, not as a later save finds them)."""
-        tables, extra = dict(self.tables), {**self.extra, **(extra or {})}
+        tables, extra = dict(self.held.tables), {**self.extra, **(extra or {})}
         index, servers = self.config.server_index, self.config.num_servers
         started = time.monotonic()
         try:
@@ -122,10 +139,11 @@ class CheckpointHandlers:
         log.info("saved", path=path, tables=len(tables), save_id=save_id, mode=mode, seconds=round(self.stats.last_save_seconds, 3))
         return wire.Ok(op=wire.Op.SAVE)
 
-    def _load_msg(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
+    def load(self, msg: wire.Load) -> Awaitable[wire.Message]:
+        """A client's LOAD: refused at once, or the load's reply to await (writes wait meanwhile)."""
         path = self._confine(msg.path)
         deltas = [self._confine(d) for d in _delta_paths(msg.deltas)]
-        return self.exclusive(lambda: self._load_off_loop(path, msg.path, deltas))
+        return self.gate.hold(lambda: self._load_off_loop(path, msg.path, deltas))
 
     async def _load_off_loop(self, path: str, shown: str, deltas: list[str]) -> wire.Message:
         index, servers = self.config.server_index, self.config.num_servers
@@ -138,8 +156,8 @@ class CheckpointHandlers:
         self._install(path, shards, extra)
         return wire.Ok(op=wire.Op.LOAD)
 
-    def _load(self, path: str) -> None:
-        """Load at start (``init_model``, ``resume``), before anything is served."""
+    def _load_at_start(self, path: str) -> None:
+        """Load at start (``init_model``), before anything is served."""
         shards, extra = load_shards(path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes)
         self._install(path, shards, extra)
 
@@ -162,13 +180,11 @@ class CheckpointHandlers:
         )
 
     def _install(self, path: str, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
-        self.tracking.drop_all()  # geo clients' next reads return every row: all may have changed
-        self.tables = dict(shards)
-        self.specs = {name: shard.spec for name, shard in shards.items()}
+        self.held.install(dict(shards))
         self.extra = dict(extra)
         self.base_save_id = None  # a delta follows a base this server wrote since
         self.previous_save_id = None
-        log.info("loaded", path=os.path.abspath(path), tables=sorted(self.specs))
+        log.info("loaded", path=os.path.abspath(path), tables=sorted(shards))
 
 
 def _client_extra(text: str | None) -> dict[str, Any] | None:

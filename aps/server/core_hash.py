@@ -1,7 +1,7 @@
 """The pserver's requests on hash tables (:class:`~aps.specs.HashTable`): pull, gradient push
 with shows and clicks, SHRINK, and the upkeep that keeps whole-table walks off the event loop.
 
-A mixin of :class:`~aps.server.core.ServerCore`, as :mod:`.core_checkpoints` is. Why the upkeep:
+A mixin of :class:`~aps.server.core.ServerCore`. Why the upkeep:
 a shard's slab doubles by copying every row, and a ``max_keys`` cap evicts after finding the
 lowest scores among all keys; done inside a push, either would hold the event loop (and every
 ping) for as long as the table is big. So after a push the server looks at what the shard will
@@ -52,8 +52,6 @@ class HashHandlers:
     sync_rounds: SyncRounds
     stats: ServerStats
     _upkeep: dict[str, asyncio.Task[None]]
-    #: CheckpointHandlers.exclusive: close the write gate and run the work while writes wait
-    exclusive: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
     #: ServerCore._shard: a table's shard, refused unless of the given kinds
     _shard: Callable[[str, type | tuple[type, ...], str], Any]
 
@@ -154,7 +152,7 @@ class HashHandlers:
                 f"got {msg.decay}, {msg.threshold}, {msg.ttl}, {days}",
             )
         ttl = None if msg.ttl < 0 else msg.ttl
-        return self.exclusive(lambda: self._shrink_off_loop(store, msg.decay, msg.threshold, ttl, days))
+        return self.gate.hold(lambda: self._shrink_off_loop(store, msg.decay, msg.threshold, ttl, days))
 
     async def _shrink_off_loop(
         self, store: HashSparseStore, decay: float, threshold: float, ttl: int | None, days: int = 0
@@ -173,7 +171,7 @@ class HashHandlers:
         evicted = 0
         stores = [t for t in self.tables.values() if isinstance(t, HashSparseStore)]
         for store in stores:
-            reply = await self.exclusive(lambda store=store: self._shrink_off_loop(store, SHOW_CLICK_DECAY, DELETE_THRESHOLD, None))
+            reply = await self.gate.hold(lambda store=store: self._shrink_off_loop(store, SHOW_CLICK_DECAY, DELETE_THRESHOLD, None))
             evicted += reply.evicted
         log.info("scheduled shrink", tables=len(stores), evicted=evicted)
         return evicted

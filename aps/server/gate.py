@@ -44,6 +44,12 @@ class WriteGate:
         if opened is not None and not opened.done():
             opened.set_result(None)
 
+    def hold(self, work: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """Close the gate now and run ``work`` (a save, a load, a shrink) while writes wait.
+        Not a coroutine: the gate is closed when this returns, before anything is awaited."""
+        self.close()
+        return self.exclusive(work)
+
     async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` with the gate closed by the caller; open it however ``work`` ends."""
         try:

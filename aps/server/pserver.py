@@ -93,7 +93,7 @@ class PServer:
         self.metrics: MetricsEndpoint | None = None
         directory = config.checkpoint_dir or config.resume
         self.checkpoints = (
-            AutoCheckpoints(self.core.save_own_shard, config.server_index, config.num_servers, directory,
+            AutoCheckpoints(self.core.checkpointing.save_own_shard, config.server_index, config.num_servers, directory,
                             config.checkpoint_every, config.keep_checkpoints)
             if directory else None
         )

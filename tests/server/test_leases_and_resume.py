@@ -152,7 +152,7 @@ async def test_own_checkpoints_are_written_by_the_cores_save_and_skipped_without
     while the server holds no tables; then each save is a complete shard with its own save id."""
     srv = await aps.serve(num_servers=1)
     try:
-        auto = AutoCheckpoints(srv.core.save_own_shard, 0, 1, str(tmp_path), every=0, keep=1)
+        auto = AutoCheckpoints(srv.core.checkpointing.save_own_shard, 0, 1, str(tmp_path), every=0, keep=1)
         auto.start()
         assert await auto.save_now("test") is None and list(tmp_path.iterdir()) == []
         async with aps.connect([srv.address]) as ps:

@@ -398,7 +398,7 @@ async def test_default_root_is_the_working_directory_at_start(tmp_path: Path, mo
     srv = await aps.serve(port=0)
     monkeypatch.chdir(tmp_path)  # later changes of the cwd do not move the root
     try:
-        assert srv.core.checkpoint_root == os.path.realpath(work)
+        assert srv.core.checkpointing.root == os.path.realpath(work)
         async with aps.connect([srv.address], timeout=10) as ps:
             await ps.create_table(EMB)
             await ps.save("model/epoch_0")
