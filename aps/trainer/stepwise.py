@@ -187,7 +187,7 @@ class StepTrainer:
         assert self._comm is not None and self._monitor is not None
         self._comm.begin_epoch(self.epoch, {0})
         self._monitor.start_epoch()
-        self._epoch_first_step = self._worker.step if self._worker is not None else 0
+        self._epoch_first_step = self._worker.steps if self._worker is not None else 0
         assert self.probe.stats is not None
         self.probe.stats[0, STAT["epoch"]] = self.epoch
 
@@ -200,7 +200,7 @@ class StepTrainer:
         try:
             # after end_epoch and no step since, the last epoch is already finished (on every
             # trainer, since each calls end_epoch as often): no empty epoch is added
-            trailing = self._worker is not None and self._worker.step > self._epoch_first_step
+            trailing = self._worker is not None and self._worker.steps > self._epoch_first_step
             if self.epoch == 0 or trailing:
                 self._call(self._finish_epoch(begin_next=False))
             self._call(self._done())
@@ -290,7 +290,7 @@ class StepTrainer:
         """Train on one batch in the strategy's mode; returns its mean loss per example (the
         summed loss the model's ``compute`` returns, divided by ``batch.examples``)."""
         worker = self._running()
-        loss = self._in_worker(lambda: worker._train(batch, None))
+        loss = self._in_worker(lambda: worker.step(batch, None))
         return loss / batch.examples if batch.examples else loss
 
     def predict(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
@@ -300,7 +300,7 @@ class StepTrainer:
         AUC (an :class:`~aps.metrics.Auc` over the pass), as aps-trainer's passes report it. The
         model's ``compute`` may change the batch: train on batches parsed anew."""
         worker = self._running()
-        self._in_worker(lambda: worker._score(batch))
+        self._in_worker(lambda: worker.score(batch))
         return self.model.predictions(batch)
 
     def end_epoch(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -414,7 +414,7 @@ class StepTrainer:
     @property
     def steps(self) -> int:
         """Steps this trainer has trained since it started."""
-        return self._worker.step if self._worker is not None else 0
+        return self._worker.steps if self._worker is not None else 0
 
     # ----------------------------------------------------------------- plumbing
 

@@ -61,6 +61,9 @@ class WorkerSpec:
 
 
 class Worker:
+    """One compute worker: a worker process's whole life (:meth:`run`), or the caller's thread
+    of a step-wise trainer, which drives :meth:`step` and :meth:`score` itself."""
+
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.conn = conn
@@ -97,7 +100,7 @@ class Worker:
         else:
             self.local_sparse = {t.name: np.zeros((0, t.dim), np.float32) for t in self.model.sparse_tables()}
             self.local_dense = {t.name: np.zeros(t.shape, np.float32) for t in self.model.dense_tables()}
-        self.step = 0
+        self.steps = 0
         self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
         self._lrs: dict[str, float] | None = None
         self._lrs_step = 0
@@ -112,11 +115,11 @@ class Worker:
             if rec.kind == Kind.STOP:
                 return
             if rec.kind in (Kind.EPOCH, Kind.PASS):
-                steps_before = self.step
+                steps_before = self.steps
                 self.stats[STAT["epoch"]] = rec.epoch
                 files = self.spec.files if rec.kind == Kind.EPOCH else _listed(rec.text)
-                asyncio.run(self._read(files, self._train))
-                self.conn.send_bytes(Record(Kind.EPOCH_DONE, epoch=rec.epoch, steps=self.step - steps_before).encode())
+                asyncio.run(self._read(files, self.step))
+                self.conn.send_bytes(Record(Kind.EPOCH_DONE, epoch=rec.epoch, steps=self.steps - steps_before).encode())
             elif rec.kind == Kind.SCORE:
                 self.conn.send_bytes(self._score_pass(rec.epoch, _listed(rec.text)).encode())
 
@@ -152,9 +155,11 @@ class Worker:
 
     # ----------------------------------------------------------------- one batch
 
-    def _train(self, batch: Batch, upcoming: Batch | None) -> float:
-        """One step on ``batch``; returns its summed loss (the caller of a step-wise trainer
-        hands it back to the user's loop, the worker process only counts it)."""
+    def step(self, batch: Batch, upcoming: Batch | None) -> float:
+        """One training step on ``batch``; returns its summed loss (a step-wise trainer hands it
+        back to the user's loop, a worker process only counts it). ``upcoming``: the batch that
+        comes next, if known, whose rows are asked for while this one computes (async mode's
+        prefetch); None when there is none or nobody can know it (a caller's own loop)."""
         t0 = time.perf_counter()
         if self.local_sgd:
             loss = self._train_local(batch)
@@ -163,7 +168,7 @@ class Worker:
         predicted = self.model.predictions(batch)
         if predicted is not None:
             self.auc.update(*predicted)
-        self.step += 1
+        self.steps += 1
         s = self.stats
         s[STAT["loss_sum"]] += loss
         s[STAT["examples"]] += batch.examples
@@ -179,28 +184,29 @@ class Worker:
         auc = Auc()
         scored = [0, 0]  # examples, batches
 
-        def score(batch: Batch, upcoming: Batch | None) -> None:
-            self._score(batch)
+        def score_one(batch: Batch, upcoming: Batch | None) -> None:
+            self.score(batch)
             predicted = self.model.predictions(batch)
             if predicted is not None:
                 auc.update(*predicted)
             scored[0] += batch.examples
             scored[1] += 1
 
-        asyncio.run(self._read(files, score))
+        asyncio.run(self._read(files, score_one))
         assert self.shared.scores is not None
         self.shared.scores[self.spec.worker_id] = auc.state[0]
         return Record(Kind.SCORE_DONE, epoch=seq, examples=scored[0], steps=scored[1])
 
-    def _score(self, batch: Batch) -> None:
-        """The model's forward pass on ``batch`` with fresh rows; its gradients are dropped."""
+    def score(self, batch: Batch) -> None:
+        """The model's forward pass on ``batch`` with fresh rows (its predictions are then in
+        the batch, for :meth:`Model.predictions`); its gradients are dropped, nothing is counted."""
         if self.local_sgd:
             grads = self._local_grads(batch)
         else:
-            counts = self._publish(batch, self.step)
-            self._send(Record(Kind.PULL, step=self.step, counts=counts))
-            self._await(Kind.PULL, self.step)
-            grads = self._remote_grads(batch, counts, self.step)  # never sent: nothing is updated
+            counts = self._publish(batch, self.steps)
+            self._send(Record(Kind.PULL, step=self.steps, counts=counts))
+            self._await(Kind.PULL, self.steps)
+            grads = self._remote_grads(batch, counts, self.steps)  # never sent: nothing is updated
         self.model.compute(batch, self.params, grads)
 
     def _local_grads(self, batch: Batch) -> Grads:
@@ -224,7 +230,7 @@ class Worker:
         only sees its own steps, so geo divides decay_steps by trainer_num. The shared step
         count is re-read every 32 steps; between reads the schedule cannot move by more than
         that many steps, far below any sensible decay_steps."""
-        if self._lrs is None or self.step - self._lrs_step >= 32:
+        if self._lrs is None or self.steps - self._lrs_step >= 32:
             trainer_steps = int(self.shared.stats[:, STAT["steps"]].sum())
             lrs = {}
             for spec in self.model.tables():
@@ -232,7 +238,7 @@ class Worker:
                 assert isinstance(opt, SGD)
                 factor = 1.0 if opt.decay is None else opt.decay.factor(trainer_steps * self.spec.num_trainers)
                 lrs[spec.name] = opt.lr * factor
-            self._lrs, self._lrs_step = lrs, self.step
+            self._lrs, self._lrs_step = lrs, self.steps
         return self._lrs
 
     def _train_local(self, batch: Batch) -> float:
@@ -265,7 +271,7 @@ class Worker:
         return counts
 
     def _train_remote(self, batch: Batch, upcoming: Batch | None) -> float:
-        step = self.step
+        step = self.steps
         if self._prefetched == step:
             counts = [len(batch.sparse_ids.get(t.name, ())) for t in self.model.sparse_tables()]
         else:
