@@ -8,8 +8,8 @@ layering of the package; ARCHITECTURE.md's layout names the same order.
 
 The modules are parsed (ast), never imported, so the test is fast and sees every import:
 module level, inside functions and classes, and under ``if TYPE_CHECKING:``. A type-only
-import does not run, so it may close no runtime circle, but it still names the higher floor and
-so counts for the floors. Dynamic lookups by name (``importlib.import_module``: the built-in
+import does not run, but it still names the higher floor and so counts for the floors, and it
+may close no circle either. Dynamic lookups by name (``importlib.import_module``: the built-in
 models, ``aps``'s lazy public names) are not imports and are not checked.
 """
 
@@ -195,6 +195,23 @@ def test_no_circle_among_the_modules() -> None:
         if not i.type_only:
             edges[i.source].add(i.target)
     assert cycles(edges) == []
+
+
+def test_type_only_imports_close_no_circle_either() -> None:
+    """A type-only import runs nowhere, but a circle it closes still ties two modules into one
+    unit a reader must hold at once (the client once named its own client type inside the export
+    module that it imports); a narrow protocol or the callable a module needs breaks it."""
+    modules = all_modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for i in imports(modules):
+        edges[i.source].add(i.target)
+    assert [c for c in cycles(edges) if not all(m.startswith(REWORKED + ".") for m in c)] == []
+
+
+#: the package whose type-only circles are still to break, by the trainer runtime's rework
+#: (issue 22): the online loop names the Trainer and its Session, the model's mode hook names
+#: the mode classes that name the model; no other package may join it
+REWORKED = "aps.trainer"
 
 
 def test_the_checker_sees_imports_in_functions_relative_and_type_only(tmp_path: Path) -> None:

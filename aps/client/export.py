@@ -26,7 +26,8 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import wire
 from ..digests import file_sha256
@@ -34,9 +35,10 @@ from ..errors import ConfigError
 from ..serving.layout import FORMAT, FORMAT_VERSION, KINDS, export_dir_name, list_exports, now_fields, read_manifest, write_done
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
 
-if TYPE_CHECKING:
-    from .psclient import PSClient
-    from .retry import Timeout
+#: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
+SaveAll = Callable[[wire.Save], Awaitable[object]]
+#: server 0's address and its checkpoint root as its STATS reply says (None: it does not)
+FirstRoot = Callable[[], Awaitable[tuple[str, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -53,34 +55,34 @@ class ExportInfo:
     keys: dict[str, int]
 
 
-async def export(ps: PSClient, root: str, kind: str, timeout: Timeout = None) -> ExportInfo:
-    """See :meth:`PSClient.export`."""
+async def export(save_all: SaveAll, first_root: FirstRoot, num_servers: int, root: str, kind: str) -> ExportInfo:
+    """See :meth:`PSClient.export`. It is handed the two requests it makes, not the client:
+    the client's module is the one that imports this."""
     if kind not in KINDS:
         raise ConfigError(f"export kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not isinstance(root, (str, os.PathLike)) or not str(root):
         raise ConfigError(f"export root must be a directory path, got {root!r}")
     root = os.fspath(root)
-    local = await _local_root(ps, root)
+    local = await _local_root(first_root, root)
     version, base_version, previous = await asyncio.to_thread(_plan, local, kind)
     name = export_dir_name(version, kind)
     save_id = uuid.uuid4().hex
-    await ps._all(wire.Save(path=os.path.join(root, name), save_id=save_id, mode=kind), timeout)
+    await save_all(wire.Save(path=os.path.join(root, name), save_id=save_id, mode=kind))
     manifest = await asyncio.to_thread(
-        _finish, local / name, ps.num_servers, save_id, kind, version, base_version, previous
+        _finish, local / name, num_servers, save_id, kind, version, base_version, previous
     )
     keys = {table: entry["keys"] for table, entry in manifest["tables"].items()}
     return ExportInfo(version, kind, base_version, str(local / name), keys)
 
 
-async def _local_root(ps: PSClient, root: str) -> Path:
+async def _local_root(first_root: FirstRoot, root: str) -> Path:
     """The export root on this machine: an absolute path as it is; a relative one, as the
     pservers take it, from server 0's checkpoint root."""
     if os.path.isabs(root):
         return Path(root)
-    roots = await ps.checkpoint_roots()
-    base = roots.get(ps.addresses[0])
+    address, base = await first_root()
     if base is None:
-        raise ConfigError(f"export root {root!r} is relative and pserver {ps.addresses[0]} does not say its checkpoint root: pass an absolute path")
+        raise ConfigError(f"export root {root!r} is relative and pserver {address} does not say its checkpoint root: pass an absolute path")
     return Path(base) / root
 
 

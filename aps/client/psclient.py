@@ -491,7 +491,10 @@ class PSClient:
         checkpoint root); the export is complete once its manifest and done marker are written,
         after every pserver's shard. ``root`` must be storage the pservers and this client see
         at the same path (aps/client/export.py, docs/operations.md "Exports and serving")."""
-        return await export(self, root, kind, timeout)
+        async def first_root() -> tuple[str, str | None]:
+            return self.addresses[0], (await self.checkpoint_roots()).get(self.addresses[0])
+
+        return await export(lambda msg: self._all(msg, timeout), first_root, self.num_servers, root, kind)
 
     async def shrink(
         self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, days: int = 0,
