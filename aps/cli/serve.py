@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 import structlog
@@ -13,7 +12,7 @@ from ..errors import ConfigError
 from ..serving.server import DEFAULT_POLL, ServingServer
 from ..server.config import ServerConfig
 from ..wire import DEFAULT_MAX_FRAME
-from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
+from .common import add_logging_flags, add_token_flags, cli_main, token_from_args
 
 DESCRIPTION = """\
 Serve the newest model of EXPORT_DIR (written by ps.export(root, kind="base"|"delta")) over the
@@ -59,18 +58,7 @@ async def _amain(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, token=token, max_frame=args.max_frame, metrics_port=args.metrics_port,
         exit_when_done=False, trainer_timeout=0.0,
     )
-    server = await ServingServer(args.export_dir, config, args.poll).start()
-    if args.port_file:
-        with open(args.port_file + ".tmp", "w") as f:
-            f.write(f"{server.port}\n")
-        os.replace(args.port_file + ".tmp", args.port_file)
-
-    def stop(sig: signal.Signals) -> None:
-        log.info("signal received, stopping", signal=sig.name)
-        server.request_close()
-
-    on_signals(stop)
-    await server.wait_closed()
+    await ServingServer(args.export_dir, config, args.poll).serve_until_signalled(args.port_file)
     return 0
 
 

@@ -80,6 +80,18 @@ class ServingServer:
             await asyncio.sleep(self.poll)
             await self.advance()
 
+    async def serve_until_signalled(self, port_file: str | None = None) -> None:
+        """Serve as aps-serve does, until the server closes: start (unless started), then the
+        pserver's own loop (:meth:`PServer.serve_until_signalled`: the port file written
+        atomically, SIGTERM and SIGINT a graceful stop), so aps-serve and aps-server answer a
+        signal alike; the export root is no longer followed once it returns."""
+        if self._task is None:
+            await self.start()
+        try:
+            await self.server.serve_until_signalled(port_file)
+        finally:
+            await self._stop_following()
+
     async def wait_closed(self) -> None:
         await self.server.wait_closed()
 
@@ -89,13 +101,16 @@ class ServingServer:
         self.server.request_close()
 
     async def aclose(self) -> None:
+        await self._stop_following()
+        await self.server.aclose()
+
+    async def _stop_following(self) -> None:
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self.server.aclose()
 
     async def __aenter__(self) -> ServingServer:
         return self

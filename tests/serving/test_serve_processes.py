@@ -5,6 +5,8 @@ at each export, for hash, fixed and dense tables; and the CLI's misuse exits 2."
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +106,24 @@ def test_misuse_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [f"aps-serve: error: EXPORT_DIR {tmp_path / 'missing'}: no such directory"]
+
+
+async def test_sigterm_stops_aps_serve_as_it_stops_a_pserver(processes: Processes, tmp_path: Path) -> None:
+    """aps-serve answers SIGTERM with aps-server's own loop (PServer.serve_until_signalled): the
+    port file holds the port it serves on, and SIGTERM ends it promptly with exit 0 and the
+    pserver's stop record naming the signal."""
+    (tmp_path / "exports").mkdir()
+    port_file = tmp_path / "serve.port"
+    proc = processes.start("aps-serve", str(tmp_path / "exports"), "--port-file", str(port_file), "--log-json")
+    port = wait_port_file(port_file, proc)
+    async with aps.connect([f"127.0.0.1:{port}"]) as client:
+        await client.ping()
+        assert (await client.stats())[f"127.0.0.1:{port}"]["server_index"] == 0
+    assert not (tmp_path / "serve.port.tmp").exists()
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    assert time.monotonic() - started < 10
+    records = [json.loads(line) for line in (tmp_path / "aps-serve.0.log").read_text().splitlines() if line.startswith("{")]
+    stops = [r for r in records if r.get("event") == "pserver stopped"]
+    assert [r["reason"] for r in stops] == ["signal SIGTERM"]
