@@ -294,7 +294,7 @@ def _window_target(src: Tables, ctx: np.ndarray, ctx_off: np.ndarray, pos: np.nd
     return loss + np.log(prod)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def window_sgd(full: Tables, ctx: np.ndarray, ctx_off: np.ndarray, tgt: np.ndarray, neg: np.ndarray, lr: Rates,
                buf: WindowScratch, dirty: Marks) -> float:
     """Geo's step in window mode: SGD in place on the replica, one target after the other.
@@ -315,7 +315,7 @@ def window_sgd(full: Tables, ctx: np.ndarray, ctx_off: np.ndarray, tgt: np.ndarr
     return loss
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def window_grad(full: Tables, u_in: np.ndarray, u_out: np.ndarray, inv_in: np.ndarray, ctx_off: np.ndarray,
                 inv_pos: np.ndarray, inv_neg: np.ndarray, scratch: Tables, g: Tables, buf: WindowScratch,
                 scale: float = 1.0) -> float:
