@@ -62,10 +62,12 @@ class CloseReason(StrEnum):
 
 class ConnectionLost(ApsError):
     """The connection to a pserver closed or could not be opened; ``reason`` says why as a
-    :class:`CloseReason` (None where no connection was involved, e.g. a wait for servers to
-    start), ``__cause__`` has the underlying exception."""
+    :class:`CloseReason`, so a caller tells a pserver that closed it (``PEER_CLOSED``: it shut
+    down, or dropped this client) from a reset, a timed-out handshake, a pserver that never
+    listened (``CONNECT_FAILED``) and its own close; ``__cause__`` has the underlying exception.
+    Every raiser names one: it is not optional."""
 
-    def __init__(self, message: str, reason: CloseReason | None = None) -> None:
+    def __init__(self, message: str, reason: CloseReason) -> None:
         super().__init__(message)
         self.reason = reason
 

@@ -50,7 +50,7 @@ import structlog
 
 from .cluster import (METRICS_FILE_ENV, METRICS_PORT_ENV, PORT_FILE_ENV, TENSORBOARD_ENV, ClusterSpec, cluster_from_env,
                       parse_addresses)
-from .errors import ApsError, ConfigError, ConnectionLost
+from .errors import ApsError, CloseReason, ConfigError, ConnectionLost
 from .server import PServer, ServerConfig
 from .trainer.files import split_files
 from .trainer.model import Model
@@ -371,7 +371,9 @@ def wait_for_pservers(endpoints: Sequence[str], timeout: float, poll: float = 0.
             continue
         except OSError:
             if time.monotonic() >= deadline:
-                raise ConnectionLost(f"pserver(s) {', '.join(waiting)} did not accept connections within {timeout:g} s") from None
+                raise ConnectionLost(
+                    f"pserver(s) {', '.join(waiting)} did not accept connections within {timeout:g} s", CloseReason.CONNECT_FAILED
+                ) from None
         time.sleep(poll)
 
 

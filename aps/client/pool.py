@@ -14,7 +14,7 @@ import asyncio
 import ssl as _ssl
 
 from .. import wire
-from ..errors import ConfigError, ConnectionLost, RequestTimeout, ServerError
+from ..errors import CloseReason, ConfigError, ConnectionLost, RequestTimeout, ServerError
 from .fanout import gather
 from .lanes import PortPlan, lane_address
 from .link import Link
@@ -150,7 +150,7 @@ class LinkPool:
                 self._connecting[i] = None
         if self.closed:  # closed while connecting: the new link must not outlive the client
             link.close()
-            raise ConnectionLost(f"client closed while connecting to {link.address}")
+            raise ConnectionLost(f"client closed while connecting to {link.address}", CloseReason.CLOSED)
         self.links[i] = link
         self._frame_budget = None
         self.outages.reached(link.address)
@@ -167,7 +167,9 @@ class LinkPool:
                     address, self.client_id, self.trainer_id, self.token, self.max_frame, self.request_id(2), ssl=self.ssl,
                 )
         except TimeoutError:
-            raise ConnectionLost(f"pserver {address} did not answer the handshake within {self.timeout} s") from None
+            raise ConnectionLost(
+                f"pserver {address} did not answer the handshake within {self.timeout} s", CloseReason.HANDSHAKE_TIMEOUT
+            ) from None
         if self.busy_poll:
             link.busy_poll(self.busy_poll)
         if self.links[k * self.ports.lanes + lane] is not None and (link.server_index, link.num_servers) != (k, num_servers):

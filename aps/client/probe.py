@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from ..errors import ConnectionLost
+from ..errors import CloseReason, ConnectionLost
 
 #: seconds between tries while a pserver is not listening yet
 POLL = 0.02
@@ -36,7 +36,8 @@ async def wait_listening(addresses: Sequence[str], seconds: float, poll: float =
                 if loop.time() + poll > deadline:
                     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
                     raise ConnectionLost(
-                        f"pserver {address} did not accept connections within {seconds:g} s ({reason})"
+                        f"pserver {address} did not accept connections within {seconds:g} s ({reason})",
+                        CloseReason.CONNECT_FAILED,
                     ) from exc
                 await asyncio.sleep(poll)
                 continue

@@ -123,7 +123,7 @@ class Attempts:
             raise ConnectionLost(
                 f"pserver {self.where} still unreachable {waited:.1f} s after the connection was lost "
                 f"(rpc deadline {policy.deadline:g} s): {error}",
-                getattr(error, "reason", None),
+                error.reason,
             ) from (error.__cause__ or error)
         pause = min(policy.backoff * 2**self.attempt, MAX_BACKOFF, policy.deadline - waited)
         self.attempt += 1

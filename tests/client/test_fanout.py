@@ -12,6 +12,7 @@ import aps
 from aps import wire
 from aps.client.fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
 from aps.client.lanes import PortPlan
+from aps.errors import CloseReason
 from aps.sharding import SparseSharding
 
 
@@ -96,7 +97,7 @@ async def test_gather_cancels_the_rest_on_the_first_failure() -> None:
 
     async def fails() -> int:
         await asyncio.sleep(0)
-        raise aps.ConnectionLost("gone")
+        raise aps.ConnectionLost("gone", CloseReason.PEER_CLOSED)
 
     assert await gather([asyncio.sleep(0, 3), asyncio.sleep(0, 4)]) == [3, 4]
     with pytest.raises(aps.ConnectionLost, match="gone"):

@@ -10,14 +10,14 @@ import pytest
 
 import aps
 from aps.client.retry import MAX_BACKOFF, RetryPolicy, call_deadline, call_limit, within
-from aps.errors import ConnectionLost, ErrorCode, RequestTimeout, ServerError
+from aps.errors import CloseReason, ConnectionLost, ErrorCode, RequestTimeout, ServerError
 
 WHERE = "10.0.0.1:7000"
 
 
 def lost(reason: str = "reset") -> ConnectionLost:
     try:
-        raise ConnectionLost("connection lost") from ConnectionResetError(reason)
+        raise ConnectionLost("connection lost", CloseReason.RESET) from ConnectionResetError(reason)
     except ConnectionLost as exc:
         return exc
 
@@ -72,7 +72,7 @@ def test_what_never_passes_is_not_retried() -> None:
         attempts.failed(refused, 0.0)
     assert info.value is refused
     try:
-        raise ConnectionLost("untrusted") from ssl.SSLCertVerificationError("self-signed")
+        raise ConnectionLost("untrusted", CloseReason.CONNECT_FAILED) from ssl.SSLCertVerificationError("self-signed")
     except ConnectionLost as exc:
         untrusted = exc
     with pytest.raises(ConnectionLost) as info2:
