@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 
@@ -21,6 +19,7 @@ from aps.client.probe import wait_listening
 from aps.client.retry import RetryPolicy
 from aps.errors import CloseReason, ConnectionLost
 from aps.fleet import wait_for_pservers
+from tests.server.raw import silent_server
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,26 +35,6 @@ def unused_address() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{s.getsockname()[1]}"
-
-
-@asynccontextmanager
-async def silent_server() -> AsyncIterator[str]:
-    """Accepts connections, reads what comes and never answers: a handshake never completes."""
-    writers: list[asyncio.StreamWriter] = []
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        while await reader.read(4096):
-            pass
-
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    try:
-        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        for writer in writers:
-            writer.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_handshake_that_never_comes_is_a_handshake_timeout() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aps
 from aps import wire
@@ -66,3 +68,23 @@ class Raw:
 
     def close(self) -> None:
         self.writer.close()
+
+
+@asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """Accepts connections, reads what comes and never answers: a handshake never completes."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        while await reader.read(4096):
+            pass
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()

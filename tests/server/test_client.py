@@ -18,6 +18,7 @@ from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
 from aps.wire.frame import Flag, FrameDecoder, encode_header
+from tests.server.raw import silent_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -400,24 +401,11 @@ async def test_barrier_nobody_joins_times_out_and_connection_stays_usable() -> N
 
 async def test_silent_server_times_out_instead_of_hanging() -> None:
     """A peer that accepts TCP but never answers (hung process, wrong service) must not hang us."""
-    held: list[asyncio.StreamWriter] = []
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-        while await reader.read(65536):
-            pass
-
-    silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
-    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
-    try:
+    async with silent_server() as address:
         started = time.monotonic()
         with pytest.raises(aps.RequestTimeout):
             await aps.connect([address], timeout=0.5, **FAST)
         assert time.monotonic() - started < 2.0
-    finally:
-        for w in held:
-            w.close()
-        silent.close()
 
 
 async def test_concurrent_small_pulls_are_coalesced_and_each_gets_its_rows() -> None:
