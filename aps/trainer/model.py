@@ -20,16 +20,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec
 from .reader import Chunk
-
-if TYPE_CHECKING:
-    from .modes import Mode
 
 
 @dataclass
@@ -95,6 +92,19 @@ class WorkerContext:
 T = TypeVar("T")
 
 
+class ModeRules(Protocol):
+    """What a model's :meth:`Model.check_mode` is given: a mode's class
+    (:func:`aps.trainer.modes.mode_class`), seen only as far as a model may need it."""
+
+    #: the mode's name, as ``Strategy.mode`` spells it
+    name: str
+    #: workers train with SGD on their local replica (geo)
+    local_sgd: bool
+
+    def table_problem(self, spec: TableSpec) -> str | None:
+        """Why a table like ``spec`` cannot train in this mode, or None."""
+
+
 class Model(ABC):
     """Base class of model plug-ins (word2vec, a user's own)."""
 
@@ -122,7 +132,7 @@ class Model(ABC):
         here, so that there is one source of truth, and raises ConfigError (one line, saying what
         to pass) if it was given a different one itself. The default ignores it."""
 
-    def check_mode(self, mode: type[Mode]) -> None:
+    def check_mode(self, mode: ModeRules) -> None:
         """Raise ConfigError if this model cannot train in ``mode`` (its class, from
         :func:`aps.trainer.modes.mode_class`; ``mode.name`` is the name a strategy gives). Called
         once at trainer start, by either kind of trainer, so a setting that a mode does not

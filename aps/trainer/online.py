@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import structlog
@@ -32,11 +33,9 @@ from ..metrics import auc_from_counts
 from .files import assign_to_workers
 from .online_exports import Exporter, ExportOptions, hash_tables
 from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint, prune_checkpoints
-from .pool import start_fork_server
+from .pool import WorkerPool, start_fork_server
+from .runtime import Prepare, TrainerRuntime
 from .sources.base import Pass, Source
-
-if TYPE_CHECKING:
-    from .trainer import Session, Trainer
 
 log = structlog.get_logger("aps.trainer")
 
@@ -77,93 +76,100 @@ def pass_auc(scores: np.ndarray) -> float | None:
     return float(auc_from_counts(pos, neg))
 
 
-async def train_passes(trainer: Trainer, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
-    """Run ``trainer`` over the passes of ``source`` until it has no more (see the module)."""
+Runtime = TrainerRuntime[WorkerPool]
+
+
+async def train_passes(make_runtime: Callable[[Prepare], Runtime], source: Source, online: OnlineOptions | None = None) -> OnlineResult:
+    """Run a trainer over the passes of ``source`` until it has no more (see the module);
+    ``make_runtime(prepare)``: the trainer's runtime, not started, whose ``prepare`` resumes."""
     online = online or OnlineOptions()
-    check_checkpointing(online.save_every, online.keep_passes, online.resume, trainer.options.save_dir)
-    trainer.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
-    start_fork_server(type(trainer.model).__module__)
-    workers = trainer.strategy.workers
-    assert workers is not None
     result = OnlineResult()
-    trainer.probe.passes = 0
-    log.info("online trainer starting", trainer=trainer.trainer_id, source=type(source).__name__, **trainer.model.describe())
 
     async def prepare(ps: PSClient) -> None:
         position = None
         if online.resume:
-            assert trainer.options.save_dir is not None
-            result.resumed_from, position = await resume_position(
-                ps, trainer.options.save_dir, trainer.trainer_id, trainer.strategy.rpc_timeout
-            )
+            assert rt.options.save_dir is not None
+            result.resumed_from, position = await resume_position(ps, rt.options.save_dir, rt.trainer_id, rt.strategy.rpc_timeout)
         await source.open(position)
 
-    exporter = Exporter(online.export, trainer.model) if online.export is not None else None
-
-    async def body(s: Session) -> None:
-        while (p := await source.next_pass()) is not None:
-            started = time.monotonic()
-            extra = await _one_pass(trainer, s, p, online, workers, exporter)
-            s.comm.check()
-            saving = bool(online.save_every and trainer.options.save_dir and (len(result.passes) + 1) % online.save_every == 0)
-            if trainer.trainer_id == 0:
-                if saving:
-                    assert trainer.options.save_dir is not None
-                    extra["saved"] = await save_pass(s.ps, trainer.options.save_dir, source, p, online.keep_passes)
-                if exporter is not None:
-                    extra.update(await exporter.after_pass(s.ps, p))
-            # the record is written after the save and the export, so the metrics file says them too
-            result.passes.append(_end_pass(trainer, s, p, extra, started))
-            if saving or exporter is not None:
-                # every trainer waits for trainer 0's save and export: none pushes the next
-                # pass's gradients into them
-                await s.ps.barrier(f"aps.online.saved.{p.seq}", timeout=trainer.strategy.rpc_timeout)
-            if saving:
-                await source.committed(p)
-        result.stop_reason = source.stop_reason
-        log.info("online training stopped", reason=result.stop_reason, passes=len(result.passes))
-
+    rt = make_runtime(prepare)
+    check_checkpointing(online.save_every, online.keep_passes, online.resume, rt.options.save_dir)
+    rt.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
+    start_fork_server(type(rt.model).__module__)
+    rt.probe.passes = 0
+    log.info("online trainer starting", trainer=rt.trainer_id, source=type(source).__name__, **rt.model.describe())
+    exporter = Exporter(online.export, rt.model) if online.export is not None else None
     try:
-        await trainer.with_metrics(trainer.session([[] for _ in range(workers)], body, prepare))
+        async with rt:
+            await _passes(rt, source, online, exporter, result)
+            await rt.finish()
     finally:
         await source.aclose()
     return result
 
 
-async def _one_pass(
-    trainer: Trainer, s: Session, p: Pass, online: OnlineOptions, workers: int, exporter: Exporter | None
-) -> dict[str, Any]:
+async def _passes(rt: Runtime, source: Source, online: OnlineOptions, exporter: Exporter | None, result: OnlineResult) -> None:
+    """Every pass ``source`` hands out: score, train, save, export, record (see the module)."""
+    assert rt.ps is not None and rt.comm is not None
+    save_dir, timeout = rt.options.save_dir, rt.strategy.rpc_timeout
+    while (p := await source.next_pass()) is not None:
+        started = time.monotonic()
+        extra = await _one_pass(rt, p, online, exporter)
+        rt.comm.check()
+        saving = bool(online.save_every and save_dir and (len(result.passes) + 1) % online.save_every == 0)
+        if rt.trainer_id == 0:
+            if saving:
+                assert save_dir is not None
+                extra["saved"] = await save_pass(rt.ps, save_dir, source, p, online.keep_passes)
+            if exporter is not None:
+                extra.update(await exporter.after_pass(rt.ps, p))
+        # the record is written after the save and the export, so the metrics file says them too
+        result.passes.append(_end_pass(rt, p, extra, started))
+        if saving or exporter is not None:
+            # every trainer waits for trainer 0's save and export: none pushes the next
+            # pass's gradients into them
+            await rt.ps.barrier(f"aps.online.saved.{p.seq}", timeout=timeout)
+        if saving:
+            await source.committed(p)
+    result.stop_reason = source.stop_reason
+    log.info("online training stopped", reason=result.stop_reason, passes=len(result.passes))
+
+
+async def _one_pass(rt: Runtime, p: Pass, online: OnlineOptions, exporter: Exporter | None) -> dict[str, Any]:
     """Score ``p``, then (after the day tick, with exports) train it; returns what its record
     adds to the monitor's numbers."""
-    files = assign_to_workers(p.files, workers)
-    extra: dict[str, Any] = {"mode": trainer.strategy.mode, "pass": p.name, "files": len(p.files)}
+    assert rt.ps is not None and rt.workers is not None and rt.attached is not None
+    files = assign_to_workers(p.files, rt.num_workers)
+    extra: dict[str, Any] = {"mode": rt.strategy.mode, "pass": p.name, "files": len(p.files)}
     if online.score:
-        assert s.shared.scores is not None
-        s.shared.scores[:] = 0
-        done = await s.pool.watch(s.pool.score(p.seq, files))
+        scores = rt.attached.scores
+        assert scores is not None
+        scores[:] = 0
+        done = await rt.workers.watch(rt.workers.score(p.seq, files))
         extra["scored"] = sum(r.examples for r in done)
-        auc = pass_auc(s.shared.scores)
+        auc = pass_auc(scores)
         if auc is not None:
-            extra["online_auc"] = trainer.probe.online_auc = auc
+            extra["online_auc"] = rt.probe.online_auc = auc
     if exporter is not None:
-        if trainer.trainer_id == 0:
-            extra.update(await exporter.before_training(s.ps, p))
+        if rt.trainer_id == 0:
+            extra.update(await exporter.before_training(rt.ps, p))
         # every trainer waits for trainer 0's day tick: none pushes the new day's keys before it
-        await s.ps.barrier(f"aps.online.tick.{p.seq}", timeout=trainer.strategy.rpc_timeout)
+        await rt.ps.barrier(f"aps.online.tick.{p.seq}", timeout=rt.strategy.rpc_timeout)
     if p.reread:
         extra["reread"] = p.reread
-        trainer.probe.reread += p.reread
-    await trainer.train_epoch(p.seq, s, files)
-    if trainer.trainer_id == 0 and (hashed := hash_tables(trainer.model)):
+        rt.probe.reread += p.reread
+    await rt.train_epoch(p.seq, files)
+    if rt.trainer_id == 0 and (hashed := hash_tables(rt.model)):
         # after the pass's flush and barrier: what the pservers hold now, the number max_keys bounds
-        extra["keys"] = {name: (await s.ps.table_info(name)).keys for name in hashed}
+        extra["keys"] = {name: (await rt.ps.table_info(name)).keys for name in hashed}
     return extra
 
 
-def _end_pass(trainer: Trainer, s: Session, p: Pass, extra: dict[str, Any], started: float) -> dict[str, Any]:
+def _end_pass(rt: Runtime, p: Pass, extra: dict[str, Any], started: float) -> dict[str, Any]:
     """The pass's record (the monitor's epoch numbers with ``extra``), written and logged."""
-    record = s.monitor.end_epoch(p.seq, extra)
-    trainer.probe.passes = (trainer.probe.passes or 0) + 1
+    assert rt.monitor is not None
+    record = rt.monitor.end_epoch(p.seq, extra)
+    rt.probe.passes = (rt.probe.passes or 0) + 1
     log.info(
         "pass trained", name=p.name, seq=p.seq, online_auc=extra.get("online_auc"), examples=record.get("examples"),
         loss=record.get("loss"), seconds=round(time.monotonic() - started, 2),

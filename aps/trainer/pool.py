@@ -251,8 +251,10 @@ class WorkerPool:
         return [self._scores[w] for w in range(len(self.specs))]
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Ask workers to exit, then make sure they did (SIGTERM, SIGKILL)."""
+        """Ask workers to exit, then make sure they did (SIGTERM, SIGKILL); close every pipe."""
         self._stopping = True
+        if self._starter is not None:  # no process may start after this (it stops at the next one)
+            await asyncio.to_thread(self._starter.join)
         loop = asyncio.get_running_loop()
         for w, conn in enumerate(self.conns):
             try:
@@ -274,7 +276,7 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-        for conn in self.conns:
+        for conn in (*self.conns, *self._child_conns):  # a child's end is left open if never started
             conn.close()
 
     def kill(self) -> None:

@@ -2,12 +2,15 @@
 
 ``aps-trainer`` reads files in worker processes; a user who ports a Paddle script has a loop of
 their own (``for batch in reader(): loss = exe.run(...)``) and wants the loss of every step back.
-:class:`StepTrainer` serves that loop with the same pieces ``aps-trainer`` uses, arranged so:
+:class:`StepTrainer` serves that loop with the same runtime ``aps-trainer`` uses
+(:class:`~aps.trainer.runtime.TrainerRuntime`: built, ended and torn down in the same order),
+arranged so:
 
-* **the caller's thread** is this trainer's one compute worker: :meth:`StepTrainer.step` runs the
-  same :class:`~aps.trainer.worker.Worker` code a worker process runs (the model's ``compute`` on
-  the shared replica; local SGD in geo mode) and returns the batch's loss;
-* **a background thread of the same process** runs an asyncio loop with the same
+* **the caller's thread** is this trainer's one compute worker
+  (:class:`~aps.trainer.inprocess.CallerWorker`): :meth:`StepTrainer.step` runs the same
+  :meth:`Worker.step <aps.trainer.worker.Worker.step>` a worker process runs (the model's
+  ``compute`` on the shared replica; local SGD in geo mode) and returns the batch's loss;
+* **a background thread of the same process** runs an asyncio loop with the runtime: the same
   :class:`~aps.trainer.communicator.Communicator` (the mode, the merging, pulls and pushes, the
   geo exchange every ``k_steps``) and the same :class:`~aps.trainer.monitor.Monitor` (metrics
   records, AUC). The two talk over a pipe with the worker protocol, bulk data through the shared
@@ -25,31 +28,27 @@ import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import replace
-from multiprocessing import Pipe
 from typing import Any, TypeVar
 
 import numpy as np
 import structlog
 
-from ..client import PSClient
 from ..client.roots import check_checkpoint_path
 from ..cluster import ClusterSpec
 from ..errors import ApsError, ConfigError
 from ..metrics import merged_auc
-from ..telemetry import MetricsEndpoint
 from .collector import TrainerProbe, trainer_registry
-from .communicator import Communicator
+from .inprocess import CallerWorker
 from .ipc import Kind, Record
 from .model import Batch, Model
 from .modes import mode_class
-from .monitor import Monitor
 from .online import check_checkpointing, resume_position, save_pass
+from .options import TrainOptions, check_options, check_trainer
 from .reader import Chunk
-from .shared import STAT, Attached, SharedArrays
+from .runtime import TrainerRuntime
 from .sources.base import Pass, Source
 from .strategy import Strategy
-from .trainer import TrainOptions, check_options, check_trainer, create_tables, make_monitor, open_client, save_roots
-from .worker import Worker, WorkerSpec
+from .worker import Worker
 
 log = structlog.get_logger("aps.trainer")
 
@@ -94,18 +93,9 @@ class StepTrainer:
         self.records: list[dict[str, Any]] = []  #: one "epoch" record per finished epoch
         #: the pass checkpoint the last :meth:`passes` resumed from, if any
         self.resumed_from: str | None = None
-        self.failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._shared: SharedArrays | None = None
-        self._ps: PSClient | None = None
-        self._roots: dict[str, str | None] = {}  # the pservers' checkpoint roots, by address
-        self._comm: Communicator | None = None
-        self._monitor: Monitor | None = None
-        self._metrics: MetricsEndpoint | None = None
-        self._worker: Worker | None = None
-        self._mine: Any = None  # the communicator's end of the worker pipe
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._runtime: TrainerRuntime[CallerWorker] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._barriers = 0
         self._epoch_first_step = 0
@@ -128,68 +118,27 @@ class StepTrainer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aps-communicator", daemon=True)
         self._thread.start()
-        kind = mode_class(self.strategy.mode)
-        self._shared = SharedArrays(self.model, 1, with_mailboxes=kind.mailboxes)
+        self._runtime = TrainerRuntime(
+            self.model, self.strategy, self.cluster, self.trainer_id, self.options, self.probe, self.registry,
+            CallerWorker, check_save_dir="save_dir",  # the user's loop owns the terminal: no live line
+        )
         try:
-            worker_end, self._mine = Pipe()
-            spec = WorkerSpec(
-                worker_id=0,
-                trainer_id=self.trainer_id,
-                num_trainers=self.cluster.num_trainers,
-                num_workers=1,
-                local_sgd=kind.local_sgd,
-                files=[],
-                layout=self._shared.layout,
-                model=self.model,
-                skip_bad_lines=self.options.skip_bad_lines,
-                seed=self.options.seed,
-                prefetch=False,  # the caller hands over one batch at a time: nothing to look ahead at
-                max_staleness=self.strategy.max_staleness,
-            )
-            self._worker = Worker(spec, worker_end)
             self._call(self._open())
-            # both sides have mapped every array and no process will attach later: remove the
-            # files now, so that nothing is left in /dev/shm even if this process is killed
-            self._shared.close()
         except BaseException:
             self.close()
             raise
         return self
 
     async def _open(self) -> None:
-        assert self._shared is not None
-        loop = asyncio.get_running_loop()
-        self._ps = ps = open_client(self.strategy, self.cluster, self.trainer_id, self.options)
-        await create_tables(ps, self.model, self.options.wait_pservers)
-        self._roots = await save_roots(ps, self.options.save_dir, "save_dir")
-        attached = Attached(self._shared.layout)
-        self.probe.stats, self.probe.auc = attached.stats, attached.auc
-        self._comm = Communicator(
-            ps, self.model, self.strategy, attached, self._reply, self.trainer_id, self.cluster.num_trainers
-        )
-        self.probe.comm = self._comm
-        await self._comm.start()
-        self._monitor = make_monitor(self.options, attached, self.trainer_id, None, ps)  # the user's loop owns the terminal
-        self.probe.monitor = self._monitor
-        if self.options.metrics_port is not None:
-            self._metrics = MetricsEndpoint(
-                self.registry,
-                self.options.metrics_host,
-                self.options.metrics_port,
-                role="trainer",
-                port_file=self.options.metrics_port_file,
-            ).start()
-        loop.add_reader(self._mine.fileno(), self._readable)
+        assert self._runtime is not None
+        await self._runtime.open()
         self._watch = asyncio.ensure_future(self._watchdog())
         self._begin_epoch()
 
     def _begin_epoch(self) -> None:
-        assert self._comm is not None and self._monitor is not None
-        self._comm.begin_epoch(self.epoch, {0})
-        self._monitor.start_epoch()
-        self._epoch_first_step = self._worker.steps if self._worker is not None else 0
-        assert self.probe.stats is not None
-        self.probe.stats[0, STAT["epoch"]] = self.epoch
+        assert self._runtime is not None
+        self._runtime.begin_epoch(self.epoch)
+        self._epoch_first_step = self.steps
 
     def stop(self) -> dict[str, Any]:
         """End the last epoch (as :meth:`end_epoch`, unless it just ended), tell the pservers this trainer is done
@@ -200,20 +149,15 @@ class StepTrainer:
         try:
             # after end_epoch and no step since, the last epoch is already finished (on every
             # trainer, since each calls end_epoch as often): no empty epoch is added
-            trailing = self._worker is not None and self._worker.steps > self._epoch_first_step
-            if self.epoch == 0 or trailing:
+            if self.epoch == 0 or self.steps > self._epoch_first_step:
                 self._call(self._finish_epoch(begin_next=False))
-            self._call(self._done())
+            assert self._runtime is not None
+            self._call(self._runtime.finish())
             record = self.records[-1]
             log.info("trainer finished", trainer=self.trainer_id, epochs=len(self.records), final_loss=record["loss"])
             return record
         finally:
             self.close()
-
-    async def _done(self) -> None:
-        assert self._comm is not None and self._ps is not None
-        await self._comm.stop()
-        await self._ps.worker_done()
 
     def close(self) -> None:
         """Release the connections, the background thread and the shared memory without telling
@@ -228,31 +172,12 @@ class StepTrainer:
                 self._thread.join(10.0)
         if loop is not None and not loop.is_running():
             loop.close()
-        self.probe.freeze()
-        for end in (self._mine, self._worker.conn if self._worker is not None else None):
-            if end is not None:
-                end.close()
-        self._mine = None
-        if self._shared is not None:
-            self._shared.close()
-            self._shared = None
 
     async def _release(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._mine is not None:
-            asyncio.get_running_loop().remove_reader(self._mine.fileno())
-        if self._comm is not None:
-            await self._comm.stop()
-        if self._ps is not None:
-            await self._ps.aclose()
-        if self._metrics is not None:
-            await self._metrics.aclose()
-        if self._monitor is not None:
-            self._monitor.close()
-
+        if self._runtime is not None:
+            await self._runtime.aclose()
     def __enter__(self) -> StepTrainer:
         return self if self._loop is not None else self.start()
 
@@ -312,10 +237,11 @@ class StepTrainer:
         return self._call(self._finish_epoch(begin_next=True, extra=extra))
 
     async def _finish_epoch(self, begin_next: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        assert self._comm is not None and self._monitor is not None
-        await self._comm.handle(0, Record(Kind.EPOCH_DONE, epoch=self.epoch))
-        await self._comm.finish_epoch(self.epoch)
-        record = self._monitor.end_epoch(self.epoch, {"mode": self.strategy.mode, **(extra or {})})
+        rt = self._started()
+        assert rt.comm is not None and rt.monitor is not None
+        await rt.comm.handle(0, Record(Kind.EPOCH_DONE, epoch=self.epoch))  # the caller's worker is done with it
+        await rt.finish_epoch(self.epoch)
+        record = rt.monitor.end_epoch(self.epoch, {"mode": self.strategy.mode, **(extra or {})})
         self.records.append(record)
         if begin_next:
             self.epoch += 1
@@ -329,13 +255,9 @@ class StepTrainer:
         before anything is sent; ``TrainOptions.save_dir`` has it checked at :meth:`start`."""
         self._running()
         self._check()
-        check_checkpoint_path(path, self._roots, "save path")
-        self._call(self._save(path))
-
-    async def _save(self, path: str) -> None:
-        assert self._comm is not None and self._ps is not None
-        await self._comm.flush()
-        await self._ps.save(path)
+        rt = self._started()
+        check_checkpoint_path(path, rt.roots, "save path")
+        self._call(rt.save(path))
 
     def passes(
         self, source: Source, *, save_dir: str | None = None, save_every: int = 1, resume: bool = False, keep_passes: int = 3
@@ -365,12 +287,12 @@ class StepTrainer:
             raise ConfigError("resuming passes in geo mode is not supported by the step-wise trainer; use aps-trainer --resume")
         self._running()
         if save_dir:
-            check_checkpoint_path(save_dir, self._roots, "pass save dir")
+            check_checkpoint_path(save_dir, self._started().roots, "pass save dir")
         return self._passes(source, save_dir, save_every, resume, keep_passes)
 
     def _passes(self, source: Source, save_dir: str | None, save_every: int, resume: bool, keep: int) -> Iterator[Pass]:
-        assert self._ps is not None
-        ps, timeout = self._ps, self.strategy.rpc_timeout
+        ps, timeout = self._started().ps, self.strategy.rpc_timeout
+        assert ps is not None
         position = None
         if resume:
             assert save_dir is not None
@@ -400,8 +322,9 @@ class StepTrainer:
         self._check()
         self._barriers += 1
         name = f"aps.fleet.barrier.{self._barriers}"
-        assert self._ps is not None
-        self._call(self._ps.barrier(name, timeout=self.strategy.rpc_timeout))
+        ps = self._started().ps
+        assert ps is not None
+        self._call(ps.barrier(name, timeout=self.strategy.rpc_timeout))
 
     def auc(self) -> float | None:
         """AUC of every prediction this trainer made so far (None for a model that does not
@@ -414,16 +337,28 @@ class StepTrainer:
     @property
     def steps(self) -> int:
         """Steps this trainer has trained since it started."""
-        return self._worker.steps if self._worker is not None else 0
+        host = self._runtime.workers if self._runtime is not None else None
+        return host.worker.steps if host is not None and host.worker is not None else 0
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The communicator's failure that ends every step from now on, if any."""
+        host = self._runtime.workers if self._runtime is not None else None
+        return host.failure if host is not None else None
 
     # ----------------------------------------------------------------- plumbing
 
-    def _running(self) -> Worker:
-        if self._worker is None or self._loop is None:
+    def _started(self) -> TrainerRuntime[CallerWorker]:
+        if self._runtime is None or self._runtime.comm is None:
             raise ApsError("the step-wise trainer is not started: call start() (fleet.init_worker) first")
+        return self._runtime
+
+    def _running(self) -> Worker:
+        rt = self._started()
         if self._stopped:
             raise ApsError("the step-wise trainer is stopped")
-        return self._worker
+        assert rt.workers is not None and rt.workers.worker is not None
+        return rt.workers.worker
 
     def _call(self, work: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``work`` on the communicator's loop and wait for its result in this thread."""
@@ -444,50 +379,20 @@ class StepTrainer:
         return result
 
     def _check(self) -> None:
-        if self.failure is None and self._comm is not None and self._comm.failure is not None:
-            self.failure = self._comm.failure
+        rt = self._runtime
+        if rt is not None and rt.workers is not None and rt.comm is not None and rt.comm.failure is not None:
+            rt.workers.fail(rt.comm.failure)  # kept only if it is the first
         if self.failure is not None:
             raise self.failure
-
-    def _reply(self, worker: int, rec: Record) -> None:
-        self._mine.send_bytes(rec.encode())
-
-    def _readable(self) -> None:
-        """A request from the caller's thread (PULL, GRADS) arrived: serve it as a task."""
-        try:
-            rec = Record.decode(self._mine.recv_bytes())
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(self._mine.fileno())
-            return
-        task = asyncio.ensure_future(self._serve(rec))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _serve(self, rec: Record) -> None:
-        assert self._comm is not None
-        try:
-            await self._comm.handle(0, rec)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # surfaced in the caller's thread by step()
-            self._fail(exc)
 
     async def _watchdog(self) -> None:
         """Fail the waiting step when a background task of the communicator failed, and write
         progress records and lines when due (as aps-trainer does)."""
-        assert self._comm is not None and self._monitor is not None
+        rt = self._started()
+        assert rt.comm is not None and rt.monitor is not None and rt.workers is not None
         while True:
             await asyncio.sleep(_WATCH_PERIOD)
-            if self._comm.failure is not None:
-                self._fail(self._comm.failure)
+            if rt.comm.failure is not None:
+                rt.workers.fail(rt.comm.failure)
                 return
-            self._monitor.tick(self.epoch)  # writes or shows only what is due
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.failure is None:
-            self.failure = exc
-            log.error("communicator failed", trainer=self.trainer_id, error=str(exc))
-            try:  # wake the caller's thread if it waits on a reply
-                self._mine.send_bytes(Record(Kind.ERROR, text=f"communicator failed: {exc}").encode())
-            except (OSError, ValueError):
-                pass
+            rt.monitor.tick(self.epoch)  # writes or shows only what is due

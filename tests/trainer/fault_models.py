@@ -42,3 +42,13 @@ class PacedCtrDnn(CtrDnn):
         for batch in super().batches(chunk, ctx):
             time.sleep(0.1)
             yield batch
+
+
+class BadIdsLinReg(LinReg):
+    """Claims ids beyond its table: the communicator's first pull fails mid-epoch (a ConfigError
+    from the pserver naming the table)."""
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        for batch in super().batches(chunk, ctx):
+            batch.sparse_ids["lin.w"] = batch.sparse_ids["lin.w"] + self.features
+            yield batch

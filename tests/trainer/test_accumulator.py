@@ -19,7 +19,7 @@ from aps.trainer.accumulator import GradAccumulator
 from aps.trainer.ipc import Kind, Record
 from aps.trainer.modes import AsyncSender, Link
 from aps.trainer.shared import Attached, SharedArrays
-from aps.trainer.trainer import create_tables
+from aps.trainer.runtime import create_tables
 from examples.linreg.model import LinReg
 
 EMB = aps.SparseTable("emb", rows=50, dim=4, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))

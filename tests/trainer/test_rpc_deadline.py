@@ -13,7 +13,8 @@ from aps.cli.trainer import _strategy, build_parser
 from aps.cluster import ClusterSpec
 from aps.errors import ConfigError
 from aps.trainer.strategy import Strategy
-from aps.trainer.trainer import TrainOptions, open_client
+from aps.trainer.options import TrainOptions
+from aps.trainer.runtime import open_client
 from examples.linreg.model import make_data
 from tests.conftest import Processes
 from tests.faults.cluster import Cluster, wait_for

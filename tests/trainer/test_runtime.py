@@ -3,18 +3,24 @@ order when training fails (no worker process, no socket, no shared file left beh
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import aps
 from aps.cluster import ClusterSpec
 from aps.errors import ConfigError
-from aps.trainer import Chunk, Strategy, Trainer
+from aps.trainer import Chunk, Strategy, Trainer, TrainOptions
 from aps.trainer.modes import AsyncSender, GeoExchange, Mode
-from aps.trainer.shared import SharedArrays
+from aps.trainer.shared import SharedArrays, shm_base
 from aps.trainer.stepwise import StepTrainer
 from aps.trainer.worker import Worker, WorkerSpec
-from examples.linreg.model import LinReg
+from examples.linreg.model import LinReg, make_data
+from tests.conftest import Processes
+from tests.trainer.fault_models import BadIdsLinReg
 
 NOWHERE = ClusterSpec(["127.0.0.1:1"], 1)
 
@@ -70,3 +76,73 @@ def test_a_worker_trains_one_batch_through_its_public_step() -> None:
         assert np.flatnonzero(worker.shared.dirty["lin.w"]).tolist() == [3, 5]  # for the next exchange
     finally:
         shared.close()
+
+
+def sockets() -> int:
+    """Sockets this process holds open (client connections, worker pipes, a listening endpoint)."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the directory's own fd, closed meanwhile
+            pass
+    return sum(link.startswith("socket:") for link in fds)
+
+
+def children() -> dict[int, list[int]]:
+    """Every live (not zombie) process's children, by parent pid, read from /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if state != "Z":
+                tree.setdefault(int(ppid), []).append(int(entry))
+    return tree
+
+
+def worker_processes() -> list[int]:
+    """Live compute workers of this process: the children of its worker fork server."""
+    tree = children()
+    servers = [p for p in tree.get(os.getpid(), []) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [w for server in servers for w in tree.get(server, [])]
+
+
+def shared_files() -> list[str]:
+    return [name for name in os.listdir(shm_base()) if name.startswith(f"aps-{os.getpid()}-")]
+
+
+FAILED_PULL = r"table 'lin.w': id \d+ not in \[0, 200\)"
+
+
+@pytest.mark.timeout(60)
+async def test_trainer_failing_mid_epoch_leaves_no_worker_no_socket_no_shared_file(tmp_path: Path, processes: Processes) -> None:
+    make_data(tmp_path / "data", files=2, lines_per_file=64)
+    servers = processes.start_servers(1, trainers=1)
+    before = sockets()
+    options = TrainOptions(save_dir=None, live_line=False, metrics_port=0)
+    trainer = Trainer(BadIdsLinReg(), Strategy(mode="async", workers=2), ClusterSpec(servers, 1), 0, options)
+    with pytest.raises(ConfigError, match=FAILED_PULL) as failure:
+        await trainer.atrain([str(tmp_path / "data")], 1)
+    # checked at once, while the failure (and its traceback's frames) is still held: the teardown
+    # itself released everything, not the garbage collector later
+    assert worker_processes() == [] and sockets() == before and shared_files() == []
+    assert failure.value is not None and processes.procs[0].poll() is None  # not told it finished
+
+
+@pytest.mark.timeout(60)
+def test_step_trainer_failing_mid_epoch_leaves_no_thread_no_socket_no_shared_file(tmp_path: Path, processes: Processes) -> None:
+    make_data(tmp_path / "data", files=1, lines_per_file=64)
+    servers = processes.start_servers(1, trainers=1)
+    before = sockets()
+    options = TrainOptions(save_dir=None, live_line=False, metrics_port=0)
+    lines = (tmp_path / "data" / "part-000").read_text().splitlines()
+    with pytest.raises(ConfigError, match=FAILED_PULL) as failure:
+        with StepTrainer(BadIdsLinReg(), Strategy(mode="async"), ClusterSpec(servers, 1), 0, options).start() as st:
+            st.step(next(iter(st.batches(lines))))
+    assert not any(t.name == "aps-communicator" for t in threading.enumerate())
+    assert sockets() == before and shared_files() == []
+    assert failure.value is not None and processes.procs[0].poll() is None
