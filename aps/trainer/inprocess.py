@@ -65,10 +65,11 @@ class CallerWorker:
             return
         self.failure = exc
         log.error("communicator failed", trainer=self.spec.trainer_id, error=str(exc))
-        try:
-            self.send(0, Record(Kind.ERROR, text=f"communicator failed: {exc}"))
-        except (AssertionError, OSError, ValueError):
-            pass  # the pipe is closed: nobody waits
+        if self._mine is not None:
+            try:
+                self._mine.send_bytes(Record(Kind.ERROR, text=f"communicator failed: {exc}").encode())
+            except (OSError, ValueError):
+                pass  # the pipe is closed: nobody waits
 
     def _readable(self) -> None:
         """A request from the caller's thread (PULL, GRADS) arrived: serve it as a task."""
