@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntFlag
 
+import numpy as np
+
 from ..errors import LocalProtocolError, RemoteProtocolError
 
 MAGIC = b"AP"
@@ -35,9 +37,6 @@ _DIRECT_BODY = 256 * 1024
 #: initial size of a decoder's receive buffer (it grows, by doubling, to hold a whole small
 #: frame): small, because every connection has one from its first byte, a hostile idle one too
 _RECV_CHUNK = 32 * 1024
-#: a receive buffer grown past this (by the first half of a big body) is replaced by a small one
-#: once that body has its own buffer
-_KEEP_BUF = 4 * 1024 * 1024
 #: get_buffer() lends at least this much room, compacting first; the transport's size hint
 #: (uvloop asks for 64 KiB on every read) never grows the buffer by itself, a frame does
 _MIN_ROOM = 16 * 1024
@@ -60,13 +59,13 @@ class Flag(IntFlag):
 
 @dataclass(slots=True)
 class Frame:
-    """One decoded frame: header fields plus its payload (a writable, 8-byte aligned buffer: a
-    bytearray)."""
+    """One decoded frame: header fields plus its payload: a writable, 8-byte aligned buffer (a
+    bytearray, or for a large body a memoryview of its own numpy buffer)."""
 
     opcode: int
     flags: int
     request_id: int
-    payload: bytearray
+    payload: bytearray | memoryview
 
 
 def encode_header(opcode: int, flags: int, request_id: int, length: int, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -101,7 +100,7 @@ class FrameDecoder:
         self._pos = 0
         self._end = 0
         self._pending: tuple[int, int, int] | None = None  # header of the body being filled
-        self._body: bytearray | None = None
+        self._body: memoryview | None = None
         self._filled = 0
         self._lent_body = False  # the last get_buffer() view was into _body
         self._broken = False
@@ -199,19 +198,18 @@ class FrameDecoder:
                 self._pos = self._end = 0
             self._announced = False
             return Frame(opcode, flags, request_id, payload)
-        if length < _DIRECT_BODY or 2 * available < length:
+        if length < _DIRECT_BODY:
             return None
-        # a large body, half of it in: give it its own buffer now; get_buffer() lends the rest of
-        # it to the transport, so the second half is received in place. Until half has arrived
-        # it grows in the receive buffer like a small frame, so a peer that declares a body and
-        # sends little of it commits at most twice what it sent, never what it declared. (An
-        # anonymous mmap per body, committed page by page, did the same for the memory but
-        # halved batched pull and push rates here: a page fault per 4 KiB of every body.)
-        body = bytearray(length)
+        # a large body gets its own buffer as soon as its header is in; get_buffer() lends the
+        # rest of it to the transport, so the body is received in place, copied never. The
+        # buffer is numpy's uninitialised memory (malloc): pages are committed as the peer's
+        # bytes are written into them, so a peer that declares a body and sends little of it
+        # commits what it sent, never what it declared. (The receive buffer used to hold a
+        # body's first half, growing by doubling, then a zero-filled bytearray took it over:
+        # three passes over the memory per received byte, most of a geo exchange's server time.)
+        body = memoryview(np.empty(length, np.uint8))
         body[:available] = memoryview(buf)[start:end]
         self._pos = self._end = 0
-        if len(self._buf) > _KEEP_BUF:
-            self._buf = bytearray(_RECV_CHUNK)  # a new one: a view lent earlier may still be alive
         self._body, self._pending, self._filled = body, (opcode, flags, request_id), available
         return None
 
