@@ -59,6 +59,30 @@ def run(core: Any, client_id: int, trainer_id: int, msg: wire.Message, flags: in
     return task
 
 
+async def settle(reply: Awaitable[wire.Message], op: str, peer: str) -> wire.Message | ServerError:
+    """The outcome of a request that waited (a barrier, a sync round, a save, a replay): its
+    reply, or the error to answer. A cancel (the server stopping) is the caller's to answer."""
+    try:
+        return await reply
+    except ServerError as exc:
+        return exc
+    except Exception as exc:  # not a cancel: a BaseException, the caller's to answer
+        return internal(exc, op, peer)
+
+
+def hello_reply(config: Any, nonce: bytes) -> wire.HelloReply:
+    """What HELLO is answered with: this server's place in the cluster, its limits and lease,
+    whether AUTH must follow, and the nonce its MAC signs."""
+    return wire.HelloReply(
+        server_index=config.server_index,
+        num_servers=config.num_servers,
+        max_frame=config.max_frame,
+        auth_required=int(config.token is not None),
+        lease_ms=min(0xFFFFFFFF, int(config.trainer_timeout * 1000)),
+        nonce=nonce,
+    )
+
+
 async def _replayed(reply: wire.Message | Awaitable[wire.Message]) -> wire.Message:
     return reply if isinstance(reply, wire.Message) else await reply
 

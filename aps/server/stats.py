@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,11 +119,26 @@ class ServerStats:
         self.shrinks = 0
         self.shrink_evicted = 0
 
-    def record(self, op: str, elapsed_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
+    def finished(self, op: str, started_ns: int, bytes_in: int, bytes_out: int, error: bool) -> None:
+        """A request ``op`` that began at ``started_ns`` (``time.perf_counter_ns``) was answered
+        now with ``bytes_out`` (an error reply: ``error``, its bytes not counted)."""
         stats = self.ops.get(op)
         if stats is None:
             stats = self.ops[op] = OpStats()
-        stats.record(elapsed_ns, bytes_in, bytes_out, error)
+        stats.record(time.perf_counter_ns() - started_ns, bytes_in, bytes_out, error)
+
+    def opened(self) -> None:
+        """A connection was accepted (and not refused at once)."""
+        self.connections += 1
+        self.connections_total += 1
+
+    def refused(self) -> None:
+        """A connection was closed by the connection caps, when accepted or after its handshake."""
+        self.connections_refused += 1
+
+    def closed(self) -> None:
+        """An opened connection is gone."""
+        self.connections -= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -58,7 +58,7 @@ class ConnectionLimits:
 
     __slots__ = ("pools", "max_connection_bytes", "max_inflight_bytes", "max_handshake_bytes", "max_requests",
                  "handshake_timeout", "frame_timeout", "held", "arrived", "frame", "in_handshake",
-                 "partial_since", "_waiting")
+                 "partial_since", "peer_reading", "read_paused", "_waiting")
 
     def __init__(
         self,
@@ -86,6 +86,10 @@ class ConnectionLimits:
         self.in_handshake = True
         #: the time the frame in progress began (None: none in progress, or not being read)
         self.partial_since: float | None = None
+        #: the peer reads our replies (the transport has not asked us to stop writing)
+        self.peer_reading = True
+        #: we stopped reading from the peer (:meth:`reading`)
+        self.read_paused = False
         self._waiting: dict[Hashable, int] = {}
 
     @classmethod
@@ -191,6 +195,17 @@ class ConnectionLimits:
         """Stop reading while an AUTH is being checked, the peer does not read our replies, or
         it has ``max_requests`` requests waiting."""
         return checking_auth or not peer_reading or waiting >= self.max_requests
+
+    def reading(self, *, checking_auth: bool, waiting: int) -> bool | None:
+        """Whether the connection must stop reading now (True), resume (False) or leave it as it
+        is (None), by :meth:`should_pause` with what it knows of the peer's reading."""
+        pause = self.should_pause(checking_auth=checking_auth, peer_reading=self.peer_reading, waiting=waiting)
+        if pause is self.read_paused:
+            return None
+        self.read_paused = pause
+        if pause:
+            self.reading_stopped()
+        return pause
 
     def reading_stopped(self) -> None:
         """We stopped reading: the peer cannot finish a frame meanwhile, so none is overdue."""

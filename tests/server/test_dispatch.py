@@ -10,6 +10,7 @@ import pytest
 from aps import wire
 from aps.errors import ErrorCode, LocalProtocolError, ServerError
 from aps.server import dispatch
+from aps.server.config import ServerConfig
 
 
 def decoded(parts: list[bytes]) -> tuple[int, wire.Message]:
@@ -38,3 +39,27 @@ def test_a_reply_too_large_for_a_frame_becomes_a_too_large_error() -> None:
     assert (msg.code, msg.retriable) == (int(ErrorCode.TOO_LARGE), 0) and msg.message.startswith("reply not sent: ")
     with pytest.raises(LocalProtocolError):  # an error that does not fit is our bug: not hidden
         dispatch.encode_reply(wire.Error(code=1, message="x" * 2000), 9, max_frame=1024)
+
+
+async def test_a_waiting_request_settles_to_its_reply_or_the_error_to_answer() -> None:
+    async def reply() -> wire.Message:
+        return wire.Ok(op=wire.Op.BARRIER)
+
+    async def refused() -> wire.Message:
+        raise ServerError(ErrorCode.TRAINER_GONE, "gone")
+
+    async def broken() -> wire.Message:
+        raise KeyError("a bug")
+
+    assert await dispatch.settle(reply(), "Barrier", "peer") == wire.Ok(op=wire.Op.BARRIER)
+    error = await dispatch.settle(refused(), "Barrier", "peer")
+    assert isinstance(error, ServerError) and error.code is ErrorCode.TRAINER_GONE
+    error = await dispatch.settle(broken(), "Barrier", "peer")
+    assert isinstance(error, ServerError) and (error.code, error.message) == (ErrorCode.INTERNAL, "KeyError: 'a bug'")
+
+
+def test_hello_reply_says_the_servers_place_limits_lease_and_token() -> None:
+    config = ServerConfig(server_index=1, num_servers=3, max_frame=1 << 20, token="t", trainer_timeout=2.5)
+    reply = dispatch.hello_reply(config, b"n" * 16)
+    assert (reply.server_index, reply.num_servers, reply.max_frame, reply.auth_required, reply.lease_ms) == (1, 3, 1 << 20, 1, 2500)
+    assert reply.nonce == b"n" * 16

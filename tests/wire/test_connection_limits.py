@@ -95,6 +95,20 @@ def test_should_pause() -> None:
     assert lim.should_pause(checking_auth=False, peer_reading=False, waiting=0)
 
 
+def test_reading_stops_and_resumes_once_per_change_and_a_stop_clears_the_frame_deadline() -> None:
+    lim = limits(Pools(), max_requests=2, frame_timeout=5.0)
+    assert lim.reading(checking_auth=False, waiting=1) is None  # reading, and still reads
+    lim.watch_frame(at(1.0), 3, reading=True, completed=False)
+    assert lim.reading(checking_auth=False, waiting=2) is True and lim.read_paused
+    assert lim.frame_deadline() is None  # the peer cannot finish a frame while we do not read
+    assert lim.reading(checking_auth=False, waiting=2) is None  # already stopped
+    lim.peer_reading = False
+    assert lim.reading(checking_auth=False, waiting=0) is None  # stopped still: the peer does not read
+    lim.peer_reading = True
+    assert lim.reading(checking_auth=True, waiting=0) is None  # an AUTH is checked
+    assert lim.reading(checking_auth=False, waiting=0) is False and not lim.read_paused
+
+
 def test_handshake_deadline() -> None:
     assert limits(Pools(), handshake_timeout=2.5).handshake_deadline(100.0) == 102.5
     assert limits(Pools()).handshake_deadline(100.0) is None
