@@ -205,13 +205,7 @@ def test_type_only_imports_close_no_circle_either() -> None:
     edges: dict[str, set[str]] = {m: set() for m in modules}
     for i in imports(modules):
         edges[i.source].add(i.target)
-    assert [c for c in cycles(edges) if not all(m.startswith(REWORKED + ".") for m in c)] == []
-
-
-#: the package whose type-only circles are still to break, by the trainer runtime's rework
-#: (issue 22): the online loop names the Trainer and its Session, the model's mode hook names
-#: the mode classes that name the model; no other package may join it
-REWORKED = "aps.trainer"
+    assert cycles(edges) == []
 
 
 def test_the_checker_sees_imports_in_functions_relative_and_type_only(tmp_path: Path) -> None:
