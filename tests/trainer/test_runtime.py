@@ -107,8 +107,8 @@ def children() -> dict[int, list[int]]:
 def worker_processes() -> list[int]:
     """Live compute workers of this process: the children of its worker fork server."""
     tree = children()
-    servers = [p for p in tree.get(os.getpid(), []) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    return [w for server in servers for w in tree.get(server, [])]
+    [server] = [p for p in tree.get(os.getpid(), []) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return tree.get(server, [])
 
 
 def shared_files() -> list[str]:
@@ -130,7 +130,7 @@ async def test_trainer_failing_mid_epoch_leaves_no_worker_no_socket_no_shared_fi
     # checked at once, while the failure (and its traceback's frames) is still held: the teardown
     # itself released everything, not the garbage collector later
     assert worker_processes() == [] and sockets() == before and shared_files() == []
-    assert failure.value is not None and processes.procs[0].poll() is None  # not told it finished
+    assert failure.tb is not None and processes.procs[0].poll() is None  # the pserver: not told it finished
 
 
 @pytest.mark.timeout(60)
@@ -145,4 +145,4 @@ def test_step_trainer_failing_mid_epoch_leaves_no_thread_no_socket_no_shared_fil
             st.step(next(iter(st.batches(lines))))
     assert not any(t.name == "aps-communicator" for t in threading.enumerate())
     assert sockets() == before and shared_files() == []
-    assert failure.value is not None and processes.procs[0].poll() is None
+    assert failure.tb is not None and processes.procs[0].poll() is None
