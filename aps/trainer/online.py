@@ -79,7 +79,9 @@ def pass_auc(scores: np.ndarray) -> float | None:
 Runtime = TrainerRuntime[WorkerPool]
 
 
-async def train_passes(make_runtime: Callable[[Prepare], Runtime], source: Source, online: OnlineOptions | None = None) -> OnlineResult:
+async def train_passes(
+    make_runtime: Callable[[Prepare], Runtime], source: Source, online: OnlineOptions | None = None
+) -> OnlineResult:
     """Run a trainer over the passes of ``source`` until it has no more (see the module);
     ``make_runtime(prepare)``: the trainer's runtime, not started, whose ``prepare`` resumes."""
     online = online or OnlineOptions()
@@ -89,7 +91,9 @@ async def train_passes(make_runtime: Callable[[Prepare], Runtime], source: Sourc
         position = None
         if online.resume:
             assert rt.options.save_dir is not None
-            result.resumed_from, position = await resume_position(ps, rt.options.save_dir, rt.trainer_id, rt.strategy.rpc_timeout)
+            result.resumed_from, position = await resume_position(
+                ps, rt.options.save_dir, rt.trainer_id, rt.strategy.rpc_timeout
+            )
         await source.open(position)
 
     rt = make_runtime(prepare)
@@ -108,7 +112,9 @@ async def train_passes(make_runtime: Callable[[Prepare], Runtime], source: Sourc
     return result
 
 
-async def _passes(rt: Runtime, source: Source, online: OnlineOptions, exporter: Exporter | None, result: OnlineResult) -> None:
+async def _passes(
+    rt: Runtime, source: Source, online: OnlineOptions, exporter: Exporter | None, result: OnlineResult
+) -> None:
     """Every pass ``source`` hands out: score, train, save, export, record (see the module)."""
     assert rt.ps is not None and rt.comm is not None
     save_dir, timeout = rt.options.save_dir, rt.strategy.rpc_timeout

@@ -195,7 +195,9 @@ class TrainerRuntime(Generic[W]):
         await self.open()
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()
 
     async def open(self) -> None:
@@ -211,7 +213,11 @@ class TrainerRuntime(Generic[W]):
         options = self.options
         if options.metrics_port is not None:
             self.metrics = MetricsEndpoint(
-                self.registry, options.metrics_host, options.metrics_port, role="trainer", port_file=options.metrics_port_file
+                self.registry,
+                options.metrics_host,
+                options.metrics_port,
+                role="trainer",
+                port_file=options.metrics_port_file,
             ).start()
         kind = mode_class(self.strategy.mode)
         self.shared = SharedArrays(self.model, self.num_workers, with_mailboxes=kind.mailboxes)

@@ -114,7 +114,9 @@ class Trainer:
         its position as it goes, until the source has no more (:mod:`aps.trainer.online`)."""
         return await train_passes(lambda prepare: self.runtime(None, prepare), source, online)
 
-    def runtime(self, files: list[list[str]] | None = None, prepare: Prepare | None = None) -> TrainerRuntime[WorkerPool]:
+    def runtime(
+        self, files: list[list[str]] | None = None, prepare: Prepare | None = None
+    ) -> TrainerRuntime[WorkerPool]:
         """This trainer's runtime with worker processes (not started: ``async with`` it);
         ``files``: each worker's files of every epoch (None: each epoch names its own).
         ``prepare`` runs once the tables exist, before the replica is filled (an online
