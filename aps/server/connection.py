@@ -28,6 +28,7 @@ from . import dispatch
 from .context import ConnectionContext
 from .greeting import Greeter
 from .lifecycle import ConnectionState, Membership, log_close
+from .timers import ConnectionTimers
 
 __all__ = ["ConnectionState", "ServerConnection"]
 
@@ -76,11 +77,9 @@ class ServerConnection(asyncio.BufferedProtocol):
         #: bytes in flight (charged as they arrive, held while requests wait), deadlines, and
         #: whether we read (the peer reads our replies, not too many requests wait)
         self.limits = ConnectionLimits.from_config(server, self.config)
-        self._handshake_timer: asyncio.TimerHandle | None = None
-        self._frame_timer: asyncio.TimerHandle | None = None
-        self._linger_timer: asyncio.TimerHandle | None = None
         self._drain: bytearray | None = None  # where bytes go once closed (read and dropped)
-        self._loop: asyncio.AbstractEventLoop  # set when connected
+        self._loop: asyncio.AbstractEventLoop  # set when connected, as are the timers
+        self.timers: ConnectionTimers
 
     @property
     def state(self) -> ConnectionState:
@@ -115,9 +114,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._closing(CloseReason.REFUSED, "too many connections")
             transport.abort()  # before it holds any buffer or timer
             return
-        due = self.limits.handshake_deadline(self._loop.time())
-        if due is not None:
-            self._handshake_timer = self._loop.call_at(due, self._handshake_deadline)
+        self.timers = ConnectionTimers(self._loop, self.limits, self._handshake_overdue, self._frame_overdue)
+        self.timers.start_handshake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
@@ -128,10 +126,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         # waiting release their share of the budget when they finish
         if not self.life.lost():
             return  # nothing was counted or held, or it is all given back already
-        for timer in (self._handshake_timer, self._frame_timer, self._linger_timer):
-            if timer is not None:
-                timer.cancel()
-        self._handshake_timer = self._frame_timer = self._linger_timer = None
+        self.timers.cancel()
         self.limits.lost()
         self.decoder = wire.FrameDecoder(0)
 
@@ -183,8 +178,9 @@ class ServerConnection(asyncio.BufferedProtocol):
             limits.take_frame(wire.HEADER_SIZE + len(frame.payload))  # charged as it arrived
             self._frame_received(frame)
             limits.frame_done()  # unless a waiting request took its bytes over
-        if self.close_reason is None:
-            self._watch_frame(completed)
+        if self.close_reason is None:  # a frame partly received must be done in time
+            reading = not (limits.read_paused or handshake.state is _CHECKING)
+            self.timers.watch_frame(self.decoder.buffered, reading, completed)
 
     # ----------------------------------------------------------------- limits
 
@@ -226,35 +222,21 @@ class ServerConnection(asyncio.BufferedProtocol):
             transport.resume_reading()  # drop what follows rather than leave it unread
         if transport.can_write_eof():
             transport.write_eof()  # the reply goes out; the peer's EOF (or the timer) ends it
-            self._linger_timer = self._loop.call_later(_REFUSED_LINGER, transport.abort)
+            self.timers.linger(_REFUSED_LINGER, transport.abort)
         else:
             transport.close()
 
-    def _handshake_deadline(self) -> None:
-        self._handshake_timer = None
+    def _handshake_overdue(self) -> None:
         if not (self.closed or self.handshake.ready):
             self.abort(CloseReason.HANDSHAKE_TIMEOUT, f"no handshake within {self.config.handshake_timeout} s")
 
-    def _watch_frame(self, completed: bool) -> None:
-        """Arm the frame deadline while a frame is partly received (not while we stopped reading)."""
-        reading = not (self.limits.read_paused or self.handshake.state is _CHECKING)
-        due = self.limits.watch_frame(self._loop.time, self.decoder.buffered, reading, completed)
-        if due is not None and self._frame_timer is None:
-            self._frame_timer = self._loop.call_at(due, self._frame_deadline)
-
-    def _frame_deadline(self) -> None:
-        self._frame_timer = None
-        due = self.limits.frame_deadline()
-        if self.closed or due is None:
-            return
-        if self._loop.time() < due:  # a later frame is in progress: its own deadline
-            self._frame_timer = self._loop.call_at(due, self._frame_deadline)
-            return
-        self.abort(
-            CloseReason.FRAME_TIMEOUT,
-            f"frame not completed within {self.config.frame_timeout} s "
-            f"({self.decoder.buffered} bytes received of {self.decoder.pending_length} declared)"
-        )
+    def _frame_overdue(self) -> None:
+        if not self.closed:
+            self.abort(
+                CloseReason.FRAME_TIMEOUT,
+                f"frame not completed within {self.config.frame_timeout} s "
+                f"({self.decoder.buffered} bytes received of {self.decoder.pending_length} declared)"
+            )
 
     # ----------------------------------------------------------------- requests
 
@@ -275,9 +257,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             if not self.greeter.receive(msg, frame.request_id, self.server.closing):
                 return
             if life.state is not _SERVING:  # the handshake is done and a request came
-                if self._handshake_timer is not None:
-                    self._handshake_timer.cancel()
-                    self._handshake_timer = None
+                self.timers.handshake_done()
                 life.serving(self.handshake.client_id, self.handshake.trainer_id)  # type: ignore[arg-type]
         # else: a request on a registered connection, which the handshake passes as it is
         op_name = type(msg).__name__
