@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,6 +244,22 @@ async def run(settings: Settings, workdir: Path, report: Any = print) -> dict[st
             "pids": [p.pid for p in procs.procs]}
 
 
+async def until_interrupted(work: Awaitable[dict[str, Any]], interrupted: list[bool]) -> dict[str, Any]:
+    """``work``, cancelled on Ctrl-C (SIGINT), which is noted in ``interrupted``: the exit status
+    then says so (130) whatever the cancelled work did with its cancellation on the way out.
+    (asyncio.run's own handler turns SIGINT into KeyboardInterrupt only when the cancellation
+    comes back out of the task; one lost on the way let the example run on to its end and exit 0.)"""
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigint() -> None:
+        interrupted.append(True)
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_sigint)
+    return await work
+
+
 @contextlib.contextmanager
 def workdir_of(path: str | None) -> Iterator[Path]:
     if path is not None:
@@ -271,13 +287,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--days, --passes-per-day and --lines must be >= 1")
     settings = Settings(args.days, args.passes_per_day, args.lines, args.seed,
                         None if args.no_admission else args.max_keys, 1.0 if args.no_admission else args.admit_probability)
+    interrupted: list[bool] = []
     with workdir_of(args.workdir) as workdir:
         try:
-            result = asyncio.run(run(settings, workdir))
+            result = asyncio.run(until_interrupted(run(settings, workdir), interrupted))
         except RuntimeError as exc:
-            print(f"run.py: error: {exc}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
+            if not interrupted:
+                print(f"run.py: error: {exc}", file=sys.stderr)
+                return 1
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            interrupted.append(True)
+        if interrupted:
             print("run.py: interrupted; every process it started is stopped", file=sys.stderr)
             return 130
     if args.json:
