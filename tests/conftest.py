@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.machine_share import MachineShare, run_directory
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "bin"
 
@@ -95,6 +97,31 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         yield procs
     finally:
         procs.cleanup()
+
+
+_SHARE = pytest.StashKey[MachineShare]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    directory = run_directory(config)
+    if directory is not None:
+        config.stash[_SHARE] = MachineShare(directory)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SHARE in config.stash:
+        config.stash[_SHARE].close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``alone`` runs with no other worker's test beside it
+    (tests/machine_share.py); its setup and teardown count, a module's fixture included."""
+    if _SHARE not in item.config.stash:
+        yield
+        return
+    with item.config.stash[_SHARE].hold(alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True)

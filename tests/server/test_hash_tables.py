@@ -265,6 +265,7 @@ async def _ping_times(ps: aps.PSClient, stop: asyncio.Event) -> list[tuple[float
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a 50 ms p99 fails (50.0 ms, max 193 ms) with the other xdist worker training beside it
 async def test_shrink_growth_and_cap_eviction_never_hold_a_ping_for_50_ms() -> None:
     """2M keys pushed into a table that starts at 1024 slab rows (eleven doublings), a shrink
     deleting most of them, then a capped table flooded: the whole-table work runs off the event
