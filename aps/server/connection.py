@@ -262,7 +262,9 @@ class ServerConnection(asyncio.BufferedProtocol):
         # else: a request on a registered connection, which the handshake passes as it is
         op_name = type(msg).__name__
         reply = dispatch.run(self.core, life.client_id, life.trainer_id, msg, frame.flags, frame.request_id, self.peer)
-        if isinstance(reply, (wire.Message, ServerError)):
+        if isinstance(reply, wire.Message):  # the common case, without a further call
+            self.core.stats.finished(op_name, started, size_in, self.send(reply, frame.request_id), False)
+        elif isinstance(reply, ServerError):
             self._answer(frame.request_id, reply, op_name, started, size_in)
         else:
             self._finish_later(frame.request_id, op_name, reply, started, size_in)
