@@ -34,6 +34,13 @@ HEADER_SIZE = HEADER.size  # 24
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 #: payloads longer than this are received straight into their own buffer instead of the shared one
 _DIRECT_BODY = 256 * 1024
+#: numpy backs arrays of this many bytes and more with transparent huge pages (where enabled) ...
+_HUGE_BODY = 4 * 1024 * 1024
+#: ... of this size: such a body gets its own buffer once this much of it has arrived
+_HUGE_PAGE = 2 * 1024 * 1024
+#: a receive buffer grown past this (by the start of a huge body) is replaced by a small one
+#: once that body has its own buffer
+_KEEP_BUF = 1024 * 1024
 #: initial size of a decoder's receive buffer (it grows, by doubling, to hold a whole small
 #: frame): small, because every connection has one from its first byte, a hostile idle one too
 _RECV_CHUNK = 32 * 1024
@@ -198,18 +205,24 @@ class FrameDecoder:
                 self._pos = self._end = 0
             self._announced = False
             return Frame(opcode, flags, request_id, payload)
-        if length < _DIRECT_BODY:
+        if length < _DIRECT_BODY or (length >= _HUGE_BODY and available < _HUGE_PAGE):
             return None
-        # a large body gets its own buffer as soon as its header is in; get_buffer() lends the
-        # rest of it to the transport, so the body is received in place, copied never. The
-        # buffer is numpy's uninitialised memory (malloc): pages are committed as the peer's
-        # bytes are written into them, so a peer that declares a body and sends little of it
-        # commits what it sent, never what it declared. (The receive buffer used to hold a
-        # body's first half, growing by doubling, then a zero-filled bytearray took it over:
-        # three passes over the memory per received byte, most of a geo exchange's server time.)
+        # a large body gets its own buffer once its header is in (a huge one once 2 MiB of it
+        # is); get_buffer() lends the rest of it to the transport, so it is received in place,
+        # never copied. The buffer is numpy's uninitialised memory (malloc): pages are committed
+        # as the peer's bytes are written into them, so a peer that declares a body and sends
+        # little of it commits what it sent, never what it declared. numpy asks for transparent
+        # huge pages on arrays of 4 MiB and more, which commit 2 MiB at the first byte written:
+        # such a body starts in the receive buffer (growing by doubling), so that the bytes a
+        # peer must send before anything is committed in huge pages stay on the order of what
+        # gets committed. (The receive buffer used to hold every large body's first half, then a
+        # zero-filled bytearray took it over: three passes over memory per received byte, most
+        # of a geo exchange's server time.)
         body = memoryview(np.empty(length, np.uint8))
         body[:available] = memoryview(buf)[start:end]
         self._pos = self._end = 0
+        if len(self._buf) > _KEEP_BUF:
+            self._buf = bytearray(_RECV_CHUNK)  # a new one: a view lent earlier may still be alive
         self._body, self._pending, self._filled = body, (opcode, flags, request_id), available
         return None
 

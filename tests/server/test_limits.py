@@ -206,9 +206,13 @@ async def test_server_budget_counts_what_arrives_and_bounds_memory() -> None:
         await eventually(lambda: srv.core.stats.connections <= 32)
         grown = rss() - before
         assert srv.inflight_bytes <= 64 * MIB
-        # a body's first half grows in its connection's receive buffer (by doubling) before it
-        # gets its own: memory is at most about twice the bytes held, never what was declared
-        assert grown < 2 * 64 * MIB + 32 * MIB, f"RSS grew by {grown / MIB:.0f} MiB (50 x 8 MiB would be 400)"
+        # every connection's 2 MiB is received before the charge refuses the ones past the
+        # budget: memory is at most about twice the 100 MiB received, never what was declared.
+        # (Not twice the 64 MiB held: a refused body's memory goes back to malloc, which keeps
+        # it when earlier big frees in the process raised glibc's mmap threshold, the usual case
+        # in a long test run: 171-187 MiB measured there, under 160 MiB in a fresh process.)
+        received = 50 * 2 * MIB
+        assert grown < 2 * received + 32 * MIB, f"RSS grew by {grown / MIB:.0f} MiB (50 x 8 MiB would be 400)"
         refused = 0
         for raw in raws:
             try:

@@ -307,6 +307,25 @@ def test_buffered_receive_writes_a_large_body_in_place_and_keeps_trailing_bytes(
     assert dec.buffered == 0
 
 
+def test_a_huge_body_gets_its_own_buffer_only_once_2_mib_of_it_is_in() -> None:
+    """A body of 4 MiB or more would be backed by transparent huge pages (numpy asks for them),
+    which commit 2 MiB at the first byte: it stays in the receive buffer until 2 MiB of it has
+    arrived, so a peer cannot commit 2 MiB per declared body by sending a few bytes of each.
+    A smaller large body gets its own buffer at once."""
+    mib = 1024 * 1024
+
+    def lent_after(length: int, sent: int) -> memoryview:
+        dec = FrameDecoder()
+        data = encode_header(6, 0, 1, length) + bytes(sent)
+        dec.receive_data(data)
+        assert drain(dec) == []
+        return dec.get_buffer(-1)
+
+    assert isinstance(lent_after(8 * mib, 1 * mib).obj, bytearray)  # still the receive buffer
+    assert isinstance(lent_after(8 * mib, 2 * mib).obj, np.ndarray)  # its own buffer from here
+    assert isinstance(lent_after(3 * mib, 1000).obj, np.ndarray)  # not huge: its own at once
+
+
 def test_buffered_receive_grows_for_a_small_frame_bigger_than_the_room() -> None:
     payload = b"x" * 200_000  # under the direct-body threshold, over the initial buffer
     data = raw_frame(9, 5, payload) * 2
