@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ...server.prefetch import LINE, prefetch
 from ...trainer.kernels import sgd_rows
 
 # fast-math without nnan/ninf: vectorised dot products, but exp overflow still behaves
@@ -210,6 +211,12 @@ def local_step(full: Tables, u_in: np.ndarray, u_out: np.ndarray, inv_c: np.ndar
 # ---------------------------------------------------------------- window mode
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_row(table: np.ndarray, row: int, row_bytes: int) -> None:
+    for offset in range(0, row_bytes, LINE):
+        prefetch(table, row, offset)
+
+
 class WindowScratch(NamedTuple):
     """Per-process buffers of one target (window mode)."""
 
@@ -305,7 +312,13 @@ def window_sgd(full: Tables, ctx: np.ndarray, ctx_off: np.ndarray, tgt: np.ndarr
     scale = Rates(-lr.emb, -lr.emb_w, -lr.emb_b)
     outs = buf.outs
     loss = 0.0
+    width = buf.outs.shape[0]
+    row_bytes = full.emb_w.shape[1] * full.emb_w.itemsize
     for t in range(tgt.shape[0]):
+        if t + 1 < tgt.shape[0]:  # the next target's output rows: random rows, mostly cache misses
+            _prefetch_row(full.emb_w, tgt[t + 1], row_bytes)
+            for k in range(width - 1):
+                _prefetch_row(full.emb_w, neg[(t + 1) * (width - 1) + k], row_bytes)
         loss += _window_target(full, ctx, ctx_off, tgt, neg, t, full, scale, buf)
         for j in range(ctx_off[t] - ctx_off[0], ctx_off[t + 1] - ctx_off[0]):
             dirty.emb[ctx[j]] = 1
