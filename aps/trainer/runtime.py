@@ -185,7 +185,6 @@ class TrainerRuntime(Generic[W]):
         self.monitor: Monitor | None = None
         #: the trainer's views of the shared arrays (the workers' stats, AUC and scores)
         self.attached: Attached | None = None
-        self._flushed_at = 0  # the trainer's step count at the last flush
         self._workers_stopped = False
         self._closed = False
 
@@ -286,9 +285,7 @@ class TrainerRuntime(Generic[W]):
         """End the epoch as every trainer does: flush, the epoch barrier, take in what the
         other trainers sent before it (:meth:`Communicator.finish_epoch`)."""
         assert self.comm is not None
-        steps = self._steps()
         await self.comm.finish_epoch(epoch)
-        self._flushed_at = steps
 
     async def train_epoch(self, epoch: int, files: list[list[str]] | None = None) -> None:
         """Have the worker processes train one epoch (``files``: each worker's files of it, else
@@ -308,20 +305,15 @@ class TrainerRuntime(Generic[W]):
             run.cancel()
         await self.finish_epoch(epoch)
 
-    def _steps(self) -> int:
-        assert self.attached is not None
-        return int(self.attached.stats[:, STAT["steps"]].sum())
-
     # ----------------------------------------------------------------- pushes and saves
 
     async def flush(self) -> None:
-        """Hand the pservers what this trainer computed since the last flush (nothing to send
-        when no step was trained since: no round trip)."""
+        """Hand the pservers what this trainer has not sent yet. Always a round through the
+        mode, even with no step trained since the last flush: geo's dense tables send a share
+        of ``local - old`` at every exchange (the rest stays local until the next), so a flush
+        after the epoch's own still moves the pservers' values."""
         assert self.comm is not None
-        steps = self._steps()
-        if steps != self._flushed_at:
-            await self.comm.flush()
-            self._flushed_at = steps
+        await self.comm.flush()
 
     async def save(self, path: str) -> None:
         """Every pserver writes its shard of every table under ``path``, once this trainer's
