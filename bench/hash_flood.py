@@ -30,6 +30,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,18 +53,24 @@ def flood_spec(cap: int, dim: int, name: str = "flood") -> aps.HashTable:
     return aps.HashTable(name, dim=dim, init=aps.Uniform(-0.01, 0.01), optimizer=aps.Adagrad(lr=0.05), max_keys=cap)
 
 
-async def _push_distinct(ps: aps.PSClient, table: str, total: int, batch: int, dim: int, seed: int,
-                         after: Any = None) -> None:
-    """Push ``total`` distinct random keys in pushes of ``batch`` (ascending within a push:
-    distinct keys by construction, drawn from disjoint ranges of the 64-bit space)."""
+def distinct_keys(total: int, batch: int, seed: int) -> Iterator[np.ndarray]:
+    """``total`` distinct random int64 keys in batches of ``batch`` (the last may be shorter),
+    ascending within a batch: each is drawn from its own slice of the 64-bit range, so keys are
+    distinct across batches by construction and no whole key set is ever held."""
     rng = np.random.default_rng(seed)
-    grads = np.full((batch, dim), 0.01, np.float32)
     pushes = -(-total // batch)
     span = (1 << 64) // pushes
     for p in range(pushes):
         n = min(batch, total - p * batch)
         low = -(1 << 63) + p * span
-        keys = np.unique(rng.integers(low, low + span, n + n // 50 + 8, dtype=np.int64))[:n]
+        yield np.unique(rng.integers(low, low + span, n + n // 50 + 8, dtype=np.int64))[:n]
+
+
+async def _push_distinct(ps: aps.PSClient, table: str, total: int, batch: int, dim: int, seed: int,
+                         after: Any = None) -> None:
+    """Push ``total`` distinct random keys in pushes of ``batch`` (:func:`distinct_keys`)."""
+    grads = np.full((batch, dim), 0.01, np.float32)
+    for keys in distinct_keys(total, batch, seed):
         await ps.push_sparse_grad(table, keys, grads[: len(keys)])
         if after is not None:
             after()
