@@ -70,7 +70,7 @@ class CriteoModel(Model):
     layout is the reference's Criteo one unless ``meta`` names a ``meta.json`` describing another.
     ``table=hash`` keys the sparse tables by the full 64-bit hash of (slot, value), no modulo, as
     :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
-    pserver; None: unbounded); shows and clicks go with the gradients. Geo mode refuses it.
+    pserver; None: unbounded); shows and clicks go with the gradients.
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
     """
 

@@ -78,6 +78,23 @@ def sgd_rows(params: np.ndarray, ids: np.ndarray, grads: np.ndarray, lr: float, 
 
 
 @njit(cache=True, nogil=True)
+def add_changes(
+    params: np.ndarray, rows: np.ndarray, after: np.ndarray, before: np.ndarray, marks: np.ndarray, dirty: np.ndarray
+) -> None:
+    """params[rows[j]] += after[j] - before[j] for the marked j, then mark those rows dirty (a
+    step made on gathered rows, added back to rows others may write too)."""
+    dim = params.shape[1]
+    for j in range(rows.shape[0]):
+        if marks[j]:
+            r = rows[j]
+            for d in range(dim):
+                params[r, d] += after[j, d] - before[j, d]
+    for j in range(rows.shape[0]):
+        if marks[j]:
+            dirty[rows[j]] = 1
+
+
+@njit(cache=True, nogil=True)
 def gather_rows(params: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
     for j in range(ids.shape[0]):
         out[j, :] = params[ids[j], :]

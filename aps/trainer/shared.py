@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,10 +61,15 @@ def slot_base(worker: int, step: int, max_ids: int) -> int:
     return (2 * worker + step % 2) * max_ids
 
 
-def replica_shape(spec: SparseTable | HashTable | DenseTable, workers: int, max_ids: int) -> tuple[int, ...]:
+def replica_shape(
+    spec: SparseTable | HashTable | DenseTable, workers: int, max_ids: int, cache_rows: int | None = None
+) -> tuple[int, ...]:
     """The shape of a table's local replica: a fixed table whole, a hash table's slot areas
-    (:func:`slot_base`), a dense table as it is."""
+    (:func:`slot_base`) or, in geo mode, its cache of ``cache_rows`` rows
+    (:mod:`aps.trainer.local_cache`), a dense table as it is."""
     if isinstance(spec, HashTable):
+        if cache_rows is not None:
+            return (cache_rows, spec.dim)
         return (2 * max(1, workers) * max_ids, spec.dim)
     return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
 
@@ -102,6 +107,9 @@ class SharedLayout:
     #: per worker, the AUC counts of its last scoring pass (online training's predict-then-
     #: train): ``[positives | negatives, bucket]``, kept apart from the training AUC
     scores: ArraySpec | None = None
+    #: geo on hash tables, per worker and hash table: int64 ``[2, max_batch_ids]``, the cache
+    #: rows the trainer mapped the keys of the worker's id mailbox half to (same half)
+    mailbox_rows: list[dict[str, ArraySpec]] = field(default_factory=list)
 
 
 _OWNER_LOCK = ".owner"
@@ -175,9 +183,14 @@ class SharedArrays:
     """Creates the shared arrays of one trainer (the owner side).
 
     ``num_workers`` worker processes and the trainer itself will attach (:class:`Attached`);
-    the last of those ``num_workers + 1`` attaches removes the files (see the module)."""
+    the last of those ``num_workers + 1`` attaches removes the files (see the module).
+    ``cache_rows`` (geo): the rows of each hash table's local cache, which then replaces its
+    slot areas, with a dirty flag per row and, per worker, the id and row mailboxes through
+    which the trainer maps a batch's keys to rows (:mod:`aps.trainer.modes.geo_hash`)."""
 
-    def __init__(self, model: Model, num_workers: int, with_mailboxes: bool) -> None:
+    def __init__(
+        self, model: Model, num_workers: int, with_mailboxes: bool, cache_rows: dict[str, int] | None = None
+    ) -> None:
         base = shm_base()
         remove_orphans(base)
         self.root = tempfile.mkdtemp(prefix=f"aps-{os.getpid()}-", dir=base)
@@ -188,11 +201,13 @@ class SharedArrays:
         params = {}
         dirty = {}
         hashed = {t.name for t in model.tables() if isinstance(t, HashTable)}
+        cached = cache_rows or {}
         for spec in model.tables():
             cap = model.max_batch_ids(spec.name) if spec.name in hashed else 0
-            params[spec.name] = self._create(f"param.{_safe(spec.name)}", "float32", replica_shape(spec, num_workers, cap))
-            if isinstance(spec, SparseTable):
-                dirty[spec.name] = self._create(f"dirty.{_safe(spec.name)}", "uint8", (spec.rows,))
+            shape = replica_shape(spec, num_workers, cap, cached.get(spec.name))
+            params[spec.name] = self._create(f"param.{_safe(spec.name)}", "float32", shape)
+            if isinstance(spec, SparseTable) or spec.name in cached:
+                dirty[spec.name] = self._create(f"dirty.{_safe(spec.name)}", "uint8", shape[:1])
         ids: list[dict[str, ArraySpec]] = []
         sparse: list[dict[str, ArraySpec]] = []
         dense: list[dict[str, ArraySpec]] = []
@@ -211,13 +226,23 @@ class SharedArrays:
                     sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, width))
                 elif isinstance(spec, DenseTable):
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
+        rows: list[dict[str, ArraySpec]] = []
+        for w in range(num_workers if cached else 0):
+            if not with_mailboxes:
+                ids.append({})
+            rows.append({})
+            for name in cached:
+                cap = model.max_batch_ids(name)
+                if not with_mailboxes:
+                    ids[w][name] = self._create(f"ids.w{w}.{_safe(name)}", "int64", (2, cap))
+                rows[w][name] = self._create(f"rows.w{w}.{_safe(name)}", "int64", (2, cap))
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))
         auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
         staleness = self._create("staleness", "float64", (num_workers, STALE_BUCKETS))
         clock = self._create("clock", "int64", (1,))
         scores = self._create("scores", "float64", (num_workers, *auc_state_shape()[1:]))
         self.layout = SharedLayout(
-            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores
+            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows
         )
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
@@ -254,6 +279,7 @@ class Attached:
             self.all_mailbox_ids = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_ids]
             self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
             self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]
+            self.all_mailbox_rows = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_rows]
         except FileNotFoundError as exc:
             raise ApsError(
                 f"shared arrays in {layout.root} are gone: all {layout.attachers} processes they were made "

@@ -34,6 +34,7 @@ ENV: dict[str, tuple[str, ...]] = {
     "rpc_retry_times": ("APS_RPC_RETRY_TIMES", "FLAGS_rpc_retry_times"),
     "rpc_timeout": ("APS_RPC_TIMEOUT",),
     "rpc_deadline": ("APS_RPC_DEADLINE",),
+    "geo_cache_rows": ("APS_GEO_CACHE_ROWS",),
     "workers": ("APS_WORKERS", "CPU_NUM", "PADDLE_INIT_TRAINER_COUNT"),  # v2: a trainer's compute threads
 }
 
@@ -63,13 +64,16 @@ class Strategy:
     #: a worker computes only with sparse rows that lack the gradients of at most this many of
     #: this trainer's batches (docs/modes.md, "Staleness"); None: no bound
     max_staleness: int | None = None
+    #: geo: the rows of each hash table's local cache (docs/modes.md, "geo"); None: the keys its
+    #: pservers may hold (``max_keys`` x pservers), at most 2^20
+    geo_cache_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.merge not in MERGES:
             raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
-        for name in ("k_steps", "max_merge_var_num", "send_queue_size", "min_send_grad_num_before_recv", "thread_pool_size", "workers"):
+        for name in ("k_steps", "max_merge_var_num", "send_queue_size", "min_send_grad_num_before_recv", "thread_pool_size", "workers", "geo_cache_rows"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -1,7 +1,10 @@
 """A compute worker process: reads its files, parses them, runs the model's kernel.
 
 With ``local_sgd`` (geo mode) it trains on the shared replica with local SGD (Hogwild with the
-other workers) and never waits for the network. Otherwise each batch asks the trainer for fresh
+other workers) and never waits for the network, except for the rows of a hash table: its replica
+is a cache whose rows the trainer assigns, so the worker publishes a batch's keys and asks for
+their rows (PULL), for the next batch while the current one computes
+(:mod:`aps.trainer.modes.geo_hash`). Otherwise each batch asks the trainer for fresh
 rows and hands its gradients over through its shared mailbox; the trainer's mode decides when the
 worker may go on (see docs/modes.md). With ``prefetch`` (async mode) the worker does not idle on
 that round trip: it publishes the *next* batch's ids (in the other half of its double-buffered id
@@ -29,7 +32,7 @@ from ..errors import ApsError, DataError
 from ..metrics import Auc
 from ..specs import SGD, HashTable
 from .ipc import Kind, Record
-from .kernels import sgd_rows
+from .kernels import add_changes, gather_rows, sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
 from .reader import feed_queue, iter_queue
@@ -92,14 +95,22 @@ class Worker:
         self._prefetched = -1  # step whose rows were requested ahead of time
         self._replies: dict[tuple[int, int], int] = {}  # (kind, step) -> clock of replies received early
         self.auc = Auc(state=self.shared.auc[spec.worker_id])
+        w = spec.worker_id
+        #: geo's hash tables, whose replica is a cache: the trainer maps each batch's keys to
+        #: its rows, written to this worker's row mailbox (empty in other modes)
+        self.cached = set(spec.layout.mailbox_rows[w]) if spec.layout.mailbox_rows else set()
         if not self.local_sgd:
-            w = spec.worker_id
             self.box_ids = self.shared.all_mailbox_ids[w]
             self.box_sparse = self.shared.all_mailbox_sparse[w]
             self.box_dense = self.shared.all_mailbox_dense[w]
         else:
             self.local_sparse = {t.name: np.zeros((0, t.dim), np.float32) for t in self.model.sparse_tables()}
             self.local_dense = {t.name: np.zeros(t.shape, np.float32) for t in self.model.dense_tables()}
+            if self.cached:
+                self.box_ids = self.shared.all_mailbox_ids[w]
+                self.box_rows = self.shared.all_mailbox_rows[w]
+                #: the rows of a batch's keys, gathered from the cache for the model
+                self.gathered = {name: np.zeros((0, self.local_sparse[name].shape[1]), np.float32) for name in self.cached}
         self.steps = 0
         self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
         self._lrs: dict[str, float] | None = None
@@ -162,7 +173,7 @@ class Worker:
         prefetch); None when there is none or nobody can know it (a caller's own loop)."""
         t0 = time.perf_counter()
         if self.local_sgd:
-            loss = self._train_local(batch)
+            loss = self._train_local(batch, upcoming)
         else:
             loss = self._train_remote(batch, upcoming)
         predicted = self.model.predictions(batch)
@@ -201,13 +212,15 @@ class Worker:
         """The model's forward pass on ``batch`` with fresh rows (its predictions are then in
         the batch, for :meth:`Model.predictions`); its gradients are dropped, nothing is counted."""
         if self.local_sgd:
+            params = self._cached_params(batch, self._cache_rows(batch, self.steps, None))
             grads = self._local_grads(batch)
         else:
+            params = self.params
             counts = self._publish(batch, self.steps)
             self._send(Record(Kind.PULL, step=self.steps, counts=counts))
             self._await(Kind.PULL, self.steps)
             grads = self._remote_grads(batch, counts, self.steps)  # never sent: nothing is updated
-        self.model.compute(batch, self.params, grads)
+        self.model.compute(batch, params, grads)
 
     def _local_grads(self, batch: Batch) -> Grads:
         grads = Grads()
@@ -241,25 +254,67 @@ class Worker:
             self._lrs, self._lrs_step = lrs, self.steps
         return self._lrs
 
-    def _train_local(self, batch: Batch) -> float:
+    def _train_local(self, batch: Batch, upcoming: Batch | None) -> float:
         lrs = self._local_lrs()
+        rows = self._cache_rows(batch, self.steps, upcoming)
         if self.fused_sgd:
-            loss = self.model.local_sgd(batch, self.params, lrs, self.shared.dirty)
-            if loss is None:
-                raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
-            return float(loss)
+            return self._fused_local(batch, rows, lrs)
         grads = self._local_grads(batch)
-        loss = self.model.compute(batch, self.params, grads)
+        loss = self.model.compute(batch, self._cached_params(batch, rows), grads)
         for name, ids in batch.sparse_ids.items():
-            sgd_rows(self.params.sparse[name], ids, grads.sparse[name], lrs[name], self.shared.dirty[name])
+            sgd_rows(self.shared.params[name], rows.get(name, ids), grads.sparse[name], lrs[name], self.shared.dirty[name])
         for name, g in grads.dense.items():
             self.params.dense[name] -= lrs[name] * g
         return float(loss)
+
+    def _fused_local(self, batch: Batch, rows: dict[str, np.ndarray], lrs: dict[str, float]) -> float:
+        """The model's own local step; on a hash table's gathered rows, whose change is then
+        added to the cache rows (other workers may have written them meanwhile: Hogwild)."""
+        params = self._cached_params(batch, rows)
+        before = {name: params.sparse[name].copy() for name in rows}
+        marks = {**self.shared.dirty, **{name: np.zeros(len(r), np.uint8) for name, r in rows.items()}}
+        loss = self.model.local_sgd(batch, params, lrs, marks)
+        if loss is None:
+            raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
+        for name, r in rows.items():
+            add_changes(self.shared.params[name], r, params.sparse[name], before[name], marks[name], self.shared.dirty[name])
+        return float(loss)
+
+    def _cache_rows(self, batch: Batch, step: int, upcoming: Batch | None) -> dict[str, np.ndarray]:
+        """Geo on hash tables: the cache rows of ``batch``'s keys, per hash table, asked of the
+        trainer (unless asked for while the previous batch computed), and the next batch's
+        asked for now (empty without hash tables)."""
+        if not self.cached:
+            return {}
+        if self._prefetched != step:
+            self._send(Record(Kind.PULL, step=step, counts=self._publish(batch, step)))
+        self._await(Kind.PULL, step)
+        if upcoming is not None:
+            self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
+            self._prefetched = step + 1
+        return {name: self.box_rows[name][step % 2][: len(batch.sparse_ids.get(name, ()))] for name in self.cached}
+
+    def _cached_params(self, batch: Batch, rows: dict[str, np.ndarray]) -> Params:
+        """The parameters a model computes ``batch`` with: a hash table's cache rows gathered in
+        the order of the batch's keys (:class:`Params`), the rest as they are."""
+        if not rows:
+            return self.params
+        sparse = dict(self.params.sparse)
+        for name, r in rows.items():
+            buf = self.gathered[name]
+            if buf.shape[0] < len(r):
+                buf = self.gathered[name] = np.zeros((max(len(r), 2 * buf.shape[0]), buf.shape[1]), np.float32)
+            sparse[name] = buf[: len(r)]
+            gather_rows(self.shared.params[name], r, sparse[name])
+        return Params(sparse=sparse, dense=self.params.dense)
 
     def _publish(self, batch: Batch, step: int) -> list[int]:
         """Write the batch's ids into the id mailbox half of ``step``; return the counts."""
         counts = []
         for table in self.model.sparse_tables():
+            if table.name not in self.box_ids:  # geo: a fixed table is indexed by id
+                counts.append(0)
+                continue
             ids = batch.sparse_ids.get(table.name, np.zeros(0, np.int64))
             box = self.box_ids[table.name][step % 2]
             if len(ids) > len(box):

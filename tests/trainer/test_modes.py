@@ -22,26 +22,28 @@ FEATURES = 200
 
 
 async def run_cluster(
-    data: Path, mode: str, trainers: int, workers: int, epochs: int, lr: float, servers: int = 2, **knobs
+    data: Path, mode: str, trainers: int, workers: int, epochs: int, lr: float, servers: int = 2,
+    model: LinReg | None = None, trainer: type[Trainer] = Trainer, ids: np.ndarray | None = None, **knobs
 ) -> tuple[np.ndarray, float, list]:
     """Start pservers in this loop, run every trainer (each with its worker processes), read
-    the trained parameters back."""
+    the trained parameters back (``model``: a LinReg of FEATURES features unless given; ``ids``:
+    the rows of ``lin.w`` read back, its features unless given)."""
     pservers = [
         await aps.serve(port=0, server_index=k, num_servers=servers, num_trainers=trainers, exit_when_done=False)
         for k in range(servers)
     ]
     try:
         cluster = ClusterSpec([s.address for s in pservers], trainers)
-        model = LinReg(features=FEATURES, lr=lr)
+        model = model or LinReg(features=FEATURES, lr=lr)
         options = TrainOptions(save_dir=None, print_period=60, live_line=False)
         results = await asyncio.gather(
             *(
-                Trainer(model, Strategy(mode=mode, workers=workers, **knobs), cluster, t, options).atrain([str(data)], epochs)
+                trainer(model, Strategy(mode=mode, workers=workers, **knobs), cluster, t, options).atrain([str(data)], epochs)
                 for t in range(trainers)
             )
         )
         async with aps.connect(cluster.pservers) as ps:
-            w = (await ps.pull_sparse("lin.w", np.arange(FEATURES)))[:, 0]
+            w = (await ps.pull_sparse("lin.w", np.arange(model.features) if ids is None else ids))[:, 0]
             b = float((await ps.pull_dense("lin.b"))[0])
         return w, b, results
     finally:
@@ -65,6 +67,12 @@ CONVERGENCE = [("sync", 0.5, 6), ("half_async", 0.25, 6), ("async", 0.1, 8), ("g
 async def test_mode_reaches_known_optimum(dataset, mode: str, lr: float, epochs: int) -> None:
     data, w_true, b_true = dataset
     w, b, results = await run_cluster(data, mode, trainers=2, workers=2, epochs=epochs, lr=lr, k_steps=10)
+    assert_reaches_optimum(w, b, results, w_true, b_true)
+
+
+def assert_reaches_optimum(w: np.ndarray, b: float, results: list, w_true: np.ndarray, b_true: float) -> None:
+    """What every mode reaches on the dataset fixture's problem: 2 trainers' epochs, the loss
+    down tenfold and the parameters near the optimum."""
     # 2 trainers x 4000 lines each epoch; every line seen once per epoch by exactly one trainer
     assert sum(r.epochs[-1]["examples"] for r in results) == 8000
     first = np.mean([r.epochs[0]["loss"] for r in results])

@@ -154,9 +154,11 @@ class Link:
         await asyncio.gather(*(one(t, ids) for t, ids in zip(self.sparse_tables, self.mailbox_ids(worker, counts, step))))
 
     async def pull_all_sparse(self) -> None:
-        """Every fixed sparse table whole (geo's replica; geo refuses hash tables)."""
+        """Every fixed sparse table whole (geo's replica; a hash table's, a cache, fills as
+        workers ask for keys: :mod:`.geo_hash`)."""
         for t in self.sparse_tables:
-            assert isinstance(t, SparseTable)
+            if not isinstance(t, SparseTable):
+                continue
             params = self.shared.params[t.name]
             for start in range(0, t.rows, _PULL_ALL_ROWS):
                 ids = np.arange(start, min(t.rows, start + _PULL_ALL_ROWS), dtype=np.int64)
@@ -196,6 +198,12 @@ class Mode:
     def table_problem(cls, spec: TableSpec) -> str | None:
         """Why a table like ``spec`` cannot train in this mode (one line saying what to change),
         or None. A model's :meth:`~aps.trainer.model.Model.check_mode` asks it of every table."""
+        return None
+
+    @classmethod
+    def cache_rows(cls, model: Model, strategy: Strategy, num_servers: int) -> dict[str, int] | None:
+        """Where the mode keeps a bounded local cache of each hash table (geo), its rows per
+        table (the shared arrays are laid out so); None: hash tables get slot areas."""
         return None
 
     def __init__(self, link: Link) -> None:

@@ -5,6 +5,10 @@ Workers apply SGD to the shared replica themselves (Hogwild) and mark the rows t
 trainer_num`` (and sets ``old += delta``), then takes in the rows other trainers changed since
 its previous pull: ``local += server - old; old = server``. Dense tables use the same formula on
 the whole tensor.
+
+A hash table's replica is a bounded cache of rows (:mod:`aps.trainer.local_cache`), which the
+trainer fills as workers ask for their batches' keys (:mod:`.geo_hash`); its exchange is the same
+formula over the cached rows written since the last one, pushed with their keys.
 """
 
 from __future__ import annotations
@@ -14,9 +18,14 @@ import asyncio
 import numpy as np
 
 from ...specs import SGD, HashTable, TableSpec
+from .. import local_cache
+from ..ipc import Kind, Record
 from ..kernels import geo_apply, geo_delta
+from ..model import Model
 from ..shared import STAT
+from ..strategy import Strategy
 from .base import Link, Mode
+from .geo_hash import HashReplicas
 
 #: how often the exchange task looks at the trainer's step count
 _POLL_S = 0.005
@@ -31,13 +40,6 @@ class GeoExchange(Mode):
 
     @classmethod
     def table_problem(cls, spec: TableSpec) -> str | None:
-        if isinstance(spec, HashTable):
-            # geo trains on a persistent local copy of every row, indexed by id: a hash
-            # table's replica only holds the rows of the batches in flight
-            return (
-                f"geo mode keeps a local copy of every row, which hash table {spec.name!r} cannot have; "
-                "train it in sync, async, half_async or hybrid mode (or use a fixed table)"
-            )
         if not isinstance(spec.optimizer, SGD):
             return (
                 f"geo mode trains locally with SGD, but table {spec.name!r} declares "
@@ -51,8 +53,18 @@ class GeoExchange(Mode):
             )
         return None
 
+    @classmethod
+    def cache_rows(cls, model: Model, strategy: Strategy, num_servers: int) -> dict[str, int] | None:
+        """Each hash table's replica is a cache of this many rows (:func:`local_cache.cache_rows`)."""
+        assert strategy.workers is not None
+        return {
+            t.name: local_cache.cache_rows(t, strategy.workers, model.max_batch_ids(t.name), num_servers, strategy.geo_cache_rows)
+            for t in model.sparse_tables() if isinstance(t, HashTable)
+        }
+
     def __init__(self, link: Link) -> None:
         super().__init__(link)
+        self.hashes = HashReplicas(link)
         self._old_sparse: dict[str, np.ndarray] = {}
         self._old_dense: dict[str, np.ndarray] = {}
         self._last_steps = 0
@@ -64,7 +76,7 @@ class GeoExchange(Mode):
         for t in link.sparse_tables:
             await link.ps.pull_sparse_changed(t.name)  # registers us for change tracking
         await link.pull_all_sparse()
-        self._old_sparse = {t.name: link.shared.params[t.name].copy() for t in link.sparse_tables}
+        self._old_sparse = {t.name: link.shared.params[t.name].copy() for t in link.sparse_tables if t.name not in self.hashes.caches}
         await link.pull_dense()
         self._old_dense = {t.name: link.shared.params[t.name].copy() for t in link.dense_tables}
         self._task = asyncio.ensure_future(self._loop())
@@ -73,6 +85,14 @@ class GeoExchange(Mode):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    async def on_pull(self, worker: int, rec: Record) -> None:
+        """A worker asks for the cache rows of its batch's hash table keys (:mod:`.geo_hash`)."""
+        await self.hashes.map_batch(worker, rec.step, rec.counts)
+        self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.PULL))
+
+    async def on_worker_done(self, worker: int) -> None:
+        self.hashes.worker_done(worker)
 
     async def flush(self) -> None:
         await self.exchange()
@@ -102,6 +122,9 @@ class GeoExchange(Mode):
             self._last_steps = self.trainer_steps()
             scale = 1.0 / link.num_trainers
             for t in link.sparse_tables:
+                if t.name in self.hashes.caches:
+                    await self.hashes.exchange(t.name, scale)
+                    continue
                 dirty = link.shared.dirty[t.name]
                 # workers keep setting flags meanwhile: scan a snapshot. A row written after the
                 # snapshot keeps (or gets again) its flag, because workers write rows first and

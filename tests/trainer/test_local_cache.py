@@ -1,0 +1,112 @@
+"""The bounded key -> row cache of a hash table in geo mode (aps/trainer/local_cache.py).
+
+Keys map to rows that stay put while held; a full cache evicts the unpinned rows least recently
+admitted, handing back the pending delta of those a worker wrote, so no trained step is lost;
+the exchange's two sides (take the written rows' deltas, apply the pservers' changes) work on
+the rows of the keys held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aps
+from aps.errors import ApsError, ConfigError
+from aps.trainer.local_cache import DEFAULT_ROWS, LocalCache, cache_rows, min_rows
+
+
+def make_cache(capacity: int, dim: int = 2) -> LocalCache:
+    return LocalCache("t", np.zeros((capacity, dim), np.float32), np.zeros(capacity, np.uint8))
+
+
+def admit_filled(cache: LocalCache, keys: list[int], scale: float = 1.0):
+    """Admit keys as a batch does and fill the new ones with rows [key, -key]."""
+    k = np.array(keys, np.int64)
+    rows, missing, evicted = cache.admit(k, scale)
+    cache.fill(rows[missing], np.stack([k[missing], -k[missing]], axis=1).astype(np.float32))
+    return rows, missing, evicted
+
+
+def test_keys_map_to_stable_rows_and_new_ones_are_reported() -> None:
+    cache = make_cache(8)
+    big = [2**62 + 5, -(2**63), 7]  # any int64 is a key
+    rows, missing, evicted = admit_filled(cache, big)
+    assert missing.tolist() == [0, 1, 2] and len(set(rows.tolist())) == 3 and len(evicted.keys) == 0
+    np.testing.assert_array_equal(cache.local[rows], cache.old[rows])
+    assert cache.local[rows[2]].tolist() == [7.0, -7.0]
+    again, missing2, _ = cache.admit(np.array([7, 11, 2**62 + 5], np.int64), 1.0)
+    assert missing2.tolist() == [1]  # only 11 is new
+    assert again[[0, 2]].tolist() == [rows[2], rows[0]]
+    assert cache.lookup(np.array([7, 12], np.int64)).tolist() == [rows[2], -1]
+    assert cache.pins[rows].tolist() == [2, 1, 2] and len(cache) == 4  # pinned by both batches but -2**63
+
+
+def test_a_full_cache_evicts_the_least_recently_used_unpinned_rows_with_their_pending_delta() -> None:
+    cache = make_cache(4)
+    r1, _, _ = admit_filled(cache, [10, 11])
+    r2, _, _ = admit_filled(cache, [12, 13])
+    cache.release(r1)
+    cache.release(r2)
+    # a worker trained 11 and 13 (Hogwild writes, then the flag), and 12 was only read
+    cache.local[r1[1]] += [0.5, 1.0]
+    cache.dirty[r1[1]] = 1
+    cache.local[r2[1]] += [2.0, 2.0]
+    cache.dirty[r2[1]] = 1
+    admit_filled(cache, [12])  # 12 is used again: the most recent
+    cache.release(cache.lookup(np.array([12], np.int64)))
+    rows, missing, evicted = admit_filled(cache, [20, 21, 22], scale=0.5)
+    # three rows were needed: 10, 11 (oldest) and 13 go, 12 (used last) stays
+    assert missing.tolist() == [0, 1, 2]
+    assert sorted(cache.lookup(np.array([10, 11, 12, 13], np.int64)) >= 0) == [False, False, False, True]
+    assert cache.lookup(np.array([12], np.int64))[0] >= 0
+    # the pending deltas of the written rows (11 and 13), scaled; 10 had none
+    order = np.argsort(evicted.keys)
+    assert evicted.keys[order].tolist() == [11, 13]
+    np.testing.assert_allclose(evicted.deltas[order], [[0.25, 0.5], [1.0, 1.0]])
+    assert cache.evictions == 3
+    assert cache.dirty[rows].tolist() == [0, 0, 0]  # the rows reused start clean
+    assert cache.local[rows[0]].tolist() == [20.0, -20.0]
+
+
+def test_pinned_rows_are_never_evicted_and_a_cache_all_in_use_says_so() -> None:
+    cache = make_cache(4)
+    pinned, _, _ = admit_filled(cache, [1, 2, 3])  # a batch in flight
+    rows, _, _ = admit_filled(cache, [4])
+    cache.release(rows)
+    _, _, evicted = admit_filled(cache, [5])  # 4 is the only row it may take
+    assert cache.lookup(np.array([1, 2, 3, 4, 5], np.int64)).tolist()[:3] == pinned.tolist()
+    assert cache.lookup(np.array([4], np.int64))[0] == -1
+    # the batch's own keys are pinned before anything is evicted for its new ones
+    with pytest.raises(ApsError, match=r"geo cache of hash table 't': 1 more rows needed but only 0 of its 4 rows"):
+        cache.admit(np.array([5, 6], np.int64), 1.0)
+
+
+def test_the_exchange_sends_written_rows_and_applies_changes_of_held_keys_only() -> None:
+    cache = make_cache(8)
+    rows, _, _ = admit_filled(cache, [3, 4, 5])
+    cache.local[rows[0]] += [1.0, 1.0]
+    cache.dirty[rows[0]] = 1
+    keys, deltas = cache.take_changes(0.5)
+    assert keys.tolist() == [3]
+    np.testing.assert_allclose(deltas, [[0.5, 0.5]])
+    np.testing.assert_allclose(cache.old[rows[0]], [3.5, -2.5])  # old += delta
+    assert cache.dirty.sum() == 0
+    assert cache.take_changes(0.5)[0].size == 0
+    # another trainer moved 3 and 5 on the pservers; 9 is not held here
+    applied = cache.apply_server(np.array([5, 9, 3], np.int64), np.array([[6, -6], [9, 9], [4, -2]], np.float32))
+    assert applied == 2
+    np.testing.assert_allclose(cache.local[rows], [[4.5, -1.5], [4, -4], [6, -6]])  # local += server - old
+    np.testing.assert_allclose(cache.old[rows], [[4, -2], [4, -4], [6, -6]])
+
+
+def test_the_default_size_follows_the_table_and_a_set_size_is_checked() -> None:
+    bounded = aps.HashTable("h", dim=4, optimizer=aps.SGD(), max_keys=50_000)
+    free = aps.HashTable("f", dim=4, optimizer=aps.SGD())
+    assert min_rows(2, 100) == 400
+    assert cache_rows(bounded, 2, 100, 3, None) == 150_000  # max_keys on each of 3 pservers
+    assert cache_rows(free, 2, 100, 3, None) == DEFAULT_ROWS
+    assert cache_rows(bounded, 2, 100_000, 1, None) == 800_000  # twice what may be in flight
+    assert cache_rows(free, 2, 100, 1, 400) == 400
+    with pytest.raises(ConfigError, match="geo_cache_rows 399 is too small for hash table 'f'.* use at least 400$"):
+        cache_rows(free, 2, 100, 1, 399)
