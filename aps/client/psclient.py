@@ -326,14 +326,14 @@ class PSClient:
             based_on = self._versions.based_on(k, spec.name)
             for i, chunk in enumerate(parts):
                 last = wire.Flag.FINAL if i == len(parts) - 1 else 0
-                msg: wire.Message
+                msg: wire.PushSparseDelta | wire.PushSparseGrad
                 if delta:
                     msg = wire.PushSparseDelta(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk])
                 else:
                     msg = wire.PushSparseGrad(table=spec.name, ids=shard_ids[chunk], values=shard_values[chunk], based_on=based_on)
-                    if shard_counts is not None:
-                        msg.shows = np.ascontiguousarray(shard_counts[chunk, 0])
-                        msg.clicks = np.ascontiguousarray(shard_counts[chunk, 1]) if shard_counts.shape[1] > 1 else None
+                if shard_counts is not None:
+                    msg.shows = np.ascontiguousarray(shard_counts[chunk, 0])
+                    msg.clicks = np.ascontiguousarray(shard_counts[chunk, 1]) if shard_counts.shape[1] > 1 else None
                 calls.append(self._call(k, msg, flags | last, lane))
         await self._budget(gather(calls), timeout)
 
@@ -364,10 +364,16 @@ class PSClient:
         """
         await self._push_rows(table, ids, grads, False, _push_flags(sync, sorted_unique), timeout, shows, clicks)
 
-    async def push_sparse_delta(self, table: str, ids: Any, deltas: Any, *, sorted_unique: bool = False, timeout: Timeout = True) -> None:
+    async def push_sparse_delta(
+        self, table: str, ids: Any, deltas: Any, *, shows: Any = None, clicks: Any = None, sorted_unique: bool = False,
+        timeout: Timeout = True,
+    ) -> None:
         """``param += delta`` for each row (GEO-SGD); repeated ids are summed.
-        ``sorted_unique``: as for :meth:`push_sparse_grad`."""
-        await self._push_rows(table, ids, deltas, True, _push_flags(False, sorted_unique), timeout)
+        ``sorted_unique``: as for :meth:`push_sparse_grad`. Hash tables: unknown keys are
+        admitted as by a gradient push; ``shows`` and ``clicks`` (one number per id: what the
+        local steps behind each delta saw; default one show and no click per id) feed the keys'
+        statistics."""
+        await self._push_rows(table, ids, deltas, True, _push_flags(False, sorted_unique), timeout, shows, clicks)
 
     async def pull_sparse_changed(self, table: str, timeout: Timeout = True) -> tuple[np.ndarray, np.ndarray]:
         """Rows changed on the servers by other clients since this client's previous call.

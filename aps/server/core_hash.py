@@ -94,14 +94,19 @@ class HashHandlers:
             raise ServerError(ErrorCode.BAD_REQUEST, f"table {store.name!r}: push flagged SORTED but its keys are not unique and ascending")
         return keys
 
-    def _push_hash(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseGrad, flags: int) -> Reply:
-        keys = self._push_keys(store, msg.ids, msg.values, flags)
-        n = len(keys)
+    @staticmethod
+    def _check_counts(store: HashSparseStore, msg: wire.PushSparseGrad | wire.PushSparseDelta, n: int) -> None:
+        """A push's optional shows and clicks: float32, one per key."""
         for name, arr in (("shows", msg.shows), ("clicks", msg.clicks)):
             if arr is not None and (arr.dtype != np.float32 or arr.shape != (n,)):
                 raise ServerError(
                     ErrorCode.SHAPE_MISMATCH, f"table {store.name!r}: {name} must be float32 [{n}], got {arr.dtype} {list(arr.shape)}"
                 )
+
+    def _push_hash(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseGrad, flags: int) -> Reply:
+        keys = self._push_keys(store, msg.ids, msg.values, flags)
+        n = len(keys)
+        self._check_counts(store, msg, n)
         if flags & _SYNC:
             scale = 1.0 / self.config.num_trainers
             dim = store.spec.dim
@@ -133,10 +138,12 @@ class HashHandlers:
         return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
 
     def _push_hash_delta(self, client_id: int, store: HashSparseStore, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
-        """GEO's delta push: admission applies, then ``param += delta`` on the held keys; the
-        last chunk of a push advances the shard's step (the clock of last_step and ttl)."""
+        """GEO's delta push: admission applies, then ``param += delta`` on the held keys and
+        their shows and clicks are added; the last chunk of a push advances the shard's step
+        (the clock of last_step and ttl)."""
         keys = self._push_keys(store, msg.ids, msg.values, flags)
-        store.push_delta(keys, msg.values, advance_step=bool(flags & _FINAL), client=client_id)
+        self._check_counts(store, msg, len(keys))
+        store.push_delta(keys, msg.values, shows=msg.shows, clicks=msg.clicks, advance_step=bool(flags & _FINAL), client=client_id)
         self._hash_upkeep(store)
         return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
 

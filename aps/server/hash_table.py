@@ -222,15 +222,26 @@ class HashSparseStore(HashChangeTracking):
         self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
-    def push_delta(self, keys: np.ndarray, deltas: np.ndarray, *, advance_step: bool = True, client: int | None = None) -> int:
+    def push_delta(
+        self, keys: np.ndarray, deltas: np.ndarray, *, shows: np.ndarray | None = None, clicks: np.ndarray | None = None,
+        advance_step: bool = True, client: int | None = None,
+    ) -> int:
         """GEO's ``param += delta`` per held key (repeats summed), after admitting unknown keys
-        as a gradient push does (an admitted key starts from its initial row); each occurrence
-        counts one show. Returns how many keys were admitted."""
+        as a gradient push does (an admitted key starts from its initial row), and their
+        statistics as for :meth:`push_grad` (one show and no click per occurrence when not
+        given). Returns how many keys were admitted."""
         keys = _check_keys(self.name, keys)
-        d = _check_values(self.name, deltas, (keys.shape[0], self.spec.dim), "deltas")
+        n = keys.shape[0]
+        d = _check_values(self.name, deltas, (n, self.spec.dim), "deltas")
+        shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
+        clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         rows, new, held = self._admitted_rows(keys)
-        optim.add_rows(self.values, rows, d if held is None else d[held])
-        self._pushed(rows, new, _NONE, _NONE, advance_step, client)
+        if held is not None:
+            d = d[held]
+            shows = shows[held] if shows.size else shows
+            clicks = clicks[held] if clicks.size else clicks
+        optim.add_rows(self.values, rows, d)
+        self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
     def _admitted_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

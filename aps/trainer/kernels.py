@@ -95,6 +95,18 @@ def add_changes(
 
 
 @njit(cache=True, nogil=True)
+def add_counts(counts: np.ndarray, rows: np.ndarray, stats: np.ndarray) -> None:
+    """counts[rows[j]] += stats[j] (shows, clicks); ``stats`` empty: one show each."""
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        if stats.shape[0]:
+            counts[r, 0] += stats[j, 0]
+            counts[r, 1] += stats[j, 1]
+        else:
+            counts[r, 0] += 1.0
+
+
+@njit(cache=True, nogil=True)
 def gather_rows(params: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
     for j in range(ids.shape[0]):
         out[j, :] = params[ids[j], :]

@@ -8,7 +8,9 @@ key), ``local`` is the shared array the workers train on (Hogwild), ``old`` the 
 next delta, kept by the trainer alone.
 
 Only the trainer's event loop calls this object, so it needs no lock; the workers only write
-``local`` rows and set their ``dirty`` flags (after writing, as on a fixed table). A row a
+``local`` rows, add the shows and clicks their batches saw to ``counts`` and then set the rows'
+``dirty`` flags (after writing, as on a fixed table), so an exchange that finds a flag finds the
+counts of the steps behind it. A row a
 worker may still write is *pinned* (a batch in flight maps to it) and is never evicted: the
 cache evicts the unpinned rows least recently mapped, after taking their pending delta
 (:attr:`Evicted.deltas`, what the next exchange would have sent), so no trained step is lost.
@@ -57,11 +59,12 @@ def cache_rows(spec: HashTable, workers: int, max_ids: int, num_servers: int, ro
 
 @dataclass
 class Evicted:
-    """What leaving the cache took from rows that had trained steps not yet sent: their keys
-    and ``(local - old) * scale`` (to push as deltas, like an exchange's)."""
+    """What leaving the cache took from rows that had trained steps not yet sent: their keys,
+    ``(local - old) * scale`` and their shows and clicks (to push as deltas, like an exchange's)."""
 
     keys: np.ndarray
     deltas: np.ndarray
+    counts: np.ndarray
 
 
 @njit(cache=True, nogil=True)
@@ -81,13 +84,15 @@ def _unpin(rows: np.ndarray, pins: np.ndarray) -> None:
 class LocalCache:
     """Key -> row of a bounded replica of one hash table (see the module).
 
-    ``local`` (float32 ``[capacity, dim]``) and ``dirty`` (uint8 ``[capacity]``) are the shared
+    ``local`` (float32 ``[capacity, dim]``), ``dirty`` (uint8 ``[capacity]``) and ``counts``
+    (float32 ``[capacity, 2]``: shows and clicks since the row's last delta) are the shared
     arrays the workers write."""
 
-    def __init__(self, name: str, local: np.ndarray, dirty: np.ndarray) -> None:
+    def __init__(self, name: str, local: np.ndarray, dirty: np.ndarray, counts: np.ndarray) -> None:
         self.name = name
         self.local = local
         self.dirty = dirty
+        self.counts = counts
         capacity = local.shape[0]
         self.index = HashIndex(capacity)
         self.old = np.zeros_like(local)
@@ -126,7 +131,7 @@ class LocalCache:
         missing = np.flatnonzero(rows < 0)
         self._stamp += 1
         _pin(rows[rows >= 0], self.pins, self.last_use, self._stamp)  # before any eviction
-        evicted = Evicted(np.zeros(0, np.int64), np.zeros((0, self.local.shape[1]), np.float32))
+        evicted = Evicted(np.zeros(0, np.int64), np.zeros((0, self.local.shape[1]), np.float32), np.zeros((0, 2), np.float32))
         if missing.size:
             short = missing.size - self.index.free_rows
             if short > 0:
@@ -136,6 +141,7 @@ class LocalCache:
             self.keys[new_rows] = keys[missing]
             self.held[new_rows] = True
             self.dirty[new_rows] = 0
+            self.counts[new_rows] = 0
             _pin(new_rows, self.pins, self.last_use, self._stamp)
         return rows, missing, evicted
 
@@ -159,28 +165,32 @@ class LocalCache:
         if free.size > want:
             free = free[np.argpartition(self.last_use[free], want - 1)[:want]]
         rows = free.astype(np.int64)
-        pending = rows[self.dirty[rows] != 0]
-        deltas = np.empty((pending.size, self.local.shape[1]), np.float32)
-        geo_delta(self.local, self.old, pending, scale, deltas)
-        out = Evicted(self.keys[pending], deltas)
+        out = Evicted(*self._deltas(rows[self.dirty[rows] != 0], scale))
         self.index.delete(self.keys[rows])
         self.held[rows] = False
         self.dirty[rows] = 0
         self.evictions += rows.size
         return out
 
-    def take_changes(self, scale: float) -> tuple[np.ndarray, np.ndarray]:
-        """The exchange's send side: for every row written since the last call, its key and
-        ``delta = (local - old) * scale``, ``old += delta`` (keys unique, in row order).
+    def take_changes(self, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The exchange's send side: for every row written since the last call, its key,
+        ``delta = (local - old) * scale`` (then ``old += delta``) and its shows and clicks since
+        its last delta (keys unique, in row order).
 
         Workers keep setting flags meanwhile, so a snapshot is scanned (as on a fixed table: a
         row written after the snapshot keeps, or gets again, its flag)."""
         rows = np.flatnonzero(self.dirty.copy()).astype(np.int64)
         self.dirty[rows] = 0
-        keys = self.keys[rows]
+        return self._deltas(rows, scale)
+
+    def _deltas(self, rows: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, deltas, counts) of ``rows``: ``old += delta``; the counts taken are subtracted
+        (a worker may be adding to them meanwhile: what it adds now goes with the next delta)."""
         deltas = np.empty((rows.size, self.local.shape[1]), np.float32)
         geo_delta(self.local, self.old, rows, scale, deltas)
-        return keys, deltas
+        counts = self.counts[rows]
+        self.counts[rows] -= counts
+        return self.keys[rows], deltas, counts
 
     def apply_server(self, keys: np.ndarray, values: np.ndarray) -> int:
         """The exchange's receive side: rows other trainers changed on the pservers, for the keys

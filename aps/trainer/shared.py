@@ -110,6 +110,9 @@ class SharedLayout:
     #: geo on hash tables, per worker and hash table: int64 ``[2, max_batch_ids]``, the cache
     #: rows the trainer mapped the keys of the worker's id mailbox half to (same half)
     mailbox_rows: list[dict[str, ArraySpec]] = field(default_factory=list)
+    #: geo on hash tables, per hash table: float32 ``[cache rows, 2]``, the shows and clicks
+    #: the workers' batches saw of each cache row since its last delta
+    key_counts: dict[str, ArraySpec] = field(default_factory=dict)
 
 
 _OWNER_LOCK = ".owner"
@@ -226,6 +229,7 @@ class SharedArrays:
                     sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, width))
                 elif isinstance(spec, DenseTable):
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
+        counts = {name: self._create(f"counts.{_safe(name)}", "float32", (n, 2)) for name, n in cached.items()}
         rows: list[dict[str, ArraySpec]] = []
         for w in range(num_workers if cached else 0):
             if not with_mailboxes:
@@ -242,7 +246,7 @@ class SharedArrays:
         clock = self._create("clock", "int64", (1,))
         scores = self._create("scores", "float64", (num_workers, *auc_state_shape()[1:]))
         self.layout = SharedLayout(
-            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows
+            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows, counts
         )
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
@@ -280,6 +284,7 @@ class Attached:
             self.all_mailbox_sparse = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_sparse]
             self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]
             self.all_mailbox_rows = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_rows]
+            self.key_counts = {name: spec.attach() for name, spec in layout.key_counts.items()}
         except FileNotFoundError as exc:
             raise ApsError(
                 f"shared arrays in {layout.root} are gone: all {layout.attachers} processes they were made "

@@ -32,7 +32,7 @@ from ..errors import ApsError, DataError
 from ..metrics import Auc
 from ..specs import SGD, HashTable
 from .ipc import Kind, Record
-from .kernels import add_changes, gather_rows, sgd_rows
+from .kernels import add_changes, add_counts, gather_rows, sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
 from .reader import feed_queue, iter_queue
@@ -261,6 +261,7 @@ class Worker:
             return self._fused_local(batch, rows, lrs)
         grads = self._local_grads(batch)
         loss = self.model.compute(batch, self._cached_params(batch, rows), grads)
+        self._count_keys(batch, rows)
         for name, ids in batch.sparse_ids.items():
             sgd_rows(self.shared.params[name], rows.get(name, ids), grads.sparse[name], lrs[name], self.shared.dirty[name])
         for name, g in grads.dense.items():
@@ -276,6 +277,7 @@ class Worker:
         loss = self.model.local_sgd(batch, params, lrs, marks)
         if loss is None:
             raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")
+        self._count_keys(batch, rows)
         for name, r in rows.items():
             add_changes(self.shared.params[name], r, params.sparse[name], before[name], marks[name], self.shared.dirty[name])
         return float(loss)
@@ -293,6 +295,13 @@ class Worker:
             self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
             self._prefetched = step + 1
         return {name: self.box_rows[name][step % 2][: len(batch.sparse_ids.get(name, ()))] for name in self.cached}
+
+    def _count_keys(self, batch: Batch, rows: dict[str, np.ndarray]) -> None:
+        """Add the batch's shows and clicks of each key (one show each where the model gives
+        none, as a push without them counts) to its cache row's, before the step marks the row
+        dirty: the exchange sends them with the row's delta."""
+        for name, r in rows.items():
+            add_counts(self.shared.key_counts[name], r, batch.stats.get(name, _NO_COUNTS))
 
     def _cached_params(self, batch: Batch, rows: dict[str, np.ndarray]) -> Params:
         """The parameters a model computes ``batch`` with: a hash table's cache rows gathered in
@@ -407,6 +416,10 @@ class Worker:
             self._replies[got] = reply.clock
         self.stats[STAT["wait_s"]] += time.perf_counter() - t0
         return reply.clock
+
+
+#: a batch without shows and clicks of a table: one show per key (:func:`add_counts`)
+_NO_COUNTS = np.zeros((0, 2), np.float32)
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:

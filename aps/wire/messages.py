@@ -117,11 +117,15 @@ class PushSparseGrad(Message):
 @dataclass(slots=True)
 class PushSparseDelta(Message):
     OP = Op.PUSH_SPARSE_DELTA
-    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"))
+    FIELDS = (("table", "str"), ("ids", "arr"), ("values", "arr"), ("shows", "arr?"), ("clicks", "arr?"))
     MUTATES = True
     table: str = ""
     ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
     values: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
+    #: hash tables only (optional): float32[n] shows and clicks of each key since its previous
+    #: delta (geo's local steps), for the keys' statistics; absent: one show and no click each
+    shows: np.ndarray | None = None
+    clicks: np.ndarray | None = None
 
 
 @dataclass(slots=True)

@@ -93,6 +93,20 @@ async def test_a_delta_for_a_key_not_admitted_is_dropped_and_not_reported() -> N
         np.testing.assert_array_equal(rows, initial + 1)  # only the delta of the push that admitted it
 
 
+async def test_a_delta_push_carries_shows_and_clicks_that_shrink_scores() -> None:
+    """GEO's deltas carry what the local steps saw of each key (one show each when absent):
+    shrink's score ``0.1 (show - click) + click`` keeps exactly the keys it should."""
+    async with two_clients(2) as (servers, a, b):
+        await a.create_table(aps.HashTable("emb", dim=DIM))
+        keys = np.array([-9, 4, 1 << 40, 77], np.int64)
+        await a.push_sparse_delta("emb", keys, np.ones((4, DIM), np.float32), shows=[20, 5, 1, 0], clicks=[0, 1, 0, 0])
+        await b.push_sparse_delta("emb", [77], np.ones((1, DIM), np.float32))  # default: one show
+        # scores 2.0, 1.4, 0.1 and 0.1: each threshold deletes the keys under it
+        assert [await a.shrink("emb", decay=1.0, threshold=t) for t in (0.5, 1.5, 2.5)] == [2, 1, 1]
+        with pytest.raises(aps.ConfigError, match="shows must have shape"):
+            await a.push_sparse_delta("emb", keys, np.ones((4, DIM), np.float32), shows=[1, 2])
+
+
 # ---------------------------------------------------------------- GEO training with evictions
 
 HOT, COLD, ROUNDS, K_STEPS, BATCH = 120, 1500, 24, 8, 48

@@ -17,7 +17,7 @@ from aps.trainer.local_cache import DEFAULT_ROWS, LocalCache, cache_rows, min_ro
 
 
 def make_cache(capacity: int, dim: int = 2) -> LocalCache:
-    return LocalCache("t", np.zeros((capacity, dim), np.float32), np.zeros(capacity, np.uint8))
+    return LocalCache("t", np.zeros((capacity, dim), np.float32), np.zeros(capacity, np.uint8), np.zeros((capacity, 2), np.float32))
 
 
 def admit_filled(cache: LocalCache, keys: list[int], scale: float = 1.0):
@@ -48,10 +48,13 @@ def test_a_full_cache_evicts_the_least_recently_used_unpinned_rows_with_their_pe
     r2, _, _ = admit_filled(cache, [12, 13])
     cache.release(r1)
     cache.release(r2)
-    # a worker trained 11 and 13 (Hogwild writes, then the flag), and 12 was only read
+    # a worker trained 11 and 13 (Hogwild writes, its shows and clicks, then the flag), and 12
+    # was only read
     cache.local[r1[1]] += [0.5, 1.0]
+    cache.counts[r1[1]] = [3, 1]
     cache.dirty[r1[1]] = 1
     cache.local[r2[1]] += [2.0, 2.0]
+    cache.counts[r2[1]] = [1, 0]
     cache.dirty[r2[1]] = 1
     admit_filled(cache, [12])  # 12 is used again: the most recent
     cache.release(cache.lookup(np.array([12], np.int64)))
@@ -64,8 +67,10 @@ def test_a_full_cache_evicts_the_least_recently_used_unpinned_rows_with_their_pe
     order = np.argsort(evicted.keys)
     assert evicted.keys[order].tolist() == [11, 13]
     np.testing.assert_allclose(evicted.deltas[order], [[0.25, 0.5], [1.0, 1.0]])
+    assert evicted.counts[order].tolist() == [[3, 1], [1, 0]]  # shows and clicks go with them
     assert cache.evictions == 3
     assert cache.dirty[rows].tolist() == [0, 0, 0]  # the rows reused start clean
+    assert cache.counts[rows].tolist() == [[0, 0]] * 3
     assert cache.local[rows[0]].tolist() == [20.0, -20.0]
 
 
@@ -86,12 +91,13 @@ def test_the_exchange_sends_written_rows_and_applies_changes_of_held_keys_only()
     cache = make_cache(8)
     rows, _, _ = admit_filled(cache, [3, 4, 5])
     cache.local[rows[0]] += [1.0, 1.0]
+    cache.counts[rows[0]] = [2, 1]
     cache.dirty[rows[0]] = 1
-    keys, deltas = cache.take_changes(0.5)
-    assert keys.tolist() == [3]
+    keys, deltas, counts = cache.take_changes(0.5)
+    assert keys.tolist() == [3] and counts.tolist() == [[2, 1]]
     np.testing.assert_allclose(deltas, [[0.5, 0.5]])
     np.testing.assert_allclose(cache.old[rows[0]], [3.5, -2.5])  # old += delta
-    assert cache.dirty.sum() == 0
+    assert cache.dirty.sum() == 0 and cache.counts.sum() == 0
     assert cache.take_changes(0.5)[0].size == 0
     # another trainer moved 3 and 5 on the pservers; 9 is not held here
     applied = cache.apply_server(np.array([5, 9, 3], np.int64), np.array([[6, -6], [9, 9], [4, -2]], np.float32))

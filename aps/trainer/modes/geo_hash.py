@@ -35,7 +35,7 @@ class HashReplicas:
         self.link = link
         shared = link.shared
         self.caches = {
-            t.name: LocalCache(t.name, shared.params[t.name], shared.dirty[t.name])
+            t.name: LocalCache(t.name, shared.params[t.name], shared.dirty[t.name], shared.key_counts[t.name])
             for t in link.sparse_tables if isinstance(t, HashTable)
         }
         #: worker -> step -> (cache, rows) of that batch, pinned until it is done
@@ -71,7 +71,7 @@ class HashReplicas:
             hits = loading[rows]
             waits += [self._loads[int(k)] for k in np.unique(hits[hits != 0]) if int(k) in self._loads]
             if len(evicted.keys):
-                work.append(self._push(t.name, evicted.keys, evicted.deltas))
+                work.append(self._push(t.name, evicted.keys, evicted.deltas, evicted.counts))
             if missing.size:
                 self._tickets += 1
                 ticket = self._tickets
@@ -113,24 +113,27 @@ class HashReplicas:
     # ------------------------------------------------------------ the exchange
 
     async def exchange(self, name: str, scale: float) -> None:
-        """Send ``(local - old) * scale`` of the rows written since the last exchange, then
-        take in what other trainers changed of the keys this trainer holds."""
+        """Send ``(local - old) * scale`` of the rows written since the last exchange (with
+        their shows and clicks), then take in what other trainers changed of the keys this
+        trainer holds."""
         cache = self.caches[name]
         timeout = self.link.strategy.rpc_timeout
-        keys, deltas = cache.take_changes(scale)
+        keys, deltas, counts = cache.take_changes(scale)
         if len(keys):
-            await self._push(name, keys, deltas)
+            await self._push(name, keys, deltas, counts)
         changed, rows = await self.link.ps.pull_sparse_changed(name, timeout=timeout)
         if len(changed):
             cache.apply_server(changed, rows)
 
-    def _push(self, name: str, keys: np.ndarray, deltas: np.ndarray) -> asyncio.Future[None]:
-        """Push deltas (keys unique), remembered while in flight (see the module)."""
+    def _push(self, name: str, keys: np.ndarray, deltas: np.ndarray, counts: np.ndarray) -> asyncio.Future[None]:
+        """Push deltas with their shows and clicks (keys unique), remembered while in flight
+        (see the module)."""
         order = np.argsort(keys)
-        keys, deltas = keys[order], deltas[order]
-        push = asyncio.ensure_future(
-            self.link.ps.push_sparse_delta(name, keys, deltas, sorted_unique=True, timeout=self.link.strategy.rpc_timeout)
-        )
+        keys, deltas, counts = keys[order], deltas[order], counts[order]
+        push = asyncio.ensure_future(self.link.ps.push_sparse_delta(
+            name, keys, deltas, shows=counts[:, 0], clicks=counts[:, 1], sorted_unique=True,
+            timeout=self.link.strategy.rpc_timeout,
+        ))
         entry = (keys, push)
         self._pushing[name].append(entry)
         push.add_done_callback(lambda _: self._pushing[name].remove(entry))
