@@ -53,6 +53,7 @@ from ..specs import MAX_DAYS, HashTable
 from . import optim
 from .hash_evict import mark_victims
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
+from .prefetch import prefetch
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from .tables import _bad, _check_scale, _check_values
 from .hash_tracking import HashChangeTracking
@@ -66,6 +67,12 @@ DELETE_THRESHOLD = 0.8
 EVICT_SHARE = 1 / 16
 _MIN_ROWS = 1024
 _ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
+#: rows ahead whose statistics :func:`_add_stats` asks for (aps/server/prefetch.py)
+_STATS_AHEAD = 16
+#: a row's statistics side by side: a push writes all five, and in five arrays of millions of
+#: rows that was five misses to memory a row where one record costs one (24 bytes, unpadded)
+STATS = np.dtype([("show", np.float32), ("click", np.float32), ("delta_score", np.float32),
+                  ("last_day", np.int32), ("last_step", np.int64)])
 
 
 @njit(cache=True, nogil=True)
@@ -73,6 +80,10 @@ def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, da
     """Add each pushed occurrence's show and click (1 and 0 when not given) to its row, and mark
     the row seen at ``step`` and ``day``."""
     for i in range(rows.shape[0]):
+        if i + _STATS_AHEAD < rows.shape[0]:  # one record (STATS), which may cross a line
+            ahead = rows[i + _STATS_AHEAD]
+            prefetch(show, ahead, 0)
+            prefetch(last, ahead, 0)
         r = rows[i]
         s = shows[i] if shows.shape[0] else 1.0
         c = clicks[i] if clicks.shape[0] else 0.0
@@ -89,6 +100,11 @@ def _admit_draws(seed: np.uint64, keys: np.ndarray, counts: np.ndarray, counter:
     miss = 1.0 - p
     for i in range(keys.shape[0]):
         out[i] = key_uniform(seed, keys[i], counter) < 1.0 - miss ** counts[i]
+
+
+def _stat_view(field: str, doc: str) -> property:
+    """A store attribute reading one field of its :data:`STATS` records (a strided view)."""
+    return property(lambda store: store.stats[field], doc=f"{doc} A view of ``stats``.")
 
 
 def show_click_score(show: np.ndarray, click: np.ndarray) -> np.ndarray:
@@ -109,14 +125,12 @@ def _check_keys(table: str, keys: object) -> np.ndarray:
 
 _NONE = np.empty(0, np.float32)
 _NO_ROWS = np.empty(0, np.int64)
-#: statistics bytes per key: show, click, delta_score (float32), last_step (int64), last_day (int32)
-_STATS_NBYTES = 4 + 4 + 4 + 8 + 4
 
 
 def row_nbytes(spec: HashTable) -> int:
     """Bytes of one key's slab row: value, optimizer state and statistics."""
     template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
-    return 4 * spec.dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + _STATS_NBYTES
+    return 4 * spec.dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + STATS.itemsize
 
 
 def planned_nbytes(spec: HashTable, keys: int) -> int:
@@ -152,11 +166,7 @@ class HashSparseStore(HashChangeTracking):
         self._template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
         self.values = np.zeros((capacity, spec.dim), np.float32)
         self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self._template.items()}
-        self.show = np.zeros(capacity, np.float32)
-        self.click = np.zeros(capacity, np.float32)
-        self.delta_score = np.zeros(capacity, np.float32)
-        self.last_step = np.zeros(capacity, np.int64)
-        self.last_day = np.zeros(capacity, np.int32)
+        self.stats = np.zeros(capacity, STATS)  # per row; its fields are views (show, click, ...)
         self.day = 0  # days counted by shrinks (the module's note)
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
@@ -172,6 +182,12 @@ class HashSparseStore(HashChangeTracking):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    show = _stat_view("show", "Shows per slab row (decayed by shrinks).")
+    click = _stat_view("click", "Clicks per slab row (decayed by shrinks).")
+    delta_score = _stat_view("delta_score", "Score gained since the last base or delta save.")
+    last_step = _stat_view("last_step", "The shard step of each row's last push.")
+    last_day = _stat_view("last_day", "The day of each row's last push.")
 
     def __len__(self) -> int:
         """Keys held."""
@@ -200,13 +216,16 @@ class HashSparseStore(HashChangeTracking):
         scale: float = 1.0,
         advance_step: bool = True,
         client: int | None = None,
+        distinct: bool = False,
     ) -> int:
         """Admit what the table's rules admit of the unknown keys, then apply the optimizer to
         ``grads * scale`` on the held ones (repeats summed) and add their statistics.
 
         Returns how many keys were admitted. Occurrences of keys not admitted are dropped and
         counted in :attr:`rejected`. ``advance_step`` as for fixed tables (chunked pushes);
-        ``client``: the pusher, for change tracking (see :meth:`_mark_pushed`)."""
+        ``client``: the pusher, for change tracking (see :meth:`_mark_pushed`); ``distinct``:
+        the caller checked that no key repeats, so no two occurrences share a slab row and the
+        kernel walks them as pushed instead of sorting rows to find repeats."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
         g = _check_values(self.name, grads, (n, self.spec.dim), "grads")
@@ -218,18 +237,18 @@ class HashSparseStore(HashChangeTracking):
             g = g[held]
             shows = shows[held] if shows.size else shows
             clicks = clicks[held] if clicks.size else clicks
-        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step)
+        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step, ordered=distinct)
         self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
     def push_delta(
         self, keys: np.ndarray, deltas: np.ndarray, *, shows: np.ndarray | None = None, clicks: np.ndarray | None = None,
-        advance_step: bool = True, client: int | None = None,
+        advance_step: bool = True, client: int | None = None, distinct: bool = False,
     ) -> int:
         """GEO's ``param += delta`` per held key (repeats summed), after admitting unknown keys
         as a gradient push does (an admitted key starts from its initial row), and their
         statistics as for :meth:`push_grad` (one show and no click per occurrence when not
-        given). Returns how many keys were admitted."""
+        given). Returns how many keys were admitted. ``distinct`` as for :meth:`push_grad`."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
         d = _check_values(self.name, deltas, (n, self.spec.dim), "deltas")
@@ -240,7 +259,7 @@ class HashSparseStore(HashChangeTracking):
             d = d[held]
             shows = shows[held] if shows.size else shows
             clicks = clicks[held] if clicks.size else clicks
-        optim.add_rows(self.values, rows, d)
+        optim.add_rows(self.values, rows, d, ordered=distinct)
         self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
@@ -394,8 +413,7 @@ class HashSparseStore(HashChangeTracking):
 
         self.values = grown(self.values)
         self.state = {n: grown(a) for n, a in self.state.items()}
-        self.show, self.click = grown(self.show), grown(self.click)
-        self.delta_score, self.last_step, self.last_day = grown(self.delta_score), grown(self.last_step), grown(self.last_day)
+        self.stats = grown(self.stats)
         self.index.grow_rows(capacity)
         self._tracked_rows = capacity  # bitmaps widen when next used (tracking.py)
 
@@ -438,7 +456,7 @@ class HashSparseStore(HashChangeTracking):
     def nbytes(self) -> int:
         """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
         slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
-        stats = self.show.nbytes + self.click.nbytes + self.delta_score.nbytes + self.last_step.nbytes + self.last_day.nbytes
+        stats = self.stats.nbytes
         pending = self._pending.nbytes + self._pending_counts.nbytes if self._pending is not None else 0
         tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
         return int(slab + stats + self.index.nbytes + pending + tracking)

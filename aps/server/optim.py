@@ -36,6 +36,12 @@ import numpy as np
 from numba import njit
 
 from ..specs import SGD, Adagrad, Adam, Ftrl, Optimizer
+from .prefetch import LINE, prefetch
+
+#: how many positions (in id order) ahead a sparse kernel asks for a row's lines: a table far
+#: larger than the caches costs a miss to memory per row, and a loop that touches row i only
+#: when it reaches it waits for those misses one after another (aps/server/prefetch.py)
+_ROWS_AHEAD = 8
 
 # ---------------------------------------------------------------- schedule and state layout
 
@@ -186,9 +192,22 @@ def _scratch(values: np.ndarray, ids: np.ndarray, ordered: bool) -> tuple[np.nda
 
 
 @njit(cache=True, nogil=True)
+def _ask_ahead(arr, ids, order, start):
+    """Ask for the lines of ``arr``'s row :data:`_ROWS_AHEAD` positions past ``start`` in id
+    order (a hint: a repeated id only makes it ask for a row already asked for)."""
+    j = start + _ROWS_AHEAD
+    if j < ids.shape[0]:
+        row = ids[_at(order, j)]
+        for b in range(0, arr.strides[0], LINE):
+            prefetch(arr, row, b)
+
+
+@njit(cache=True, nogil=True)
 def _next_row(ids, order, start, grads, g, scale, clip, l2, values):
     """The row of the run of equal ids at ``start`` and the position after it, with the run's
-    gradient summed into ``g`` and shaped (:func:`_segment_sum`, :func:`_shape_row`)."""
+    gradient summed into ``g`` and shaped (:func:`_segment_sum`, :func:`_shape_row`); the values
+    row some positions ahead is asked for (:func:`_ask_ahead`)."""
+    _ask_ahead(values, ids, order, start)
     row = ids[_at(order, start)]
     end = _segment_sum(ids, order, start, grads, g)
     _shape_row(g, scale, clip, l2, values, row)
@@ -220,6 +239,7 @@ def _adagrad_rows(values, accum, ids, grads, scale, clip, l2, lr, eps, ordered):
     order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
+        _ask_ahead(accum, ids, order, i)
         row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
         for c in range(g.shape[0]):
             gc = g[c]
@@ -238,6 +258,10 @@ def _adam_rows(values, m, v, t, ids, grads, scale, clip, l2, lr, beta1, beta2, e
     eps_t = eps
     i = 0
     while i < ids.shape[0]:
+        _ask_ahead(m, ids, order, i)
+        _ask_ahead(v, ids, order, i)
+        if per_row:
+            _ask_ahead(t, ids, order, i)
         row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
         if per_row:
             t[row] += 1
@@ -259,6 +283,8 @@ def _ftrl_rows(values, z, n, ids, grads, scale, clip, alpha, beta, l1, l2, order
     order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
+        _ask_ahead(z, ids, order, i)
+        _ask_ahead(n, ids, order, i)
         row, i = _next_row(ids, order, i, grads, g, scale, clip, 0.0, values)
         for c in range(g.shape[0]):
             w, zc, nc = _ftrl_coord(values[row, c], z[row, c], n[row, c], g[c], alpha, beta, l1, l2)
@@ -295,7 +321,8 @@ def apply_sparse(
     Arrays must already be validated: values float32[rows, dim], ids int64[n] in range,
     grads float32[n, dim]. Each row's gradient is ``clip(sum * scale) + l2 * w`` (FTRL: l2 in
     its closed form) with the spec's ``clip_norm`` and ``l2``. ``step`` is the shard's count of completed applications (for decay).
-    ``ordered``: the caller knows the ids are ascending (:func:`scan_ids` said so), so the
+    ``ordered``: the caller knows that equal ids sit next to each other (ascending ids, as
+    :func:`scan_ids` finds them, or distinct ones, as a hash table's rows of unique keys), so the
     kernel neither checks nor sorts them; otherwise it checks in one pass and sorts if needed.
     """
     lr = learning_rate(opt, step)

@@ -263,3 +263,22 @@ def test_a_capped_store_under_a_flood_never_resizes_its_index_once_full():
     assert store.evicted >= 90_000 and len(store) <= cap
     assert len(sizes) == 1  # one slot array all along
     assert store.index.nbytes <= index_nbytes(cap) + 64
+
+
+def test_a_rows_statistics_are_one_record_that_growth_keeps() -> None:
+    """show, click, delta_score, last_day and last_step are fields of one 24-byte record per
+    slab row (a push writes all five: one miss to memory, not five), read through views that
+    follow the slab when it grows."""
+    store = HashSparseStore(HashTable("emb", dim=2, optimizer=SGD(lr=0.1)))
+    assert store.stats.dtype.itemsize == 24 and store.row_nbytes == 2 * 4 + 24
+    keys = np.arange(1, 11, dtype=np.int64) * 7919
+    store.push_grad(keys, np.ones((10, 2), np.float32), shows=np.full(10, 3, np.float32), clicks=np.ones(10, np.float32))
+    capacity = store.capacity
+    store.push_grad(np.arange(1, 3000, dtype=np.int64) * -13, np.zeros((2999, 2), np.float32))  # grows the slab
+    assert store.capacity > capacity
+    held = store.rows_of(keys)
+    np.testing.assert_array_equal(held["show"], 3.0)
+    np.testing.assert_array_equal(held["click"], 1.0)
+    np.testing.assert_allclose(held["delta_score"], 0.1 * 2 + 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(held["last_step"], 0)
+    assert np.shares_memory(store.show, store.stats) and np.shares_memory(store.last_step, store.stats)

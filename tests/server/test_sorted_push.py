@@ -18,6 +18,7 @@ from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
 from aps.server import optim
+from aps.server.hash_table import HashSparseStore
 from aps.wire.frame import Flag
 
 pytestmark = pytest.mark.timeout(60)
@@ -152,6 +153,43 @@ def test_ordered_kernels_equal_the_sorting_kernels(opt: aps.Optimizer) -> None:
         results.append(values)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
     assert not np.allclose(results[0], start)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+def test_ordered_kernels_take_distinct_ids_in_any_order(opt: aps.Optimizer) -> None:
+    """``ordered`` promises only that equal ids are adjacent: distinct ids in push order (a hash
+    table's rows of unique keys) give what the sorting path gives."""
+    rng = np.random.default_rng(6)
+    ids = rng.permutation(300)[:200].astype(np.int64)
+    grads = rng.standard_normal((200, 4)).astype(np.float32)
+    start = rng.standard_normal((300, 4)).astype(np.float32)
+    results = []
+    for ordered in (True, False):
+        values = start.copy()
+        state = optim.new_sparse_state(opt, 300, 4)
+        for step in range(3):
+            optim.apply_sparse(opt, values, state, ids, grads, 0.5, step, ordered)
+        results.append(values)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+def test_a_hash_push_of_distinct_keys_skips_the_sort_and_equals_a_plain_one(opt: aps.Optimizer) -> None:
+    """HashSparseStore.push_grad / push_delta with ``distinct`` (keys the server saw flagged
+    SORTED) leave the rows and statistics a plain push leaves."""
+    spec = aps.HashTable("emb", dim=4, optimizer=opt, seed=1)
+    stores = [HashSparseStore(spec), HashSparseStore(spec)]
+    rng = np.random.default_rng(7)
+    universe = np.unique(rng.integers(-(1 << 62), 1 << 62, 500))
+    for _ in range(4):
+        keys = np.sort(rng.choice(universe, 200, replace=False))
+        grads = rng.standard_normal((200, 4)).astype(np.float32)
+        for store, distinct in zip(stores, (True, False)):
+            store.push_grad(keys, grads, distinct=distinct)
+            store.push_delta(keys[:50], grads[:50], distinct=distinct)
+    np.testing.assert_array_equal(stores[0].pull(universe), stores[1].pull(universe))
+    for name in ("show", "click", "delta_score", "last_step"):
+        np.testing.assert_array_equal(getattr(stores[0], name), getattr(stores[1], name))
 
 
 def test_scan_ids_validates_orders_and_maps_in_one_pass() -> None:
