@@ -4,7 +4,8 @@ The model is examples/linreg's on a hash table (tests/trainer/hash_models.py): w
 and an exchange every step, geo is plain SGD, however small the trainer's cache (evictions hand
 their pending deltas to the pservers and a key read again gets them back); with pservers that
 evict every key twice during training (shrink), geo still reaches the known optimum as it does on
-a fixed table (tests/trainer/test_modes.py::test_mode_reaches_known_optimum).
+a fixed table (tests/trainer/test_modes.py::test_mode_reaches_known_optimum). Online training's
+scoring passes ask for the rows of their batches as training does, and train nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aps.trainer import Trainer
+import aps
+from aps.cluster import ClusterSpec
+from aps.trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from examples.linreg.model import make_data
+from tests.online.models import HashCountingLR
+from tests.online.passdata import write_pass
 from tests.trainer.hash_models import HashLinReg, key_of
 from tests.trainer.test_modes import assert_reaches_optimum, run_cluster
 
@@ -79,3 +84,27 @@ async def test_geo_on_a_hash_table_whose_pservers_evict_reaches_the_known_optimu
                                       trainer=ShrinkingTrainer, ids=key_of(np.arange(200)), k_steps=10)
     assert ShrinkingTrainer.evicted == [200, 200]  # every key, twice
     assert_reaches_optimum(w, b, results, w_true, b_true)  # within the fixed table's bounds
+
+
+async def test_geo_scores_then_trains_each_pass_of_a_model_with_a_hash_table(tmp_path: Path) -> None:
+    """HashCountingLR (tests/online/models.py): ``seen`` a fixed table counting the records
+    trained, ``w`` a hash table of the feature weights; passes are scored, then trained once."""
+    data = tmp_path / "passes"
+    write_pass(data, "20261126/0001", 0, 64)
+    write_pass(data, "20261126/0002", 64, 64)
+    (data / "_SUCCESS").write_text("")
+    server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
+    try:
+        options = TrainOptions(save_dir=None, print_period=0, live_line=False)
+        trainer = Trainer(HashCountingLR(), Strategy(mode="geo", workers=2, k_steps=1), ClusterSpec([server.address], 1), 0, options)
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions())
+        async with aps.connect(server.address) as ps:
+            seen = (await ps.pull_sparse("seen", np.arange(200)))[:, 0]
+            w = (await ps.pull_sparse("w", np.array([0, 1], np.int64)))[:, 0]
+    finally:
+        await server.aclose()
+    # the first pass meets a model that knows nothing; the second one a model that learnt the rule
+    assert [p["online_auc"] for p in result.passes] == [0.5, 1.0]
+    assert [p["scored"] for p in result.passes] == [64, 64] and [p["examples"] for p in result.passes] == [64, 64]
+    assert seen[:128].tolist() == [1.0] * 128 and not seen[128:].any()  # scoring trained nothing
+    assert w[0] > 0 > w[1]  # feature 0 always clicked, feature 1 never
