@@ -13,6 +13,7 @@ import pytest
 
 import aps
 from aps.errors import ApsError, ConfigError
+from aps.trainer import Strategy
 from aps.trainer.local_cache import DEFAULT_ROWS, LocalCache, cache_rows, min_rows
 
 
@@ -116,3 +117,10 @@ def test_the_default_size_follows_the_table_and_a_set_size_is_checked() -> None:
     assert cache_rows(free, 2, 100, 1, 400) == 400
     with pytest.raises(ConfigError, match="geo_cache_rows 399 is too small for hash table 'f'.* use at least 400$"):
         cache_rows(free, 2, 100, 1, 399)
+
+
+def test_the_size_is_set_through_the_strategy_or_its_environment_variable() -> None:
+    assert Strategy.from_env({"APS_GEO_CACHE_ROWS": "5000"}).geo_cache_rows == 5000
+    assert Strategy().geo_cache_rows is None
+    with pytest.raises(ConfigError, match="geo_cache_rows must be >= 1, got 0"):
+        Strategy(geo_cache_rows=0)
