@@ -271,9 +271,11 @@ class Worker:
     def _fused_local(self, batch: Batch, rows: dict[str, np.ndarray], lrs: dict[str, float]) -> float:
         """The model's own local step; on a hash table's gathered rows, whose change is then
         added to the cache rows (other workers may have written them meanwhile: Hogwild)."""
-        params = self._cached_params(batch, rows)
-        before = {name: params.sparse[name].copy() for name in rows}
-        marks = {**self.shared.dirty, **{name: np.zeros(len(r), np.uint8) for name, r in rows.items()}}
+        params, marks, before = self.params, self.shared.dirty, {}
+        if rows:  # never on fixed tables alone: their step stays as cheap as it was
+            params = self._cached_params(batch, rows)
+            before = {name: params.sparse[name].copy() for name in rows}
+            marks = {**marks, **{name: np.zeros(len(r), np.uint8) for name, r in rows.items()}}
         loss = self.model.local_sgd(batch, params, lrs, marks)
         if loss is None:
             raise ApsError(f"model {self.model.name!r}: local_sgd returned None; return the batch loss")

@@ -53,3 +53,19 @@ class HashLinReg(LinReg):
         inverse, offsets, y = batch.data
         w = params.sparse["lin.w"][: len(batch.sparse_ids["lin.w"])]  # by position among the keys
         return _step(w, params.dense["lin.b"], inverse, offsets, y, grads.sparse["lin.w"], grads.dense["lin.b"])
+
+
+class FusedHashLinReg(HashLinReg):
+    """HashLinReg with its own fused geo step (:meth:`aps.trainer.Model.local_sgd`): it writes
+    the rows it is given, by position, and marks them there."""
+
+    name = "fused_hash_linreg"
+
+    def local_sgd(self, batch: Batch, params: Params, lrs: dict[str, float], dirty: dict[str, np.ndarray]) -> float:
+        n = len(batch.sparse_ids["lin.w"])
+        grads = Grads({"lin.w": np.zeros((n, 1), np.float32)}, {"lin.b": np.zeros(1, np.float32)})
+        loss = self.compute(batch, params, grads)
+        params.sparse["lin.w"][:n] -= lrs["lin.w"] * grads.sparse["lin.w"]
+        dirty["lin.w"][:n] = 1
+        params.dense["lin.b"] -= lrs["lin.b"] * grads.dense["lin.b"]
+        return loss

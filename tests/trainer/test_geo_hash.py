@@ -22,7 +22,7 @@ from aps.trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from examples.linreg.model import make_data
 from tests.online.models import HashCountingLR
 from tests.online.passdata import write_pass
-from tests.trainer.hash_models import HashLinReg, key_of
+from tests.trainer.hash_models import FusedHashLinReg, HashLinReg, key_of
 from tests.trainer.test_modes import assert_reaches_optimum, run_cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -50,10 +50,13 @@ def sgd_reference(path: Path, features: int, batch: int, lr: float) -> tuple[np.
     return w, b, len({f for _, feats in rows for f in feats})
 
 
-async def test_geo_one_trainer_k1_on_a_hash_table_with_a_small_cache_equals_local_sgd(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", [HashLinReg, FusedHashLinReg], ids=["compute", "fused"])
+async def test_geo_one_trainer_k1_on_a_hash_table_with_a_small_cache_equals_local_sgd(tmp_path: Path, kind: type[HashLinReg]) -> None:
+    """Either way a model steps (compute then the runtime's SGD, or its own fused local_sgd on
+    the gathered rows, added back to the cache)."""
     features, lr = 600, 0.3
     make_data(tmp_path, files=1, lines_per_file=320, features=features, seed=4)
-    model = HashLinReg(features=features, lr=lr)
+    model = kind(features=features, lr=lr)
     rows = 2 * model.max_batch_ids("lin.w")  # the least one worker may have
     w_ref, b_ref, used = sgd_reference(tmp_path / "part-000", features, batch=32, lr=lr)
     assert used > 1.4 * rows  # the cache must evict
