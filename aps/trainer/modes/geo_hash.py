@@ -47,9 +47,6 @@ class HashReplicas:
         #: per table, the delta pushes in flight: (their keys, the push)
         self._pushing: dict[str, list[tuple[np.ndarray, asyncio.Future[None]]]] = {name: [] for name in self.caches}
 
-    def __bool__(self) -> bool:
-        return bool(self.caches)
-
     # ------------------------------------------------------------ a worker's batch
 
     async def map_batch(self, worker: int, step: int, counts: list[int]) -> None:
