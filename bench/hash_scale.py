@@ -32,7 +32,9 @@ the table in bench/README.md): 5M keys filled at 0.79 M keys/s, 203 resident byt
 213.6: met; 232 at 2M: part of the growth is not per key), saved in 7.4 s (0.67 M
 keys/s, 108 MB/s, 0.80 GB in 1,025 files; RSS peak 1,448 MiB against 1,145 after the fill),
 loaded by ``--init-model`` in 4.2 s to serving (an empty server: 0.5 s), 1,025 MiB resident
-after it, the sampled keys equal. The 50M run is not made yet.
+after it, the sampled keys equal. 50M keys (the default; load average 1.1 at the start): filled
+at 0.66 M keys/s, 10,193 MiB resident, 210 bytes per key (met), saved in 56.4 s (8.00 GB,
+peak 12,147 MiB), loaded in 32.0 s to serving, 10,147 MiB after, the sampled keys equal.
 """
 
 from __future__ import annotations
