@@ -15,13 +15,11 @@ on an ``aps.HashTable`` of ``--hash-keys`` keys (issue 20's measurements).
   and pings from a probe process of their own meanwhile (p99 < 50 ms).
 
 Results (2026-11-26, ``--no-redis --rows 10000000 --hash-keys 10000000 --duration 1 --warmup
-0.3``, 2 cores shared with other jobs: other processes used 0.8-1.5 of the 2 CPUs during the
-rows, so rows measured minutes apart are not comparable; the kernels' own ratio is measured in
-one process, interleaved, in the commit messages). Three runs at load average 3.5-8.6: resident
-bytes per key 304-310 (aim 375: met), reported 744 (slab doubled to 16.8M rows, untouched rows
-cost no memory); fill 0.12-0.37 M keys/s; shrink of 10M keys 0.18-0.65 s per million keys with
-ping p99 5.9-12.0 ms (met); hash pull from one client 0.71-3.86 M rows/s (5 M: not met), hash /
-fixed rows/s 0.43x-2.2x pull and 0.95x-1.7x push, moving with the load rather than the code.
+0.3``, two runs back to back on an otherwise idle 2-core machine; bench/README.md has the
+table): hash / fixed rows/s pull 1.15x and 0.83x (1 client), 0.97x and 0.90x (8 clients), push
+0.89x and 0.76x, 0.85x and 0.75x (aim 0.7x: met); hash pull from one client 7.57 and 6.49 M
+rows/s (5 M: met); 316 resident bytes per key (aim 380: met); shrink 0.14-0.16 s per million
+keys, pings during it p99 2.7 and 1.6 ms, one ping of 66 ms in the first run.
 """
 
 from __future__ import annotations
