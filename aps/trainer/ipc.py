@@ -2,8 +2,8 @@
 
 Only small fixed records cross the pipe (a record bigger than the pipe's buffer could be read
 half-written: the event loop may make the pipe non-blocking); bulk data (ids, gradients, rows) goes through the
-shared arrays. A record is ``kind:u8, answers:u8, step:i64, epoch:i64, examples:i64, steps:i64,
-clock:i64, counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
+shared arrays. A record is ``kind:u8, answers:u8, buffer:u8, step:i64, epoch:i64, examples:i64,
+steps:i64, clock:i64, counts:i64[*]`` packed with struct, plus an optional UTF-8 text (error messages). Every field has
 one meaning in every kind that uses it; the others stay 0.
 """
 
@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-_HEAD = struct.Struct("<BBqqqqqI")
+_HEAD = struct.Struct("<BBBqqqqqI")
 
 
 class Kind(IntEnum):
@@ -54,17 +54,20 @@ class Record:
     counts: list[int] = field(default_factory=list)
     #: ERROR: what went wrong; PASS, SCORE: the files to read, one per line
     text: str = ""
+    #: OK answering a GRADS: which dense parameter buffer the worker computes its next step with
+    #: (two where the mode lags the dense rounds: aps.trainer.shared, SharedLayout.dense_spare)
+    buffer: int = 0
 
     def encode(self) -> bytes:
         text = self.text.encode("utf-8")
         head = _HEAD.pack(
-            int(self.kind), self.answers, self.step, self.epoch, self.examples, self.steps, self.clock, len(self.counts)
+            int(self.kind), self.answers, self.buffer, self.step, self.epoch, self.examples, self.steps, self.clock, len(self.counts)
         )
         return head + struct.pack(f"<{len(self.counts)}q", *self.counts) + text
 
     @classmethod
     def decode(cls, data: bytes) -> Record:
-        kind, answers, step, epoch, examples, steps, clock, n = _HEAD.unpack_from(data, 0)
+        kind, answers, buffer, step, epoch, examples, steps, clock, n = _HEAD.unpack_from(data, 0)
         counts = list(struct.unpack_from(f"<{n}q", data, _HEAD.size))
         text = data[_HEAD.size + 8 * n :].decode("utf-8", errors="replace")
-        return cls(Kind(kind), step, epoch, examples, steps, answers, clock, counts, text)
+        return cls(Kind(kind), step, epoch, examples, steps, answers, clock, counts, text, buffer)

@@ -220,7 +220,13 @@ class TrainerRuntime(Generic[W]):
             ).start()
         kind = mode_class(self.strategy.mode)
         cache_rows = kind.cache_rows(self.model, self.strategy, self.cluster.num_servers)
-        self.shared = SharedArrays(self.model, self.num_workers, with_mailboxes=kind.mailboxes, cache_rows=cache_rows)
+        self.shared = SharedArrays(
+            self.model,
+            self.num_workers,
+            with_mailboxes=kind.mailboxes,
+            cache_rows=cache_rows,
+            dense_buffers=1 + kind.dense_lag(self.strategy),
+        )
         self.ps = ps = open_client(self.strategy, self.cluster, self.trainer_id, options)
         specs = [self._spec(w, kind.local_sgd, kind.prefetch) for w in range(self.num_workers)]
         # the workers start (and load their kernels) while this process connects, creates the

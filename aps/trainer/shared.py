@@ -113,6 +113,11 @@ class SharedLayout:
     #: geo on hash tables, per hash table: float32 ``[cache rows, 2]``, the shows and clicks
     #: the workers' batches saw of each cache row since its last delta
     key_counts: dict[str, ArraySpec] = field(default_factory=dict)
+    #: parameter buffers of every dense table: 1, or 2 with hybrid's dense_lag 1, where a dense
+    #: round pulls into one while the workers compute with the other
+    dense_buffers: int = 1
+    #: the second buffer of each dense table (the first is ``params``), with two
+    dense_spare: dict[str, ArraySpec] = field(default_factory=dict)
 
 
 _OWNER_LOCK = ".owner"
@@ -189,10 +194,17 @@ class SharedArrays:
     the last of those ``num_workers + 1`` attaches removes the files (see the module).
     ``cache_rows`` (geo): the rows of each hash table's local cache, which then replaces its
     slot areas, with a dirty flag per row and, per worker, the id and row mailboxes through
-    which the trainer maps a batch's keys to rows (:mod:`aps.trainer.modes.geo_hash`)."""
+    which the trainer maps a batch's keys to rows (:mod:`aps.trainer.modes.geo_hash`).
+    ``dense_buffers`` 2 (hybrid's dense lag): every dense table gets a second parameter buffer,
+    so that a dense round can write one while the workers compute with the other."""
 
     def __init__(
-        self, model: Model, num_workers: int, with_mailboxes: bool, cache_rows: dict[str, int] | None = None
+        self,
+        model: Model,
+        num_workers: int,
+        with_mailboxes: bool,
+        cache_rows: dict[str, int] | None = None,
+        dense_buffers: int = 1,
     ) -> None:
         base = shm_base()
         remove_orphans(base)
@@ -230,6 +242,11 @@ class SharedArrays:
                 elif isinstance(spec, DenseTable):
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         counts = {name: self._create(f"counts.{_safe(name)}", "float32", (n, 2)) for name, n in cached.items()}
+        spare = {
+            t.name: self._create(f"param1.{_safe(t.name)}", "float32", t.shape)
+            for t in model.dense_tables()
+            if dense_buffers > 1
+        }
         rows: list[dict[str, ArraySpec]] = []
         for w in range(num_workers if cached else 0):
             if not with_mailboxes:
@@ -246,7 +263,8 @@ class SharedArrays:
         clock = self._create("clock", "int64", (1,))
         scores = self._create("scores", "float64", (num_workers, *auc_state_shape()[1:]))
         self.layout = SharedLayout(
-            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows, counts
+            self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows, counts,
+            dense_buffers, spare,
         )
 
     def _create(self, name: str, dtype: str, shape: tuple[int, ...]) -> ArraySpec:
@@ -285,12 +303,22 @@ class Attached:
             self.all_mailbox_dense = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_dense]
             self.all_mailbox_rows = [{n: s.attach() for n, s in box.items()} for box in layout.mailbox_rows]
             self.key_counts = {name: spec.attach() for name, spec in layout.key_counts.items()}
+            self.dense_spare = {name: spec.attach() for name, spec in layout.dense_spare.items()}
+            self._dense_count = layout.dense_buffers
         except FileNotFoundError as exc:
             raise ApsError(
                 f"shared arrays in {layout.root} are gone: all {layout.attachers} processes they were made "
                 "for have attached (then the files are removed), or their trainer stopped"
             ) from exc
         _count_attach(layout)
+
+    def dense_buffers(self, names: list[str]) -> list[dict[str, np.ndarray]]:
+        """The parameter buffers of the dense tables ``names``: the replica's own arrays, then,
+        where the layout has them (hybrid's dense lag), the second ones."""
+        buffers = [{name: self.params[name] for name in names}]
+        if self._dense_count > 1:
+            buffers.append({name: self.dense_spare[name] for name in names})
+        return buffers
 
 
 def _count_attach(layout: SharedLayout) -> None:

@@ -35,6 +35,7 @@ ENV: dict[str, tuple[str, ...]] = {
     "rpc_timeout": ("APS_RPC_TIMEOUT",),
     "rpc_deadline": ("APS_RPC_DEADLINE",),
     "geo_cache_rows": ("APS_GEO_CACHE_ROWS",),
+    "dense_lag": ("APS_DENSE_LAG",),
     "workers": ("APS_WORKERS", "CPU_NUM", "PADDLE_INIT_TRAINER_COUNT"),  # v2: a trainer's compute threads
 }
 
@@ -67,6 +68,10 @@ class Strategy:
     #: geo: the rows of each hash table's local cache (docs/modes.md, "geo"); None: the keys its
     #: pservers may hold (``max_keys`` x pservers), at most 2^20
     geo_cache_rows: int | None = None
+    #: hybrid: the rounds a worker's dense parameters may lag behind (docs/modes.md, "hybrid"):
+    #: 0, each step waits for the previous step's dense round; 1, that round runs while the next
+    #: step computes. None: the mode's default (``HybridRounds.default_dense_lag``)
+    dense_lag: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -79,6 +84,8 @@ class Strategy:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0 (or None: no bound), got {self.max_staleness}")
+        if self.dense_lag not in (None, 0, 1):
+            raise ConfigError(f"dense_lag must be 0 or 1 (or None: the mode's default), got {self.dense_lag}")
         if self.rpc_retry_times < 0 or self.rpc_timeout <= 0 or self.rpc_deadline <= 0:
             raise ConfigError("rpc_retry_times must be >= 0, rpc_timeout and rpc_deadline > 0")
 

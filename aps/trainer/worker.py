@@ -72,9 +72,12 @@ class Worker:
         self.conn = conn
         self.model = spec.model
         self.shared = Attached(spec.layout)
+        #: the dense tables' parameter buffers (two where the mode lags its dense rounds); each
+        #: step computes with the one the trainer's reply to the previous step named
+        self.dense_buffers = self.shared.dense_buffers([t.name for t in self.model.dense_tables()])
         self.params = Params(
             sparse={t.name: self.shared.params[t.name] for t in self.model.sparse_tables()},
-            dense={t.name: self.shared.params[t.name] for t in self.model.dense_tables()},
+            dense=dict(self.dense_buffers[0]),
         )
         #: hash tables by name, with their max_batch_ids: their replica is a slot area per worker
         #: and mailbox half, and the model sees the area of the batch it computes (slot_base)
@@ -93,7 +96,7 @@ class Worker:
         self.local_sgd = spec.local_sgd
         self.prefetch = spec.prefetch and not spec.local_sgd
         self._prefetched = -1  # step whose rows were requested ahead of time
-        self._replies: dict[tuple[int, int], int] = {}  # (kind, step) -> clock of replies received early
+        self._replies: dict[tuple[int, int], Record] = {}  # (kind, step) -> replies received early
         self.auc = Auc(state=self.shared.auc[spec.worker_id])
         w = spec.worker_id
         #: geo's hash tables, whose replica is a cache: the trainer maps each batch's keys to
@@ -343,7 +346,7 @@ class Worker:
         else:
             counts = self._publish(batch, step)
             self._send(Record(Kind.PULL, step=step, counts=counts))
-        self._count_staleness(self._fresh_rows(self._await(Kind.PULL, step), step, counts))
+        self._count_staleness(self._fresh_rows(self._await(Kind.PULL, step).clock, step, counts))
         if self.prefetch and upcoming is not None:
             # the next batch's rows travel while this one computes
             self._send(Record(Kind.PULL, step=step + 1, counts=self._publish(upcoming, step + 1)))
@@ -351,7 +354,7 @@ class Worker:
         grads = self._remote_grads(batch, counts, step)
         loss = self.model.compute(batch, self.params, grads)
         self._send(Record(Kind.GRADS, step=step, examples=batch.examples, counts=counts))
-        self._await(Kind.GRADS, step)
+        self.params.dense.update(self.dense_buffers[self._await(Kind.GRADS, step).buffer])
         return float(loss)
 
     def _remote_grads(self, batch: Batch, counts: list[int], step: int) -> Grads:
@@ -387,7 +390,7 @@ class Worker:
             if bound is None or stale <= bound:
                 return max(stale, 0)
             self._send(Record(Kind.PULL, step=step, counts=counts))
-            clock = self._await(Kind.PULL, step)
+            clock = self._await(Kind.PULL, step).clock
 
     def _count_staleness(self, stale: int) -> None:
         self.stats[STAT["stale_sum"]] += stale
@@ -396,10 +399,9 @@ class Worker:
     def _send(self, rec: Record) -> None:
         self.conn.send_bytes(rec.encode())
 
-    def _await(self, kind: Kind, step: int) -> int:
+    def _await(self, kind: Kind, step: int) -> Record:
         """Block until the trainer says the ``kind`` request of ``step`` is done (replies to
-        other outstanding requests that arrive meanwhile are remembered); returns the reply's
-        clock."""
+        other outstanding requests that arrive meanwhile are remembered); returns the reply."""
         key = (int(kind), step)
         if key in self._replies:
             return self._replies.pop(key)
@@ -415,9 +417,9 @@ class Worker:
             got = (reply.answers, reply.step)
             if got == key:
                 break
-            self._replies[got] = reply.clock
+            self._replies[got] = reply
         self.stats[STAT["wait_s"]] += time.perf_counter() - t0
-        return reply.clock
+        return reply
 
 
 #: a batch without shows and clicks of a table: one show per key (:func:`add_counts`)

@@ -114,10 +114,10 @@ async def pull_all(servers: list[str], model: aps.Model) -> dict[str, np.ndarray
     return out
 
 
-#: sync, and hybrid with fresh sparse rows: with one trainer and one worker both are the
-#: reference's steps (hybrid's dense part is synchronous; max_staleness=0 makes each pull wait
+#: sync, and hybrid with fresh rows: with one trainer and one worker both are the reference's
+#: steps (dense_lag=0 makes hybrid's dense part synchronous; max_staleness=0 makes each pull wait
 #: for the previous batch's sparse push)
-STRATEGIES = {"sync": aps.Strategy(mode="sync"), "hybrid": aps.Strategy(mode="hybrid", max_staleness=0)}
+STRATEGIES = {"sync": aps.Strategy(mode="sync"), "hybrid": aps.Strategy(mode="hybrid", max_staleness=0, dense_lag=0)}
 
 
 def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Processes,

@@ -7,6 +7,8 @@ processes import it by name).
   row's value is the number of batches applied, so the value a compute reads is the step of the
   parameters it computed with. Each compute appends ``start_ns end_ns value`` to a file per
   process in ``log_dir``.
+* :class:`DenseCounter`: the same count in a *dense* table (hybrid's dense rounds), each compute
+  appending the value it read to a file per process: the round whose parameters it used.
 """
 
 from __future__ import annotations
@@ -90,4 +92,29 @@ class Counter(Model):
         grads.sparse["count"][0, 0] = -1.0
         with open(os.path.join(self.log_dir, f"{os.getpid()}.txt"), "a") as f:
             f.write(f"{start} {time.monotonic_ns()} {value}\n")
+        return 0.0
+
+
+class DenseCounter(Model):
+    """Every batch (one line) has gradient -1 on the dense ``count`` (SGD, lr 1): after r dense
+    rounds of equal data the value is r, whatever the workers' and trainers' averaging."""
+
+    name = "dense_counter"
+
+    def __init__(self, log_dir: str, compute_s: float = 0.0) -> None:
+        self.log_dir = log_dir
+        self.compute_s = compute_s
+
+    def tables(self) -> list[aps.SparseTable | aps.DenseTable]:
+        return [aps.DenseTable("count", shape=(1,), init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))]
+
+    def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
+        for _ in range(chunk.lines):
+            yield Batch({}, 1)
+
+    def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
+        grads.dense["count"][0] = -1.0
+        time.sleep(self.compute_s)
+        with open(os.path.join(self.log_dir, f"{os.getpid()}.txt"), "a") as f:
+            f.write(f"{float(params.dense['count'][0])}\n")
         return 0.0

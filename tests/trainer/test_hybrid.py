@@ -1,7 +1,8 @@
 """hybrid mode and the sparse staleness bound, on real pservers (port 0) and real worker processes.
 
-* hybrid's dense update is synchronous: 2 trainers x 2 workers of a dense-only model end where
-  numpy's SGD / Adam ends when each step averages the four workers' batch gradients;
+* hybrid's dense update with ``dense_lag=0`` is synchronous: 2 trainers x 2 workers of a
+  dense-only model end where numpy's SGD / Adam ends when each step averages the four workers'
+  batch gradients (the lag of 1: tests/trainer/test_dense_lag.py);
 * ``max_staleness`` holds: a model whose one row counts the batches applied records the value
   (the step of the parameters) each compute read; no compute may lack more than the bound of the
   batches its trainer had merged when it started.
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.timeout(120)
 FEATURES, BATCH, LINES = 20, 8, 64
 
 
-async def run_cluster(model: aps.Model, files: list[str], strategy: Strategy, trainers: int, servers: int = 2):
-    """Start pservers in this loop, train every trainer, read every table back."""
+async def run_cluster(model: aps.Model, files: list[str], strategy: Strategy, trainers: int, servers: int = 2,
+                      epochs: int = 1):
+    """Start pservers in this loop, train every trainer ``epochs`` epochs, read every table back."""
     pservers = [
         await aps.serve(port=0, server_index=k, num_servers=servers, num_trainers=trainers, exit_when_done=False)
         for k in range(servers)
@@ -37,7 +39,7 @@ async def run_cluster(model: aps.Model, files: list[str], strategy: Strategy, tr
         cluster = ClusterSpec([s.address for s in pservers], trainers)
         options = TrainOptions(save_dir=None, print_period=60, live_line=False)
         results = await asyncio.gather(
-            *(Trainer(model, strategy, cluster, t, options).atrain(files, 1) for t in range(trainers))
+            *(Trainer(model, strategy, cluster, t, options).atrain(files, epochs) for t in range(trainers))
         )
         async with aps.connect(cluster.pservers) as ps:
             tables = {t.name: await ps.pull_dense(t.name) for t in model.dense_tables()}
@@ -66,7 +68,8 @@ async def test_hybrid_dense_update_equals_synchronous_optimizer(tmp_path: Path, 
     files = sorted(tmp_path.glob("part-*"))
     lr = 0.05 if adam else 0.2
     model = DenseLinReg(FEATURES, BATCH, aps.Adam(lr=lr) if adam else aps.SGD(lr=lr))
-    got, results = await run_cluster(model, [str(f) for f in files], Strategy(mode="hybrid", workers=2), trainers=2)
+    strategy = Strategy(mode="hybrid", workers=2, dense_lag=0)
+    got, results = await run_cluster(model, [str(f) for f in files], strategy, trainers=2)
     assert [r.epochs[0]["mode"] for r in results] == ["hybrid", "hybrid"]
 
     ref = Reference({"w": np.zeros(FEATURES), "b": np.zeros(1)}, set(), lr, "row" if adam else None)

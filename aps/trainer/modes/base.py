@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...client import PSClient
-from ...errors import ApsError
+from ...errors import ApsError, ConfigError
 from ...specs import SGD, DenseTable, HashTable, SparseTable, TableSpec
 from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
@@ -42,6 +42,9 @@ class Link:
     num_trainers: int
     sparse_tables: list[SparseTable | HashTable] = field(init=False)
     dense_tables: list[DenseTable] = field(init=False)
+    #: the dense tables' parameter buffers: the replica's arrays, and a second set where the
+    #: mode lags its dense rounds (:meth:`Mode.dense_lag`)
+    dense_buffers: list[dict[str, np.ndarray]] = field(init=False)
     push_slots: asyncio.Semaphore = field(init=False)
     #: notified whenever ``pushed_batches`` grows (pulls waiting for fresh enough rows)
     pushed_changed: asyncio.Condition = field(init=False)
@@ -58,6 +61,7 @@ class Link:
     def __post_init__(self) -> None:
         self.sparse_tables = self.model.sparse_tables()
         self.dense_tables = self.model.dense_tables()
+        self.dense_buffers = self.shared.dense_buffers([t.name for t in self.dense_tables])
         assert self.strategy.thread_pool_size is not None
         self.push_slots = asyncio.Semaphore(self.strategy.thread_pool_size)
         self.pushed_changed = asyncio.Condition()
@@ -164,11 +168,15 @@ class Link:
                 ids = np.arange(start, min(t.rows, start + _PULL_ALL_ROWS), dtype=np.int64)
                 params[start : start + len(ids)] = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
 
-    async def pull_dense(self) -> None:
-        """Every dense table at once (one round trip, not one per table)."""
+    async def pull_dense(self, buffer: int | None = None) -> None:
+        """Every dense table at once (one round trip, not one per table), into parameter buffer
+        ``buffer``, or into every buffer (None: no worker computes with any of them meanwhile)."""
+        into = self.dense_buffers if buffer is None else [self.dense_buffers[buffer]]
 
         async def one(t: DenseTable) -> None:
-            self.shared.params[t.name][...] = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout)
+            value = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout)
+            for params in into:
+                params[t.name][...] = value
 
         await asyncio.gather(*(one(t) for t in self.dense_tables))
 
@@ -193,12 +201,24 @@ class Mode:
     #: one pserver restarted from its own checkpoint can rejoin the job (no round of pushes
     #: that every pserver must apply together)
     resumes_one_shard: ClassVar[bool] = True
+    #: the dense lag a strategy naming none gets (:meth:`dense_lag`); None: the mode has none
+    default_dense_lag: ClassVar[int | None] = None
 
     @classmethod
     def table_problem(cls, spec: TableSpec) -> str | None:
         """Why a table like ``spec`` cannot train in this mode (one line saying what to change),
         or None. A model's :meth:`~aps.trainer.model.Model.check_mode` asks it of every table."""
         return None
+
+    @classmethod
+    def dense_lag(cls, strategy: Strategy) -> int:
+        """The rounds the workers' dense parameters lag behind in this mode (the strategy's
+        ``dense_lag``, else the mode's default); ConfigError where the mode has no such choice."""
+        if cls.default_dense_lag is None:
+            if strategy.dense_lag:
+                raise ConfigError(f"dense_lag applies to hybrid mode only; {cls.name} has no dense lag (use 0 or leave it unset)")
+            return 0
+        return cls.default_dense_lag if strategy.dense_lag is None else strategy.dense_lag
 
     @classmethod
     def cache_rows(cls, model: Model, strategy: Strategy, num_servers: int) -> dict[str, int] | None:

@@ -9,10 +9,13 @@ only the sparse part runs ahead, as Persia does:
   accumulators, pushed as they fill, the next batch's rows prefetched), as in async mode;
 * **dense**: the workers of a trainer step together: when every still-active worker has handed
   in its batch, their dense gradients are averaged and pushed with the SYNC flag (each pserver
-  applies one update per step, the average over every trainer), the dense parameters are pulled,
-  and only then are the workers released. A worker computing step s+1 therefore sees the dense
-  update of step s: dense staleness 0. Trainers vote each step whether anyone still has data, as
-  in sync mode, so unequal data never hangs a dense round.
+  applies one update per step, the average over every trainer) and the dense parameters are
+  pulled. Trainers vote each step whether anyone still has data, as in sync mode, so unequal
+  data never hangs a dense round. With ``dense_lag`` 0 the workers are released only then: a
+  worker computing step s+1 sees the dense update of step s (dense staleness 0). With 1 they
+  are released as soon as round s-1 is complete and compute step s+1 with its
+  parameters while round s runs (dense staleness 1: one-step delayed synchronous SGD, the round
+  trip hidden behind the compute; :mod:`.step_group`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ class HybridRounds(AsyncSender):
     name = "hybrid"
     #: a restarted shard would miss the dense rounds the others applied
     resumes_one_shard = False
+    #: the dense lag of a strategy that names none (the one line to change the default)
+    default_dense_lag = 0
 
     def __init__(self, link: Link) -> None:
         super().__init__(link, dense=False)
-        self._dense = SyncStepGroup(link, sparse=False)
+        self._dense = SyncStepGroup(link, sparse=False, lag=self.dense_lag(link.strategy))
 
     def begin_epoch(self, epoch: int, workers: set[int]) -> None:
         super().begin_epoch(epoch, workers)
@@ -45,6 +50,20 @@ class HybridRounds(AsyncSender):
     async def on_worker_done(self, worker: int) -> None:
         await self._dense.on_worker_done(worker)
 
+    async def flush(self) -> None:
+        await super().flush()  # the sparse pushes
+        await self._dense.flush()  # the dense round in the background, if any
+
     async def end_epoch(self) -> None:
         await self.flush()
         await self._dense.end_epoch()  # join dense rounds until every trainer ran out
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            await self._dense.stop()
+
+    def check_failure(self) -> None:
+        super().check_failure()
+        self._dense.check_failure()
