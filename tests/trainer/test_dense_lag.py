@@ -81,6 +81,17 @@ async def test_two_trainers_of_two_workers_equal_the_delayed_optimizer(tmp_path:
     np.testing.assert_allclose(got["b"], want["b"], rtol=2e-5, atol=2e-6)
 
 
+async def test_hybrid_defaults_to_dense_lag_1(tmp_path: Path) -> None:
+    """2 trainers x 2 workers with no dense_lag named: each step averages the four workers'
+    gradients computed at the parameters of the step before last."""
+    make_data(tmp_path, files=4, lines_per_file=64, features=FEATURES, seed=7)
+    files = sorted(tmp_path.glob("part-*"))
+    got, _ = await run_cluster(DenseLinReg(FEATURES, BATCH), [str(f) for f in files], Strategy(mode="hybrid", workers=2), 2)
+    want = delayed_reference(files, 1, 0.2, False, mean_over=4)
+    np.testing.assert_allclose(got["w"], want["w"], rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got["b"], want["b"], rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("lag", [0, 1])
 async def test_each_step_computes_with_the_round_lag_steps_before(tmp_path: Path, lag: int) -> None:
     """1 trainer x 2 workers, 20 steps of a dense count: the k-th compute of each worker reads
@@ -124,6 +135,7 @@ def test_dense_lag_is_a_strategy_knob_with_an_environment_variable_and_a_flag() 
 @pytest.mark.parametrize("mode", ["sync", "async", "half_async", "geo"])
 def test_other_modes_refuse_a_dense_lag(mode: str) -> None:
     assert mode_class(mode).dense_lag(Strategy(mode=mode)) == 0
+    assert mode_class("hybrid").dense_lag(Strategy(mode="hybrid")) == 1
     with pytest.raises(aps.ConfigError, match="dense_lag applies to hybrid mode"):
         mode_class(mode).dense_lag(Strategy(mode=mode, dense_lag=1))
 
