@@ -168,8 +168,9 @@ class WorkerPool:
     async def _wait(self, event: asyncio.Event, timeout: float | None, what: str) -> None:
         assert self.failed is not None
         waiter = asyncio.ensure_future(event.wait())
-        done, _ = await asyncio.wait({waiter, self.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if not waiter.done():
+        try:
+            done, _ = await asyncio.wait({waiter, self.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # cancelled too: the waiter is not left pending
             waiter.cancel()
         if self.failed.done():
             self.failed.result()  # raises the worker's failure

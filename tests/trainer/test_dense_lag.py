@@ -140,6 +140,12 @@ def test_other_modes_refuse_a_dense_lag(mode: str) -> None:
         mode_class(mode).dense_lag(Strategy(mode=mode, dense_lag=1))
 
 
+def trainer_tasks() -> list[asyncio.Task]:
+    """Tasks of this event loop other than the test's own and the in-process pserver's."""
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+            and "/aps/server/" not in t.get_coro().cr_code.co_filename]
+
+
 async def test_a_pserver_lost_during_a_background_round_fails_the_trainer_and_leaves_nothing(tmp_path: Path) -> None:
     """The pserver goes away while rounds run behind the workers' computes: the trainer fails
     with the client's error (no hang), and no worker process or shared file is left."""
@@ -160,5 +166,32 @@ async def test_a_pserver_lost_during_a_background_round_fails_the_trainer_and_le
             await asyncio.wait_for(run, 20)
     finally:
         run.cancel()
+        await server.aclose()
+    assert worker_processes() == [] and shared_files() == []
+    assert trainer_tasks() == []  # no round left behind
+
+
+async def test_a_trainer_cancelled_while_a_round_waits_for_the_others_leaves_no_task(tmp_path: Path) -> None:
+    """The other trainer never comes: round 0's vote waits in the background while step 1
+    computes; cancelling the trainer stops the round with it (no task, worker or file left)."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    files = write_lines(tmp_path, 1, 50)
+    server = await aps.serve(port=0, num_trainers=2, exit_when_done=False)
+    strategy = Strategy(mode="hybrid", workers=1, dense_lag=1)
+    options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+    trainer = Trainer(DenseCounter(str(log_dir)), strategy, ClusterSpec([server.address], 2), 0, options)
+    run = asyncio.ensure_future(trainer.atrain(files, 1))
+    try:
+        while sum(len(p.read_text().split()) for p in log_dir.glob("*.txt")) < 2:
+            assert not run.done(), run
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert sum(len(p.read_text().split()) for p in log_dir.glob("*.txt")) == 2  # step 2 waits for round 0
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert trainer_tasks() == []  # no round left running
+    finally:
         await server.aclose()
     assert worker_processes() == [] and shared_files() == []
