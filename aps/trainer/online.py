@@ -146,7 +146,7 @@ async def _one_pass(rt: Runtime, p: Pass, online: OnlineOptions, exporter: Expor
     adds to the monitor's numbers."""
     assert rt.ps is not None and rt.workers is not None and rt.attached is not None
     files = assign_to_workers(p.files, rt.num_workers)
-    extra: dict[str, Any] = {"mode": rt.strategy.mode, "pass": p.name, "files": len(p.files)}
+    extra: dict[str, Any] = {**rt.mode_fields(), "pass": p.name, "files": len(p.files)}
     if online.score:
         scores = rt.attached.scores
         assert scores is not None

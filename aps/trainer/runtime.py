@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Protocol, TextIO, TypeVar
+from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -280,6 +280,11 @@ class TrainerRuntime(Generic[W]):
         await self.comm.handle(worker, rec)
 
     # ----------------------------------------------------------------- epochs
+
+    def mode_fields(self) -> dict[str, Any]:
+        """What an epoch record says of how it trained: the mode, and the rounds its dense
+        parameters lag behind (docs/modes.md, "Staleness")."""
+        return {"mode": self.strategy.mode, "dense_lag": mode_class(self.strategy.mode).dense_lag(self.strategy)}
 
     def begin_epoch(self, epoch: int) -> None:
         """Every worker trains epoch ``epoch`` (or an online pass) from now on."""

@@ -241,7 +241,7 @@ class StepTrainer:
         assert rt.comm is not None and rt.monitor is not None
         await rt.comm.handle(0, Record(Kind.EPOCH_DONE, epoch=self.epoch))  # the caller's worker is done with it
         await rt.finish_epoch(self.epoch)
-        record = rt.monitor.end_epoch(self.epoch, {"mode": self.strategy.mode, **(extra or {})})
+        record = rt.monitor.end_epoch(self.epoch, {**rt.mode_fields(), **(extra or {})})
         self.records.append(record)
         if begin_next:
             self.epoch += 1

@@ -159,7 +159,7 @@ class Trainer:
 
     async def _epoch(self, epoch: int, rt: TrainerRuntime[WorkerPool]) -> dict[str, Any]:
         await rt.train_epoch(epoch)
-        extra: dict[str, Any] = {"mode": self.strategy.mode}
+        extra: dict[str, Any] = rt.mode_fields()
         if self.options.save_dir and self.trainer_id == 0:
             path = os.path.join(self.options.save_dir, f"epoch_{epoch}")  # relative: to the pservers' checkpoint root
             await rt.save(path)

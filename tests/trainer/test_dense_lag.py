@@ -19,7 +19,9 @@ from aps.cli.trainer import _strategy, build_parser
 from aps.cluster import ClusterSpec
 from aps.trainer import Strategy, Trainer, TrainOptions
 from aps.trainer.modes import mode_class
+from aps.trainer.stepwise import StepTrainer
 from examples.linreg.model import make_data
+from tests.conftest import Processes
 from tests.models.test_ctr_step_equality import Reference
 from tests.trainer.staleness_models import DenseCounter, DenseLinReg, dense_linreg_grads
 from tests.trainer.test_hybrid import BATCH, FEATURES, read_batches, run_cluster, write_lines
@@ -100,13 +102,37 @@ async def test_each_step_computes_with_the_round_lag_steps_before(tmp_path: Path
     log_dir.mkdir()
     files = write_lines(tmp_path, 2, 20)
     strategy = Strategy(mode="hybrid", workers=2, dense_lag=lag)
-    tables, _ = await run_cluster(DenseCounter(str(log_dir)), files, strategy, trainers=1, servers=1)
+    tables, (result,) = await run_cluster(DenseCounter(str(log_dir)), files, strategy, trainers=1, servers=1)
+    assert result.epochs[0]["dense_lag"] == lag
     logs = sorted(log_dir.glob("*.txt"))
     assert len(logs) == 2
     for path in logs:
         read = [int(float(v)) for v in path.read_text().split()]
         assert read == [max(k - lag, 0) for k in range(20)]
     assert tables["count"][0] == 20
+
+
+def test_a_step_wise_trainer_computes_with_the_round_before_last_and_saves_the_last(tmp_path: Path,
+                                                                                   processes: Processes) -> None:
+    """The caller's loop as the one worker, hybrid's default lag: steps read 0, 0, 1, 2; the
+    epoch's end (a flush) waits for the last round, and its record says the lag."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    servers = processes.start_servers(1, trainers=1)
+    options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+    with StepTrainer(DenseCounter(str(log_dir)), Strategy(mode="hybrid"), ClusterSpec(servers, 1), 0, options).start() as st:
+        for batch in st.batches(["x"] * 4):
+            st.step(batch)
+        record = st.end_epoch()
+        got = asyncio.run(pull_count(servers))
+    assert record["mode"] == "hybrid" and record["dense_lag"] == 1
+    assert [int(float(v)) for p in log_dir.glob("*.txt") for v in p.read_text().split()] == [0, 0, 1, 2]
+    assert got == 4
+
+
+async def pull_count(servers: list[str]) -> float:
+    async with aps.connect(servers) as ps:
+        return float((await ps.pull_dense("count"))[0])
 
 
 async def test_unequal_data_across_two_trainers_finishes_with_dense_lag_1(tmp_path: Path) -> None:
