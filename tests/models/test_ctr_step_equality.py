@@ -10,6 +10,9 @@ Both sparse Adam semantics are pinned: aps's lazy Adam (each row corrects its bi
 count of updates) and PyTorch's ``SparseAdam`` (one step count for the whole table, epsilon added
 to the uncorrected ``sqrt(v)``). Rare ids make the two visibly different, so each reference
 matches one of them and not the other.
+
+Hybrid's default one-step dense lag is pinned too: with fresh sparse rows, its tables equal a
+reference whose dense gradients are computed with the dense tables of the step before last.
 """
 
 from __future__ import annotations
@@ -122,13 +125,14 @@ STRATEGIES = {"sync": aps.Strategy(mode="sync"), "hybrid": aps.Strategy(mode="hy
 
 def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Processes,
                adam: tuple[str | None, ...] | Callable[[dict[str, np.ndarray]], list[Any]], mode: str = "sync",
+               strategy: aps.Strategy | None = None,
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Reference], int]:
     """20 steps in ``mode`` on a real pserver and on a reference per entry of ``adam`` (or the
     references ``adam(initial tables)`` makes: objects with ``p`` and ``apply`` as
     :class:`Reference`); returns the pserver's tables before and after, the references, and how
     many rows were touched fewer times than the step count (rows where the two Adam semantics part)."""
     servers = processes.start_servers(1, trainers=1)
-    st = StepTrainer(model, STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
+    st = StepTrainer(model, strategy or STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
     try:
         initial = asyncio.run(pull_all(servers, model))
         sparse = {t.name for t in model.sparse_tables()}
@@ -202,3 +206,48 @@ def test_adam_steps_equal_the_reference_of_their_bias_correction(name: str, bias
     same, other = refs if bias_correction == "row" else refs[::-1]
     assert_tables_equal(final, same.p)
     assert max_rel_error(final, other.p) > 1e-2
+
+
+class DelayedDense:
+    """A :class:`Reference` whose gradients are computed with the dense tables of the step
+    before last (hybrid's ``dense_lag=1``): ``p`` is what step s computes with (the sparse
+    tables now, the dense ones after ``max(s - 1, 0)`` steps), ``now`` the tables after the
+    steps applied so far."""
+
+    def __init__(self, inner: Reference, dense: set[str]) -> None:
+        self.inner, self.dense = inner, dense
+        self.after = [{k: inner.p[k].copy() for k in dense}]  # after[k]: dense tables after k steps
+
+    @property
+    def p(self) -> dict[str, np.ndarray]:
+        return {**self.inner.p, **self.after[max(len(self.after) - 2, 0)]}
+
+    @property
+    def now(self) -> dict[str, np.ndarray]:
+        return self.inner.p
+
+    def apply(self, grads: dict[str, np.ndarray], touched: dict[str, np.ndarray]) -> None:
+        self.inner.apply(grads, touched)
+        self.after.append({k: self.inner.p[k].copy() for k in self.dense})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_hybrid_with_a_dense_lag_equals_the_reference_of_delayed_dense_steps(optimizer: str, tmp_path: Path,
+                                                                                processes: Processes) -> None:
+    """Hybrid's default one-step dense lag with fresh sparse rows (max_staleness=0): after 20
+    steps CTR-DNN's tables equal the reference whose dense gradients are computed with the
+    dense tables of the step before last, and not the synchronous one."""
+    adam = optimizer == "adam"
+    model = CtrDnn(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=BATCH,
+                   optimizer=optimizer, lr=0.05 if adam else 0.5, init_range=0.5)
+    dense = {t.name for t in model.dense_tables()}
+    sparse = {t.name for t in model.sparse_tables()}
+
+    def refs(initial: dict[str, np.ndarray]) -> list[Any]:
+        return [DelayedDense(Reference(initial, sparse, model.lr, "row" if adam else None), dense),
+                Reference(initial, sparse, model.lr, "row" if adam else None)]
+
+    strategy = aps.Strategy(mode="hybrid", max_staleness=0)
+    _, final, (delayed, fresh), _ = train_both(model, ctr_dnn_ref, make_lines(2), processes, refs, strategy=strategy)
+    assert_tables_equal(final, delayed.now)
+    assert max_rel_error(final, fresh.p) > 1e-2
