@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "batches; a worker waits for pushes otherwise (default: no bound; 0: always fresh)")
     s.add_argument("--dense-lag", type=int, choices=(0, 1), metavar="{0,1}",
                    help="hybrid: 1 runs each step's dense round while the next step computes with the parameters "
-                   "of the round before (one-step delayed sync); 0 waits for it (default: APS_DENSE_LAG, else 1)")
+                   "of the round before (one-step delayed sync); 0 waits for it (default: APS_DENSE_LAG, else 0)")
     s.add_argument("--no-prefetch", action="store_true", help="async: do not pull the next batch's rows during compute (to measure it)")
     s.add_argument("--rpc-retry-times", type=int, help="retries of a request the pservers refused as retriable (default 3); "
                    "a lost pserver is retried, reconnecting, until --rpc-deadline instead")

@@ -7,9 +7,8 @@ Data: ``make_data.py --scale small`` (slots of at most 3,000 values, so the fixe
 1,000,001 buckets barely collide and both kinds should learn the same), 100,000 training and
 20,000 test lines, seed 7, one epoch, Adam as the reference. The hash table's test AUC must be no
 lower than the fixed table's minus ``AUC_TOLERANCE`` (hybrid training is asynchronous across
-trainers, so two runs of the same kind differ by a few thousandths). Measured: 0.7685 fixed,
-0.7672 hash with hybrid's default one-step delayed dense update (0.7919 and 0.7912 with
-``--dense-lag 0``); in sync mode 1x1, 1x2 and 2x1 the two are within 0.001. With two workers per
+trainers, so two runs of the same kind differ by a few thousandths). Measured: 0.7919 fixed,
+0.7912 hash (0.7685 and 0.7672 with ``--dense-lag 1``, the one-step delayed dense update); in sync mode 1x1, 1x2 and 2x1 the two are within 0.001. With two workers per
 trainer hash tables ended 0.003 lower in three runs (0.7750 fixed, 0.7727 hash): a fixed table's replica
 is shared, so a worker may compute with rows another worker's later pull refreshed, while a hash
 table's rows are the worker's own pull.

@@ -3,9 +3,9 @@ each, on ``make_data.py --scale small`` (40,000 training lines, 4 files, seed 5)
 0, every trainer's epoch records say hybrid and report the staleness of the sparse rows its steps
 computed with (at most the ``--max-staleness`` given), and the model learns (running AUC).
 
-The dense rounds run with ``--dense-lag 0`` (synchronous): this short run's Adam lr (0.005 on
-100 steps) is one the one-step delayed dense update of the default ``--dense-lag 1`` does not
-tolerate: its running AUC stays at 0.53-0.55 (0.70-0.72 without the lag), as delayed Adam does
+The dense rounds run with ``--dense-lag 0`` (synchronous, the default, named here): this short
+run's Adam lr (0.005 on 100 steps) is one the one-step delayed dense update of ``--dense-lag 1``
+does not tolerate: its running AUC stays at 0.53-0.55 (0.70-0.72 without the lag), as delayed Adam does
 in PyTorch on the same data (docs/modes.md, "hybrid"; tests/trainer/test_dense_lag.py checks
 the lag's arithmetic)."""
 

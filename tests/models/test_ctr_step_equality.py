@@ -11,7 +11,7 @@ count of updates) and PyTorch's ``SparseAdam`` (one step count for the whole tab
 to the uncorrected ``sqrt(v)``). Rare ids make the two visibly different, so each reference
 matches one of them and not the other.
 
-Hybrid's default one-step dense lag is pinned too: with fresh sparse rows, its tables equal a
+Hybrid's one-step dense lag (``dense_lag=1``) is pinned too: with fresh sparse rows, its tables equal a
 reference whose dense gradients are computed with the dense tables of the step before last.
 """
 
@@ -234,7 +234,7 @@ class DelayedDense:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_hybrid_with_a_dense_lag_equals_the_reference_of_delayed_dense_steps(optimizer: str, tmp_path: Path,
                                                                                 processes: Processes) -> None:
-    """Hybrid's default one-step dense lag with fresh sparse rows (max_staleness=0): after 20
+    """Hybrid's one-step dense lag (dense_lag=1) with fresh sparse rows (max_staleness=0): after 20
     steps CTR-DNN's tables equal the reference whose dense gradients are computed with the
     dense tables of the step before last, and not the synchronous one."""
     adam = optimizer == "adam"
@@ -247,7 +247,7 @@ def test_hybrid_with_a_dense_lag_equals_the_reference_of_delayed_dense_steps(opt
         return [DelayedDense(Reference(initial, sparse, model.lr, "row" if adam else None), dense),
                 Reference(initial, sparse, model.lr, "row" if adam else None)]
 
-    strategy = aps.Strategy(mode="hybrid", max_staleness=0)
+    strategy = aps.Strategy(mode="hybrid", max_staleness=0, dense_lag=1)
     _, final, (delayed, fresh), _ = train_both(model, ctr_dnn_ref, make_lines(2), processes, refs, strategy=strategy)
     assert_tables_equal(final, delayed.now)
     assert max_rel_error(final, fresh.p) > 1e-2
