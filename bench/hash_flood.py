@@ -20,7 +20,10 @@ Results (2026-11-26, 2 shared cores, load average 2.4-5.2; defaults: 20M keys vs
 dim 16, Adagrad, cap 177 MiB): 0.38 M keys/s, 926,250 keys held, RSS growth 178 MiB sampled and
 high-water (1.01x the cap), ping p50 2.9 / p99 47.6 / max 218 ms. The same run before commits
 f47623b and 2bb5f61 (eviction by row, no tombstones in the current slot array): 217 MiB sampled,
-267 MiB high-water (1.23x / 1.5x), ping p99 31-51 ms, max 92-423 ms.
+267 MiB high-water (1.23x / 1.5x), ping p99 31-51 ms, max 92-423 ms. After the push changes of
+commit 192dd0b (rows asked for ahead, statistics in one record), defaults, quiet machine (load
+0.2-1.6, the bench's own processes): 0.78 M keys/s, 926,250 keys held, RSS growth 182 MiB sampled
+and high-water against a cap of 181 MiB (1.01x), ping p50 0.5 / p99 8.0 / max 75.9 ms.
 """
 
 from __future__ import annotations
