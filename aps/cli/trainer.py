@@ -35,12 +35,13 @@ of compute worker processes, and exchange parameters with the pservers in the ch
 Settings come from flags or the environment (flags win): APS_PSERVERS /
 PADDLE_PSERVERS_IP_PORT_LIST, APS_TRAINERS / PADDLE_TRAINERS_NUM, APS_TRAINER_ID /
 PADDLE_TRAINER_ID, APS_TOKEN, APS_MODE, APS_WORKERS / CPU_NUM, APS_K_STEPS, APS_MAX_STALENESS,
-and Paddle's FLAGS_communicator_* names for the communicator knobs.
+APS_DENSE_LAG, APS_GEO_CACHE_ROWS, and Paddle's FLAGS_communicator_* names for the communicator
+knobs.
 
 With --metrics-port the trainer serves Prometheus metrics (text format) at
 http://127.0.0.1:PORT/metrics while it trains (--metrics-host 0.0.0.0 to reach it from other
 machines): examples, examples/s, steps, loss, AUC and sliding AUC when the model predicts, geo
-syncs, send queue depth (async), waiting share, bad lines, epoch, process memory; names start
+syncs and geo cache evictions and rows held (hash tables), send queue depth (async), waiting share, bad lines, epoch, process memory; names start
 with aps_trainer_ (process metrics: aps_process_), labelled trainer=ID.
 
 Progress records (loss, examples/s, waiting share, AUC) go to --metrics as JSON lines, for
@@ -121,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(hybrid for ctr_dnn and wide_deep), else async")
     s.add_argument("--workers", type=int, help="compute worker processes (default: CPU count, or CPU_NUM)")
     s.add_argument("--k-steps", type=int, help="geo: exchange deltas every K trainer steps (default 400)")
+    s.add_argument("--geo-cache-rows", type=int, metavar="N",
+                   help="geo: rows of each hash table's local cache; a full one evicts the least recently used "
+                   "(default: APS_GEO_CACHE_ROWS, else the keys the pservers may hold, max_keys x pservers, at most "
+                   "2^20; at least 2 x workers x the model's max_batch_ids)")
     s.add_argument("--max-merge-var-num", type=int, help="async: merge at most N batches per push (default workers)")
     s.add_argument("--send-queue-size", type=int, help="async: batches queued before workers wait (default workers)")
     s.add_argument("--min-send-grad-num-before-recv", type=int, help="async: pull dense params every N pushes (default workers)")
@@ -175,6 +180,7 @@ def _strategy(args: argparse.Namespace) -> Strategy:
         prefetch=False if args.no_prefetch else None,
         max_staleness=args.max_staleness,
         dense_lag=args.dense_lag,
+        geo_cache_rows=args.geo_cache_rows,
     )
 
 

@@ -116,6 +116,16 @@ class TrainerCollector(Collector):
             yield gauge("aps_trainer_epoch", "Epoch being trained (0-based).", comm.epoch)
             yield counter("aps_trainer_pushes", "Merged gradient pushes sent to the pservers.", comm.sends)
             yield counter("aps_trainer_geo_syncs", "Geo mode: delta exchanges with the pservers.", comm.geo_syncs)
+            cache = comm.cache_counts
+            if cache is not None:
+                yield counter("aps_trainer_geo_cache_evictions", "Geo mode: rows the hash tables' local caches "
+                              "evicted because they were full.", cache.evictions)
+                yield counter("aps_trainer_geo_cache_evicted_deltas", "Geo mode: evicted rows whose pending delta "
+                              "was pushed on eviction.", cache.evicted_deltas)
+                yield gauge("aps_trainer_geo_cache_held_rows", "Geo mode: rows the hash tables' local caches hold.",
+                            cache.held)
+                yield gauge("aps_trainer_geo_cache_capacity_rows", "Geo mode: rows the hash tables' local caches "
+                            "can hold (--geo-cache-rows per table).", cache.capacity)
             depth = comm.queue_depth
             if depth is not None:
                 yield gauge("aps_trainer_send_queue_depth", "Async mode: batches of gradients waiting to be sent.", depth)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..client import PSClient
 from .ipc import Kind, Record
+from .local_cache import CacheCounts
 from .model import Model
 from .modes import Link, Mode, mode_class
 from .shared import Attached
@@ -64,6 +65,11 @@ class Communicator:
     def queue_capacity(self) -> int | None:
         """How many batches may wait before workers are held back (async; else None)."""
         return self.mode.queue_capacity
+
+    @property
+    def cache_counts(self) -> CacheCounts | None:
+        """Geo: evictions and rows held of the hash tables' local caches (else None)."""
+        return self.mode.cache_counts
 
     @property
     def failure(self) -> BaseException | None:

@@ -57,6 +57,29 @@ def cache_rows(spec: HashTable, workers: int, max_ids: int, num_servers: int, ro
     return max(held, 2 * floor)
 
 
+@dataclass(frozen=True)
+class CacheCounts:
+    """How a trainer's geo caches fare, summed over its hash tables (progress and epoch records,
+    Prometheus): a cache too small for the keys a run reads evicts rows and pulls them again,
+    which shows in ``wait_share`` but only these numbers say why.
+
+    ``evictions``: rows evicted because the cache was full; ``evicted_deltas``: those of them
+    whose pending delta was pushed on eviction; ``held``: rows held now; ``capacity``: rows."""
+
+    evictions: int = 0
+    evicted_deltas: int = 0
+    held: int = 0
+    capacity: int = 0
+
+    def __add__(self, other: CacheCounts) -> CacheCounts:
+        return CacheCounts(
+            self.evictions + other.evictions,
+            self.evicted_deltas + other.evicted_deltas,
+            self.held + other.held,
+            self.capacity + other.capacity,
+        )
+
+
 @dataclass
 class Evicted:
     """What leaving the cache took from rows that had trained steps not yet sent: their keys,
@@ -104,8 +127,9 @@ class LocalCache:
         #: the :meth:`admit` call that last mapped each row (least recently used goes first)
         self.last_use = np.zeros(capacity, np.int64)
         self._stamp = 0
-        #: rows evicted so far
+        #: rows evicted so far, and those of them whose pending delta was pushed on eviction
         self.evictions = 0
+        self.evicted_deltas = 0
 
     @property
     def capacity(self) -> int:
@@ -113,6 +137,10 @@ class LocalCache:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def report(self) -> CacheCounts:
+        """Evictions so far and rows held now (read by the records and the metrics endpoint)."""
+        return CacheCounts(self.evictions, self.evicted_deltas, len(self), self.capacity)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, -1 where the cache does not hold it."""
@@ -165,11 +193,13 @@ class LocalCache:
         if free.size > want:
             free = free[np.argpartition(self.last_use[free], want - 1)[:want]]
         rows = free.astype(np.int64)
-        out = Evicted(*self._deltas(rows[self.dirty[rows] != 0], scale))
+        written = rows[self.dirty[rows] != 0]
+        out = Evicted(*self._deltas(written, scale))
         self.index.delete(self.keys[rows])
         self.held[rows] = False
         self.dirty[rows] = 0
         self.evictions += rows.size
+        self.evicted_deltas += written.size
         return out
 
     def take_changes(self, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ import structlog
 
 from ..metrics import merged_auc
 from ..records import append_record
+from .local_cache import CacheCounts
 from .shared import STAT
 
 log = structlog.get_logger("aps.trainer")
@@ -34,9 +35,11 @@ class Snapshot:
     stale_sum: float = 0.0
     #: every worker's steps by the staleness of their sparse rows, summed over workers
     stale_steps: np.ndarray | None = None
+    #: the geo caches of the hash tables (None: the trainer keeps none)
+    cache: CacheCounts | None = None
 
     @classmethod
-    def take(cls, stats: np.ndarray, staleness: np.ndarray | None = None) -> Snapshot:
+    def take(cls, stats: np.ndarray, staleness: np.ndarray | None = None, cache: CacheCounts | None = None) -> Snapshot:
         total = stats.sum(axis=0)
         return cls(
             time.monotonic(),
@@ -48,6 +51,7 @@ class Snapshot:
             float(total[STAT["bad_lines"]]),
             float(total[STAT["stale_sum"]]),
             None if staleness is None else staleness.sum(axis=0),
+            cache,
         )
 
 
@@ -95,6 +99,9 @@ class Monitor:
     #: the pservers the trainer cannot reach right now (PSClient.unreachable): progress records
     #: and lines name them, so a stalled trainer says why
     unreachable: Callable[[], list[dict[str, Any]]] | None = None
+    #: the evictions and rows held of the geo caches of the hash tables (Communicator.cache_counts):
+    #: records carry them where it says any
+    cache_counts: Callable[[], CacheCounts | None] | None = None
     _last: Snapshot | None = None  # at the last record
     _shown: Snapshot | None = None  # at the last line shown
     _epoch_start: Snapshot | None = None
@@ -109,9 +116,12 @@ class Monitor:
         return self.history[-1] if self.history else None
 
     def start_epoch(self) -> None:
-        self._epoch_start = self._last = self._shown = Snapshot.take(self.stats, self.staleness)
+        self._epoch_start = self._last = self._shown = self._take()
         if self._began is None:
             self._began = self._epoch_start.time
+
+    def _take(self) -> Snapshot:
+        return Snapshot.take(self.stats, self.staleness, self.cache_counts() if self.cache_counts is not None else None)
 
     def record_gap(self, now: float) -> float:
         """Seconds between progress records at monotonic time ``now``."""
@@ -132,7 +142,7 @@ class Monitor:
     def tick(self, epoch: int) -> dict[str, Any] | None:
         """Write a progress record (numbers since the previous one) if one is due, and show a
         line (numbers since the previous line) if one is due; returns the record written."""
-        now = Snapshot.take(self.stats, self.staleness)
+        now = self._take()
         last, shown = self._last or now, self._shown or now
         record = None
         if now.time - last.time >= self.record_gap(now.time) - _SLACK:
@@ -146,7 +156,7 @@ class Monitor:
 
     def end_epoch(self, epoch: int, extra: dict[str, Any]) -> dict[str, Any]:
         """Numbers of the whole epoch; always logged as a line."""
-        now = Snapshot.take(self.stats, self.staleness)
+        now = self._take()
         record = self._between(self._epoch_start or now, now, "epoch", epoch)
         record["seconds"] = round(now.time - (self._epoch_start or now).time, 3)
         record["bad_lines"] = int(now.bad_lines)
@@ -179,6 +189,7 @@ class Monitor:
             "examples_per_s": examples / elapsed,
             "wait_share": (now.wait_s - start.wait_s) / busy,
             **_staleness(start, now),
+            **_cache(start, now, event),
             **self._auc(),
             **self._unreachable(event),
         }
@@ -226,6 +237,22 @@ def _staleness(start: Snapshot, now: Snapshot) -> dict[str, float]:
     if not len(seen):
         return {}
     return {"staleness": (now.stale_sum - start.stale_sum) / float(steps.sum()), "staleness_max": int(seen[-1])}
+
+
+def _cache(start: Snapshot, now: Snapshot, event: str) -> dict[str, int]:
+    """The geo caches' evictions (progress: since the trainer started; epoch: in that epoch, as
+    ``steps``) and rows held at ``now``; nothing when the trainer keeps no cache."""
+    if now.cache is None:
+        return {}
+    evictions, deltas = now.cache.evictions, now.cache.evicted_deltas
+    if event == "epoch" and start.cache is not None:
+        evictions, deltas = evictions - start.cache.evictions, deltas - start.cache.evicted_deltas
+    return {
+        "geo_cache_evictions": evictions,
+        "geo_cache_evicted_deltas": deltas,
+        "geo_cache_held": now.cache.held,
+        "geo_cache_capacity": now.cache.capacity,
+    }
 
 
 def _outages_line(outages: list[dict[str, Any]]) -> str:

@@ -118,9 +118,11 @@ async def save_roots(ps: PSClient, save_dir: str | None, what: str) -> dict[str,
     return roots
 
 
-def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None, ps: PSClient) -> Monitor:
+def make_monitor(
+    options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None, ps: PSClient, comm: Communicator
+) -> Monitor:
     """The trainer's monitor with its records' destinations: the metrics file and TensorBoard;
-    its records name the pservers ``ps`` cannot reach."""
+    its records name the pservers ``ps`` cannot reach and say how ``comm``'s geo caches fare."""
     sinks: list[RecordSink] = [TensorBoardSink(options.tensorboard)] if options.tensorboard else []
     return Monitor(
         attached.stats,
@@ -133,6 +135,7 @@ def make_monitor(options: TrainOptions, attached: Attached, trainer_id: int, lin
         sinks,
         attached.staleness,
         ps.unreachable,
+        lambda: comm.cache_counts,
     )
 
 
@@ -251,7 +254,7 @@ class TrainerRuntime(Generic[W]):
         # every process the arrays were made for has mapped them: nothing is left in /dev/shm
         # from here on, even if this process is killed
         self.shared.close()
-        self.monitor = make_monitor(options, attached, self.trainer_id, self._line, ps)
+        self.monitor = make_monitor(options, attached, self.trainer_id, self._line, ps, self.comm)
         self.probe.monitor = self.monitor
 
     def _spec(self, w: int, local_sgd: bool, prefetch: bool) -> WorkerSpec:

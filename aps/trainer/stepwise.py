@@ -79,10 +79,10 @@ class StepTrainer:
                 f"step-wise training computes in the calling thread, as one worker; got workers={strategy.workers} "
                 "(to train from files with several worker processes use aps.Trainer / aps-trainer)"
             )
-        strategy = strategy.for_model(model)
+        strategy = replace(strategy.for_model(model), workers=1).resolved()
         check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
-        self.strategy = replace(strategy, workers=1).resolved()
+        self.strategy = strategy
         self.cluster = cluster
         self.trainer_id = trainer_id
         self.options = options or TrainOptions(save_dir=None)

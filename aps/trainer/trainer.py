@@ -53,10 +53,10 @@ class Trainer:
         trainer_id: int = 0,
         options: TrainOptions | None = None,
     ) -> None:
-        strategy = strategy.for_model(model)
+        strategy = strategy.for_model(model).resolved()
         check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
-        self.strategy = strategy.resolved()
+        self.strategy = strategy
         self.cluster = cluster
         self.trainer_id = trainer_id
         self.options = options or TrainOptions()

@@ -50,6 +50,16 @@ def sgd_reference(path: Path, features: int, batch: int, lr: float) -> tuple[np.
     return w, b, len({f for _, feats in rows for f in feats})
 
 
+class KeptTrainer(Trainer):
+    """A Trainer that keeps each instance made (to read its registry after the run)."""
+
+    made: list[Trainer] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.made.append(self)
+
+
 @pytest.mark.parametrize("kind", [HashLinReg, FusedHashLinReg], ids=["compute", "fused"])
 async def test_geo_one_trainer_k1_on_a_hash_table_with_a_small_cache_equals_local_sgd(tmp_path: Path, kind: type[HashLinReg]) -> None:
     """Either way a model steps (compute then the runtime's SGD, or its own fused local_sgd on
@@ -60,10 +70,23 @@ async def test_geo_one_trainer_k1_on_a_hash_table_with_a_small_cache_equals_loca
     rows = 2 * model.max_batch_ids("lin.w")  # the least one worker may have
     w_ref, b_ref, used = sgd_reference(tmp_path / "part-000", features, batch=32, lr=lr)
     assert used > 1.4 * rows  # the cache must evict
-    w, b, _ = await run_cluster(tmp_path, "geo", trainers=1, workers=1, epochs=1, lr=lr, model=model,
-                                ids=key_of(np.arange(features)), k_steps=1, geo_cache_rows=rows)
+    KeptTrainer.made = []
+    w, b, results = await run_cluster(tmp_path, "geo", trainers=1, workers=1, epochs=1, lr=lr, model=model, trainer=KeptTrainer,
+                                      ids=key_of(np.arange(features)), k_steps=1, geo_cache_rows=rows)
     np.testing.assert_allclose(w, w_ref, atol=1e-5)
     assert abs(b - b_ref) < 1e-5
+    # the epoch record and the Prometheus metrics say how the cache fared: every key admitted
+    # (each of them at least once) and no longer held was evicted
+    epoch = results[0].epochs[0]
+    assert epoch["geo_cache_capacity"] == rows and 0 < epoch["geo_cache_held"] <= rows
+    assert epoch["geo_cache_evictions"] >= used - epoch["geo_cache_held"]
+    assert 0 <= epoch["geo_cache_evicted_deltas"] <= epoch["geo_cache_evictions"]
+    metrics = KeptTrainer.made[0].registry
+    for name, field in [("aps_trainer_geo_cache_evictions_total", "geo_cache_evictions"),
+                        ("aps_trainer_geo_cache_evicted_deltas_total", "geo_cache_evicted_deltas"),
+                        ("aps_trainer_geo_cache_held_rows", "geo_cache_held"),
+                        ("aps_trainer_geo_cache_capacity_rows", "geo_cache_capacity")]:
+        assert metrics.get_sample_value(name, {"trainer": "0"}) == epoch[field], name
 
 
 class ShrinkingTrainer(Trainer):

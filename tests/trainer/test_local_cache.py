@@ -8,13 +8,21 @@ the rows of the keys held.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import aps
+from aps.cli.trainer import _strategy, build_parser, make_trainer
+from aps.cluster import ClusterSpec
 from aps.errors import ApsError, ConfigError
-from aps.trainer import Strategy
-from aps.trainer.local_cache import DEFAULT_ROWS, LocalCache, cache_rows, min_rows
+from aps.trainer import Strategy, Trainer
+from aps.trainer.local_cache import DEFAULT_ROWS, CacheCounts, LocalCache, cache_rows, min_rows
+from aps.trainer.monitor import Monitor
+from aps.trainer.shared import STAT_FIELDS
+from aps.trainer.stepwise import StepTrainer
+from tests.trainer.hash_models import HashLinReg
 
 
 def make_cache(capacity: int, dim: int = 2) -> LocalCache:
@@ -69,7 +77,8 @@ def test_a_full_cache_evicts_the_least_recently_used_unpinned_rows_with_their_pe
     assert evicted.keys[order].tolist() == [11, 13]
     np.testing.assert_allclose(evicted.deltas[order], [[0.25, 0.5], [1.0, 1.0]])
     assert evicted.counts[order].tolist() == [[3, 1], [1, 0]]  # shows and clicks go with them
-    assert cache.evictions == 3
+    assert cache.evictions == 3 and cache.evicted_deltas == 2
+    assert cache.report() == CacheCounts(evictions=3, evicted_deltas=2, held=4, capacity=4)
     assert cache.dirty[rows].tolist() == [0, 0, 0]  # the rows reused start clean
     assert cache.counts[rows].tolist() == [[0, 0]] * 3
     assert cache.local[rows[0]].tolist() == [20.0, -20.0]
@@ -124,3 +133,47 @@ def test_the_size_is_set_through_the_strategy_or_its_environment_variable() -> N
     assert Strategy().geo_cache_rows is None
     with pytest.raises(ConfigError, match="geo_cache_rows must be >= 1, got 0"):
         Strategy(geo_cache_rows=0)
+
+
+def test_the_size_has_a_flag_and_a_too_small_one_is_refused_when_the_trainer_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused where the model meets the strategy, before any process or connection: aps-trainer
+    exits 2 with the ConfigError's line (cli_main). HashLinReg: 160 keys a batch at most."""
+    monkeypatch.chdir(tmp_path)  # make_trainer creates log/
+    argv = ["--pservers", "127.0.0.1:1", "--data", "x", "--no-save", "--model", "tests.trainer.hash_models:HashLinReg",
+            "--mode", "geo", "--workers", "2"]
+    args = build_parser().parse_args([*argv, "--geo-cache-rows", "640"])
+    assert _strategy(args).geo_cache_rows == 640
+    assert make_trainer(args).strategy.geo_cache_rows == 640
+    too_small = r"^geo_cache_rows 639 is too small for hash table 'lin.w': 2 workers x 2 batches x 160 keys .* at least 640$"
+    with pytest.raises(ConfigError, match=too_small):
+        make_trainer(build_parser().parse_args([*argv, "--geo-cache-rows", "639"]))
+    cluster = ClusterSpec(["127.0.0.1:1"], 1)
+    with pytest.raises(ConfigError, match=too_small):
+        Trainer(HashLinReg(), Strategy(mode="geo", workers=2, geo_cache_rows=639), cluster)
+    # a step-wise trainer is one worker, whatever the CPU count: 320 rows are enough for it
+    assert StepTrainer(HashLinReg(), Strategy(mode="geo", geo_cache_rows=320), cluster).strategy.geo_cache_rows == 320
+    with pytest.raises(ConfigError, match="geo_cache_rows 319 is too small"):
+        StepTrainer(HashLinReg(), Strategy(mode="geo", geo_cache_rows=319), cluster)
+    # other modes keep no cache: the knob is not theirs to check
+    assert Trainer(HashLinReg(), Strategy(mode="async", workers=2, geo_cache_rows=1), cluster).strategy.mode == "async"
+
+
+def test_records_carry_the_evictions_since_the_start_or_in_the_epoch_and_the_rows_held() -> None:
+    """As ``steps``: a progress record counts since the trainer started, an epoch record in
+    its epoch; held and capacity are the caches' at the record's time."""
+    fields = ("geo_cache_evictions", "geo_cache_evicted_deltas", "geo_cache_held", "geo_cache_capacity")
+    counts = [CacheCounts(evictions=5, evicted_deltas=2, held=10, capacity=16)]  # 5 before the epoch
+    monitor = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, cache_counts=lambda: counts[-1])
+    monitor.start_epoch()
+    counts.append(CacheCounts(evictions=9, evicted_deltas=3, held=16, capacity=16))
+    progress = monitor.tick(1)
+    assert progress is not None and [progress[f] for f in fields] == [9, 3, 16, 16]
+    counts.append(CacheCounts(evictions=12, evicted_deltas=3, held=14, capacity=16))
+    epoch = monitor.end_epoch(1, {})
+    assert [epoch[f] for f in fields] == [7, 1, 14, 16]
+    # a trainer without caches (another mode, or geo on fixed tables only) has no such fields
+    bare = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, cache_counts=lambda: None)
+    bare.start_epoch()
+    assert not set(fields) & set(bare.end_epoch(0, {}))

@@ -20,6 +20,7 @@ from ...specs import SGD, DenseTable, HashTable, SparseTable, TableSpec
 from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
 from ..kernels import scatter_rows
+from ..local_cache import CacheCounts
 from ..model import Model
 from ..shared import CLOCK_MERGED, Attached, slot_base
 from ..strategy import Strategy
@@ -273,6 +274,11 @@ class Mode:
     @property
     def queue_capacity(self) -> int | None:
         """How many batches may wait before workers are held back (None: no queue)."""
+        return None
+
+    @property
+    def cache_counts(self) -> CacheCounts | None:
+        """How the local caches of the hash tables fare, where the mode keeps them (geo; else None)."""
         return None
 
     def check_failure(self) -> None:

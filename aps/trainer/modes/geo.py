@@ -21,6 +21,7 @@ from ...specs import SGD, HashTable, TableSpec
 from .. import local_cache
 from ..ipc import Kind, Record
 from ..kernels import geo_apply, geo_delta
+from ..local_cache import CacheCounts
 from ..model import Model
 from ..shared import STAT
 from ..strategy import Strategy
@@ -93,6 +94,10 @@ class GeoExchange(Mode):
 
     async def on_worker_done(self, worker: int) -> None:
         self.hashes.worker_done(worker)
+
+    @property
+    def cache_counts(self) -> CacheCounts | None:
+        return self.hashes.report()
 
     async def flush(self) -> None:
         await self.exchange()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...specs import HashTable
-from ..local_cache import LocalCache
+from ..local_cache import CacheCounts, LocalCache
 from .base import Link
 
 
@@ -96,6 +96,13 @@ class HashReplicas:
             loading[rows[loading[rows] == ticket]] = 0
         finally:
             self._loads.pop(ticket).set()
+
+    def report(self) -> CacheCounts | None:
+        """The caches' evictions so far and rows held now, summed over the hash tables (None:
+        the trainer has none)."""
+        if not self.caches:
+            return None
+        return sum((c.report() for c in self.caches.values()), CacheCounts())
 
     def worker_done(self, worker: int) -> None:
         """``worker`` finished its epoch: none of its batches uses the cache any more."""
