@@ -665,9 +665,12 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     bayes = meta.get("bayes_auc_test")  # None on real data (Adult)
-    aps_name = f"aps 1x1 {args.mode or 'hybrid (default)'}, {args.workers} workers"
+    extra_mode = shlex.split(args.aps_extra)  # a --mode in the extra arguments wins, as in aps-trainer
+    named = [extra_mode[i + 1] for i, a in enumerate(extra_mode[:-1]) if a == "--mode"]
+    mode = named[-1] if named else args.mode
+    aps_name = f"aps 1x1 {mode or 'hybrid (default)'}, {args.workers} workers"
     if args.aps_extra:
-        aps_name += f", tuned communicator `{args.aps_extra}`"
+        aps_name += f", with `{args.aps_extra}`"
     torch_name = f"PyTorch {torch.__version__}, {args.threads} threads"
     if any(noisy(runs) for runs in (aps_runs, torch_runs)):
         warnings.append(f"WARNING: other processes used more than {NOISY_OTHER_CPU} cores during a run marked (!): "
