@@ -59,11 +59,13 @@ def check_options(options: TrainOptions) -> None:
 
 def check_trainer(model: Model, strategy: Strategy, cluster: ClusterSpec, trainer_id: int) -> None:
     """What makes a trainer impossible, found before anything starts (both trainer kinds);
-    ``strategy`` is the trainer's resolved one (its workers decide the smallest geo cache)."""
+    ``strategy`` is best the trainer's resolved one (its workers decide the smallest geo cache;
+    an unresolved one is resolved here, for this machine's CPU count)."""
     if not cluster.pservers:
         raise ConfigError("no pservers given: a trainer never trains without its parameter servers")
     if not 0 <= trainer_id < cluster.num_trainers:
         raise ConfigError(f"trainer id {trainer_id} not in [0, {cluster.num_trainers})")
     mode = mode_class(strategy.mode)
     model.check_mode(mode)
-    mode.cache_rows(model, strategy, cluster.num_servers)  # a geo cache too small for the batches in flight
+    resolved = strategy if strategy.workers is not None else strategy.resolved()
+    mode.cache_rows(model, resolved, cluster.num_servers)  # a geo cache too small for the batches in flight
