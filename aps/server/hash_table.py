@@ -102,6 +102,28 @@ def _admit_draws(seed: np.uint64, keys: np.ndarray, counts: np.ndarray, counter:
         out[i] = key_uniform(seed, keys[i], counter) < 1.0 - miss ** counts[i]
 
 
+@njit(cache=True, nogil=True)
+def _decay_and_judge(show, click, last_step, last_day, used, rows, decay, threshold, ttl, step, ttl_days, day, nonclk, clk, dead):
+    """A shrink's pass over the statistics, in place and without the GIL: decay the first
+    ``used`` rows' show and click by ``decay`` (in float64, stored as float32), then ``dead[i]``:
+    row ``rows[i]`` scores under ``threshold`` (:func:`show_click_score`), or was last pushed more
+    than ``ttl`` steps / ``ttl_days`` days ago (negative: no such rule). One pass and no
+    temporaries: numpy's version of it allocated ~30 bytes a key, half a gigabyte at 10M keys."""
+    for r in range(used):
+        show[r] = np.float32(np.float64(show[r]) * decay)
+        click[r] = np.float32(np.float64(click[r]) * decay)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = np.float64(show[r])
+        c = np.float64(click[r])
+        out = nonclk * (s - c) + clk * c < threshold
+        if ttl >= 0 and step - last_step[r] > ttl:
+            out = True
+        if ttl_days >= 0 and day - last_day[r] > ttl_days:
+            out = True
+        dead[i] = out
+
+
 def _stat_view(field: str, doc: str) -> property:
     """A store attribute reading one field of its :data:`STATS` records (a strided view)."""
     return property(lambda store: store.stats[field], doc=f"{doc} A view of ``stats``.")
@@ -440,14 +462,10 @@ class HashSparseStore(HashChangeTracking):
             raise _bad(ErrorCode.BAD_REQUEST, self.name, f"a shrink advances the day by 0 to {MAX_DAYS} days, got {days}")
         self.day += days
         keys, rows = self.index.items()
-        used = self.index.rows_used
-        for arr in (self.show, self.click):
-            arr[:used] = (arr[:used] * np.float64(decay)).astype(np.float32)
-        dead = show_click_score(self.show[rows], self.click[rows]) < threshold
-        if ttl is not None:
-            dead |= self.step - self.last_step[rows] > ttl
-        if self.spec.ttl_days is not None:
-            dead |= self.day - self.last_day[rows] > self.spec.ttl_days
+        dead = np.empty(keys.shape[0], np.bool_)
+        _decay_and_judge(self.show, self.click, self.last_step, self.last_day, self.index.rows_used, rows, float(decay),
+                         float(threshold), -1 if ttl is None else int(ttl), self.step,
+                         -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), self.day, NONCLK_COEFF, CLICK_COEFF, dead)
         return keys[dead]
 
     # ------------------------------------------------------------ bookkeeping
