@@ -295,7 +295,7 @@ async def test_shrink_growth_and_cap_eviction_never_hold_a_ping_for_50_ms() -> N
     assert evicted == n * 9 // 10 and len(store) == n // 10 and store.capacity >= n
     capped = store_of(servers[0], "capped")
     assert len(capped) <= 100_000 and capped.evicted >= 200_000
-    assert ended - started > 0.1, "the shrink was too quick to show anything"
+    assert ended - started > 0.02, "the shrink was too quick to show anything"  # ~0.1 s: 0.05 s per million keys
     during = (times[:, 1] > started) & (times[:, 0] < ended)
     assert during.sum() >= 2, "no ping was answered while the shrink ran"
     waits = times[:, 1] - times[:, 0]
