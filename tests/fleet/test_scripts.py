@@ -86,7 +86,7 @@ def test_aps_local_runs_the_script_in_every_role(tmp_path: Path, data: Path, mod
 @pytest.mark.slow
 def test_aps_launch_runs_ctr_dnn_and_the_first_worker_saves(tmp_path: Path, data: Path) -> None:
     done = run([sys.executable, str(BIN / "aps-launch"), "--server-num", "1", "--worker-num", "2", "--status-interval",
-                "0", str(CTR_DNN), *script_args(data, "async", 0.01), "--epochs", "2", "--save", "model/ctr"], tmp_path)
+                "0", str(CTR_DNN), *script_args(data, "sync", 0.01), "--epochs", "2", "--save", "model/ctr"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert summary_exits(done.stdout) == {"pserver.0": "exit 0", "trainer.0": "exit 0", "trainer.1": "exit 0"}
     assert_trained(tmp_path / "log", CTR_DNN, trainers=2, steps=80)  # its embeddings start far off: 2 epochs
