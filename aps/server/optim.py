@@ -192,12 +192,17 @@ def _scratch(values: np.ndarray, ids: np.ndarray, ordered: bool) -> tuple[np.nda
 
 
 @njit(cache=True, nogil=True)
-def _ask_ahead(arr, ids, order, start):
-    """Ask for the lines of ``arr``'s row :data:`_ROWS_AHEAD` positions past ``start`` in id
-    order (a hint: a repeated id only makes it ask for a row already asked for)."""
+def _row_ahead(ids, order, start):
+    """The row :data:`_ROWS_AHEAD` positions past ``start`` in id order, or -1 past the end."""
     j = start + _ROWS_AHEAD
-    if j < ids.shape[0]:
-        row = ids[_at(order, j)]
+    return ids[_at(order, j)] if j < ids.shape[0] else -1
+
+
+@njit(cache=True, nogil=True)
+def _ask(arr, row):
+    """Ask for the lines of ``arr``'s row ``row`` (nothing for -1; a hint: a repeated id only
+    makes it ask for a row already asked for)."""
+    if row >= 0:
         for b in range(0, arr.strides[0], LINE):
             prefetch(arr, row, b)
 
@@ -206,12 +211,14 @@ def _ask_ahead(arr, ids, order, start):
 def _next_row(ids, order, start, grads, g, scale, clip, l2, values):
     """The row of the run of equal ids at ``start`` and the position after it, with the run's
     gradient summed into ``g`` and shaped (:func:`_segment_sum`, :func:`_shape_row`); the values
-    row some positions ahead is asked for (:func:`_ask_ahead`)."""
-    _ask_ahead(values, ids, order, start)
+    row some positions ahead is asked for, and that row is returned third (:func:`_row_ahead`) for
+    the kernel to ask for its optimizer state's."""
+    ahead = _row_ahead(ids, order, start)
+    _ask(values, ahead)
     row = ids[_at(order, start)]
     end = _segment_sum(ids, order, start, grads, g)
     _shape_row(g, scale, clip, l2, values, row)
-    return row, end
+    return row, end, ahead
 
 
 @njit(cache=True, nogil=True)
@@ -229,7 +236,7 @@ def _sgd_rows(values, ids, grads, scale, clip, l2, lr, ordered):
     order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        row, i, _ = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
         for c in range(g.shape[0]):
             values[row, c] = values[row, c] - lr * g[c]
 
@@ -239,8 +246,8 @@ def _adagrad_rows(values, accum, ids, grads, scale, clip, l2, lr, eps, ordered):
     order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        _ask_ahead(accum, ids, order, i)
-        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        row, i, ahead = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        _ask(accum, ahead)
         for c in range(g.shape[0]):
             gc = g[c]
             a = np.float64(accum[row, c]) + gc * gc
@@ -258,11 +265,11 @@ def _adam_rows(values, m, v, t, ids, grads, scale, clip, l2, lr, beta1, beta2, e
     eps_t = eps
     i = 0
     while i < ids.shape[0]:
-        _ask_ahead(m, ids, order, i)
-        _ask_ahead(v, ids, order, i)
+        row, i, ahead = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        _ask(m, ahead)
+        _ask(v, ahead)
         if per_row:
-            _ask_ahead(t, ids, order, i)
-        row, i = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+            _ask(t, ahead)
         if per_row:
             t[row] += 1
             corr2 = np.sqrt(1.0 - beta2 ** t[row])
@@ -283,9 +290,9 @@ def _ftrl_rows(values, z, n, ids, grads, scale, clip, alpha, beta, l1, l2, order
     order, g = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        _ask_ahead(z, ids, order, i)
-        _ask_ahead(n, ids, order, i)
-        row, i = _next_row(ids, order, i, grads, g, scale, clip, 0.0, values)
+        row, i, ahead = _next_row(ids, order, i, grads, g, scale, clip, 0.0, values)
+        _ask(z, ahead)
+        _ask(n, ahead)
         for c in range(g.shape[0]):
             w, zc, nc = _ftrl_coord(values[row, c], z[row, c], n[row, c], g[c], alpha, beta, l1, l2)
             values[row, c] = w
@@ -298,7 +305,7 @@ def _add_rows(values, ids, deltas, ordered):
     order, d = _scratch(values, ids, ordered)
     i = 0
     while i < ids.shape[0]:
-        row, i = _next_row(ids, order, i, deltas, d, 1.0, 0.0, 0.0, values)
+        row, i, _ = _next_row(ids, order, i, deltas, d, 1.0, 0.0, 0.0, values)
         for c in range(d.shape[0]):
             values[row, c] = values[row, c] + d[c]
 
