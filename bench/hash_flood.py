@@ -12,7 +12,8 @@ the slab rows, the index right after a resize, what ``--max-table-bytes`` charge
 most ``max_keys`` keys, and pings keep coming back (p99 < 50 ms).
 
 The baseline RSS is read after a small table of the same spec went through a capped flood of
-its own, so compiling the kernels is not counted. RSS is read after every push (the peak of
+its own and the server's RSS stopped changing (its warm-up thread loads kernels), so loading
+the kernels is not counted. RSS is read after every push (the peak of
 those readings) and as the kernel's high-water mark (VmHWM, which also sees a transient peak
 between two readings). Prints a Markdown table, writes JSON (``--json``).
 
@@ -43,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aps  # noqa: E402
 from aps.server.hash_table import planned_nbytes  # noqa: E402
-from bench.pservers import PingProbe, ServerProcess, markdown_table, memory, percentiles_ms, write_results  # noqa: E402
+from bench.pservers import PingProbe, ServerProcess, markdown_table, memory, percentiles_ms, settled_memory, write_results  # noqa: E402
 
 #: the aim: RSS growth <= the cap's planned bytes x this
 RSS_SLACK = 1.10
@@ -88,7 +89,7 @@ async def run_flood(address: str, pid: int, *, keys: int, cap: int, dim: int = 1
         warm = replace(spec, name="warm", max_keys=max(1000, batch // 4))
         await ps.create_table(warm)
         await _push_distinct(ps, "warm", 4 * batch, batch, dim, seed + 1)  # compile push, admit, evict
-        before = memory(pid)
+        before = settled_memory(pid)  # the server's kernel warm-up ends first
         await ps.create_table(spec)
         peak = [before["VmRSS"]]
         probe = PingProbe(address, interval=0.005)

@@ -38,6 +38,24 @@ def memory(pid: int) -> dict[str, int]:
     return found
 
 
+def settled_memory(pid: int, quiet: float = 0.6, timeout: float = 20.0) -> dict[str, int]:
+    """:func:`memory` of process ``pid`` once its RSS stopped changing for ``quiet`` seconds (at
+    most ``timeout`` seconds of waiting): a pserver loads its kernels in a thread as it starts
+    (aps/server/warmup.py), and a baseline read while that runs would count it as growth."""
+    last = memory(pid)
+    still_since = time.monotonic()
+    deadline = still_since + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = memory(pid)
+        if now["VmRSS"] != last["VmRSS"]:
+            still_since = time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            return now
+        last = now
+    return last
+
+
 def rss_bytes(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of process ``pid`` in bytes."""
     found = memory(pid)

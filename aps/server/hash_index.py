@@ -26,7 +26,10 @@ between requests, or runs it in an executor thread (the kernels release the GIL)
 call uses the index: the index has one writer at a time, like every table on a pserver. The old
 array is drained in slot order; a probe of it skips the slots below the drain's cursor (as if
 tombstones: :func:`_find`), so the pages behind the cursor go back to the OS as the drain passes
-them (:mod:`.pages`).
+them (:mod:`.pages`). The new slot array is written at random places from the resize's first
+insert, so its pages would all be faulted in by that one call (0.4 s for 16 M slots on a 2-core
+VM); an owner that must stay responsive makes it ahead with :meth:`prepare_resize` (in a thread,
+once keys pass :data:`PREPARE_LOAD` of the slots), and the resize then starts on mapped memory.
 """
 
 from __future__ import annotations
@@ -35,13 +38,18 @@ import numpy as np
 from numba import njit
 
 from ..mixer import mix64
-from .pages import release_pages
+from .pages import fault_in_zeros, release_pages
 from .prefetch import LINE, prefetch
 
 _EMPTY = 0
 _TOMB = -1
 #: keys may fill at most this share of the slots before a resize starts
 MAX_LOAD = 0.7
+#: once keys fill this share of the slots, :meth:`HashIndex.resize_ahead_due` says to make the
+#: next resize's slot array (the resize itself starts at :data:`MAX_LOAD`): late, as until the
+#: resize drains the current array both are held (a push of new keys 5% of the slots is needed
+#: to pass from here to the resize in one go; the owner makes it before the next insert)
+PREPARE_LOAD = 0.65
 #: old slots moved per inserted key while a resize drains (>= 4 ends the drain in time)
 RESIZE_PACE = 8
 #: rows are int32 on the free list
@@ -307,6 +315,7 @@ class HashIndex:
             size *= 2
         self._t = _slots(size)
         self._old = _slots(0)
+        self._spare = _slots(0)  # the next resize's slot array, made ahead (prepare_resize)
         self._free = np.zeros(row_capacity, np.int32)
         self._meta = np.zeros(6, np.int64)
 
@@ -335,8 +344,8 @@ class HashIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: both slot arrays and the free list."""
-        return int(self._t.nbytes + self._old.nbytes + self._free.nbytes + self._meta.nbytes)
+        """Bytes held: the slot arrays (current, draining, made ahead) and the free list."""
+        return int(self._t.nbytes + self._old.nbytes + self._spare.nbytes + self._free.nbytes + self._meta.nbytes)
 
     @property
     def resizing(self) -> bool:
@@ -427,13 +436,38 @@ class HashIndex:
     def _max_used(self) -> int:
         return int(self._t.shape[0] * MAX_LOAD)
 
+    def _next_slots(self) -> int:
+        """Slots of the resize an insert starts at the load limit (:data:`MAX_LOAD`)."""
+        return _slot_count(self._max_used() + 1)
+
+    def resize_ahead_due(self, key_limit: int) -> bool:
+        """True when :meth:`prepare_resize` has work: keys fill :data:`PREPARE_LOAD` of the
+        slots, no resize is draining, none was made ahead, and ``key_limit`` (the most keys the
+        owner will insert) lets keys reach the load that starts a resize."""
+        return (
+            not self.resizing
+            and self._spare.shape[0] != self._next_slots()
+            and self._meta[_USED] >= PREPARE_LOAD * self._t.shape[0]
+            and key_limit > self._max_used()
+        )
+
+    def prepare_resize(self) -> None:
+        """Make the slot array the next resize drains into and fault its pages in (see the
+        module's note). Reads no slot: it may run in a thread while lookups run, but not while
+        inserts or deletes do (they may start the resize meanwhile)."""
+        spare = _slots(self._next_slots())
+        fault_in_zeros(spare)
+        self._spare = spare
+
     def _start_resize(self, live: int) -> None:
-        """Begin draining into a slot array sized for ``live`` keys (allocated lazily: zeros)."""
+        """Begin draining into a slot array sized for ``live`` keys: the one made ahead if it is
+        that size, else a fresh one (allocated lazily: zeros)."""
         self._old = self._t
         self._meta[_OLD_LIVE] = len(self)
         self._meta[_CURSOR] = 0
         size = _slot_count(live)
-        self._t = _slots(size)
+        self._t = self._spare if self._spare.shape[0] == size else _slots(size)
+        self._spare = _slots(0)
         self._meta[_USED] = 0
 
     def rehash(self, slots: int | None = None) -> None:
