@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import resource
 import sys
@@ -226,6 +227,9 @@ async def _amain(args: argparse.Namespace) -> int:
             log.warning("connection cap lowered to fit the open-file limit", max_connections=cap, nofile=fds,
                         asked=config.max_connections)
             config = dataclasses.replace(config, max_connections=cap)
+    # everything imported so far lives as long as the process: out of the cyclic collector's
+    # sight, its full passes stop walking ~100k objects while requests wait (40-80 ms a pass)
+    gc.freeze()
     await PServer(config).serve_until_signalled(args.port_file)
     return 0
 
