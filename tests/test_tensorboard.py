@@ -20,6 +20,7 @@ import aps
 from aps.fleet import PaddleCloudRoleMaker
 from aps.launcher import LocalCluster
 from aps.trainer.stepwise import StepTrainer
+from aps.trainer.tensorboard import TensorBoardSink
 from examples.linreg.model import LinReg, make_data
 from tests.conftest import BIN, ROOT, Processes
 
@@ -107,3 +108,19 @@ def test_launcher_gives_each_trainer_its_own_run_directory(tmp_path: Path) -> No
         assert PaddleCloudRoleMaker(env=role.env).tensorboard == f"tb/trainer-{k}"
     _, plain = LocalCluster(1, 1, log_dir=tmp_path).plan(tmp_path)
     assert "--tensorboard" not in plain[0].argv and PaddleCloudRoleMaker(env=plain[0].env).tensorboard is None
+
+
+def test_geo_cache_counts_become_scalars_beside_the_loss(tmp_path: Path) -> None:
+    """A geo trainer's records on hash tables carry its caches' counts (aps/trainer/monitor.py):
+    each is a scalar of its own, progress at step = examples, epoch under epoch/."""
+    sink = TensorBoardSink(str(tmp_path))
+    cache = {"geo_cache_evictions": 12, "geo_cache_evicted_deltas": 5, "geo_cache_held": 4096, "geo_cache_capacity": 8192}
+    sink.write({"event": "progress", "examples": 1000, "time": 1.0, "loss": 0.5, **cache})
+    sink.write({"event": "progress", "examples": 2000, "time": 2.0, "loss": 0.4, **cache, "geo_cache_evictions": 30})
+    sink.write({"event": "epoch", "epoch": 1, "time": 3.0, "loss": 0.45, **cache, "geo_cache_evictions": 30})
+    sink.close()
+    run = scalars(tmp_path)
+    assert [(e.step, e.value) for e in run["geo_cache/evictions"]] == [(1000, 12.0), (2000, 30.0)]
+    assert [(e.step, e.value) for e in run["geo_cache/held"]] == [(1000, 4096.0), (2000, 4096.0)]
+    assert [(e.step, e.value) for e in run["epoch/geo_cache/evicted_deltas"]] == [(1, 5.0)]
+    assert [(e.step, e.value) for e in run["epoch/geo_cache/capacity"]] == [(1, 8192.0)]

@@ -21,6 +21,11 @@ SCALARS = {
     "wait_share": "wait_share",
     "staleness": "staleness",
     "staleness_max": "staleness_max",
+    # geo mode on hash tables: the trainer's local caches (docs/modes.md)
+    "geo_cache_evictions": "geo_cache/evictions",
+    "geo_cache_evicted_deltas": "geo_cache/evicted_deltas",
+    "geo_cache_held": "geo_cache/held",
+    "geo_cache_capacity": "geo_cache/capacity",
 }
 #: seconds between the writer thread's flushes: a running TensorBoard sees new points this soon
 FLUSH_SECS = 2
