@@ -254,7 +254,8 @@ class HashSparseStore(HashChangeTracking):
         counted in :attr:`rejected`. ``advance_step`` as for fixed tables (chunked pushes);
         ``client``: the pusher, for change tracking (see :meth:`_mark_pushed`); ``distinct``:
         the caller checked that no key repeats, so no two occurrences share a slab row and the
-        kernel walks them as pushed instead of sorting rows to find repeats."""
+        kernel walks them as pushed instead of sorting rows to find repeats (also known, and
+        used, when every key of the push was new and admitted: a fill)."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
         g = _check_values(self.name, grads, (n, self.spec.dim), "grads")
@@ -262,6 +263,7 @@ class HashSparseStore(HashChangeTracking):
         clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         scale = _check_scale(self.name, scale)
         rows, new, held = self._admitted_rows(keys)
+        distinct = distinct or new.size == n  # every key was new, and each took a row of its own
         if held is not None:
             g = g[held]
             shows = shows[held] if shows.size else shows
@@ -284,6 +286,7 @@ class HashSparseStore(HashChangeTracking):
         shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
         clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         rows, new, held = self._admitted_rows(keys)
+        distinct = distinct or new.size == n
         if held is not None:
             d = d[held]
             shows = shows[held] if shows.size else shows

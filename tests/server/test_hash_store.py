@@ -75,6 +75,27 @@ def test_the_optimizer_over_the_store_equals_the_fixed_tables(opt):
     assert store.step == fixed.step
 
 
+@pytest.mark.parametrize("opt", [SGD(lr=0.1), Adagrad(lr=0.1), Adam(lr=0.01)], ids=["sgd", "adagrad", "adam"])
+def test_a_push_of_new_distinct_keys_equals_the_fixed_table(opt):
+    """A push whose every key is new and admitted (a fill) walks its rows unsorted, and a later
+    push of new keys with repeats sums them: both leave rows equal to the fixed table's."""
+    rows, dim = 300, 4
+    fixed = SparseShard(SparseTable("t", rows=rows, dim=dim, optimizer=opt, init=Uniform(-0.5, 0.5)), 0, 1)
+    store = HashSparseStore(HashTable("t", dim=dim, optimizer=opt, init=Uniform(-0.5, 0.5)))
+    rng = np.random.default_rng(12)
+    fill = rng.permutation(200).astype(np.int64)  # distinct, in no order
+    mixed = np.concatenate([fill[:50], np.arange(200, 300), np.arange(250, 300)]).astype(np.int64)  # held, new, new again
+    for ids in (fill, mixed):
+        g = grads(rng, len(ids), dim)
+        fixed.push_grad(ids, g)
+        store.push_grad(ids, g)
+    held = np.arange(rows, dtype=np.int64)
+    np.testing.assert_array_equal(store.pull(held), fixed.values[held])
+    got = store.rows_of(held)
+    for name, arr in fixed.state.items():
+        np.testing.assert_array_equal(got[name], arr[held])
+
+
 def test_admission_probability_within_statistical_bounds():
     p = 0.2
     store = HashSparseStore(HashTable("emb", dim=2, admit_probability=p))
