@@ -22,9 +22,9 @@ table): hash / fixed rows/s pull 1.15x and 0.83x (1 client), 0.97x and 0.90x (8 
 0.89x and 0.76x, 0.85x and 0.75x (aim 0.7x: met); hash pull from one client 7.57 and 6.49 M
 rows/s (5 M: met); 316 resident bytes per key (aim 380: met); shrink 0.14-0.16 s per million
 keys, pings during it p99 2.7 and 1.6 ms, one ping of 66 ms in the first run. With the fill's
-pings (20,000 keys a push; commits 62357b0, 3892084), two runs: fill pings p99 13.1 and 13.9
-ms, max 41.3 and 62.4 ms (the 50 ms aim met in one); push 0.84x and 0.98x (1 client), 0.90x and
-0.84x (8 clients); 314 resident bytes per key (bench/README.md has the rest).
+pings (20,000 keys a push; commits 62357b0, 3892084, b98278f), two runs: fill pings p99 8.4 and
+8.7 ms, max 25.8 and 35.8 ms; insert 0.69 and 0.66 M keys/s; push 0.82x and 0.79x (1 client),
+0.88x and 0.85x (8 clients); 314 resident bytes per key (bench/README.md has the rest).
 """
 
 from __future__ import annotations
