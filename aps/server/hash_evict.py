@@ -19,7 +19,9 @@ from .init_kernels import key_uniform
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _score(show, click, r, nonclk, clk):
+def row_score(show, click, r, nonclk, clk):
+    """Row ``r``'s ``nonclk * (show - click) + clk * click`` in float64 (Paddle's CTR accessor;
+    :func:`aps.server.hash_table.show_click_score` is the same over arrays)."""
     s = np.float64(show[r])
     c = np.float64(click[r])
     return nonclk * (s - c) + clk * c
@@ -70,7 +72,7 @@ def mark_victims(held, guard, show, click, count, seed, counter, nonclk, clk):
     m = 0
     for r in range(n):
         if held[r] and not (guarded and guard[r]):
-            vals[m] = _score(show, click, r, nonclk, clk)
+            vals[m] = row_score(show, click, r, nonclk, clk)
             m += 1
     cut = _select_kth(vals, k - 1)
     below = ties = 0
@@ -85,7 +87,7 @@ def mark_victims(held, guard, show, click, count, seed, counter, nonclk, clk):
         if not held[r] or (guarded and guard[r]):
             held[r] = False
             continue
-        s = _score(show, click, r, nonclk, clk)
+        s = row_score(show, click, r, nonclk, clk)
         if s == cut:
             keep = key_uniform(seed, r, counter) * (ties - seen) < need - taken
             seen += 1

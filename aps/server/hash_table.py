@@ -44,6 +44,7 @@ a caller runs in slices between requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numba import njit
@@ -51,7 +52,7 @@ from numba import njit
 from ..errors import ErrorCode
 from ..specs import MAX_DAYS, HashTable
 from . import optim
-from .hash_evict import mark_victims
+from .hash_evict import mark_victims, row_score
 from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .pages import fault_in_zeros
 from .prefetch import prefetch
@@ -119,9 +120,7 @@ def _decay_and_judge(show, click, last_step, last_day, used, rows, decay, thresh
         click[r] = np.float32(np.float64(click[r]) * decay)
     for i in range(rows.shape[0]):
         r = rows[i]
-        s = np.float64(show[r])
-        c = np.float64(click[r])
-        out = nonclk * (s - c) + clk * c < threshold
+        out = row_score(show, click, r, nonclk, clk) < threshold
         if ttl >= 0 and step - last_step[r] > ttl:
             out = True
         if ttl_days >= 0 and day - last_day[r] > ttl_days:
@@ -256,21 +255,12 @@ class HashSparseStore(HashChangeTracking):
         the caller checked that no key repeats, so no two occurrences share a slab row and the
         kernel walks them as pushed instead of sorting rows to find repeats (also known, and
         used, when every key of the push was new and admitted: a fill)."""
-        keys = _check_keys(self.name, keys)
-        n = keys.shape[0]
-        g = _check_values(self.name, grads, (n, self.spec.dim), "grads")
-        shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
-        clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         scale = _check_scale(self.name, scale)
-        rows, new, held = self._admitted_rows(keys)
-        distinct = distinct or new.size == n  # every key was new, and each took a row of its own
-        if held is not None:
-            g = g[held]
-            shows = shows[held] if shows.size else shows
-            clicks = clicks[held] if clicks.size else clicks
-        optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step, ordered=distinct)
-        self._pushed(rows, new, shows, clicks, advance_step, client)
-        return int(new.size)
+
+        def update(rows: np.ndarray, g: np.ndarray, ordered: bool) -> None:
+            optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step, ordered=ordered)
+
+        return self._push(keys, grads, "grads", shows, clicks, distinct, advance_step, client, update)
 
     def push_delta(
         self, keys: np.ndarray, deltas: np.ndarray, *, shows: np.ndarray | None = None, clicks: np.ndarray | None = None,
@@ -280,18 +270,31 @@ class HashSparseStore(HashChangeTracking):
         as a gradient push does (an admitted key starts from its initial row), and their
         statistics as for :meth:`push_grad` (one show and no click per occurrence when not
         given). Returns how many keys were admitted. ``distinct`` as for :meth:`push_grad`."""
+
+        def update(rows: np.ndarray, d: np.ndarray, ordered: bool) -> None:
+            optim.add_rows(self.values, rows, d, ordered=ordered)
+
+        return self._push(keys, deltas, "deltas", shows, clicks, distinct, advance_step, client, update)
+
+    def _push(
+        self, keys: np.ndarray, values: np.ndarray, what: str, shows: np.ndarray | None, clicks: np.ndarray | None,
+        distinct: bool, advance_step: bool, client: int | None, update: Callable[[np.ndarray, np.ndarray, bool], None],
+    ) -> int:
+        """What both pushes do around their update: check every array (before anything
+        changes), admit, drop the occurrences not admitted, ``update(rows, values, ordered)`` the
+        held rows, add the statistics. Returns how many keys were admitted."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
-        d = _check_values(self.name, deltas, (n, self.spec.dim), "deltas")
+        values = _check_values(self.name, values, (n, self.spec.dim), what)
         shows = _NONE if shows is None else _check_values(self.name, shows, (n,), "shows")
         clicks = _NONE if clicks is None else _check_values(self.name, clicks, (n,), "clicks")
         rows, new, held = self._admitted_rows(keys)
-        distinct = distinct or new.size == n
+        ordered = distinct or new.size == n  # every key was new, and each took a row of its own
         if held is not None:
-            d = d[held]
+            values = values[held]
             shows = shows[held] if shows.size else shows
             clicks = clicks[held] if clicks.size else clicks
-        optim.add_rows(self.values, rows, d, ordered=distinct)
+        update(rows, values, ordered)
         self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
@@ -417,14 +420,6 @@ class HashSparseStore(HashChangeTracking):
         self.last_step[rows] = self.step
         self.last_day[rows] = self.day
         return rows
-
-    @property
-    def growth_due(self) -> bool:
-        """True when :meth:`reserve` has work: fewer than a quarter of the slab's rows are free
-        and it may still grow, or the index should make its next slot array
-        (:meth:`HashIndex.resize_ahead_due`). A server then runs it off its event loop before a
-        push has to grow either inline."""
-        return self._slab_growth_due or self.index.resize_ahead_due(self.key_limit)
 
     @property
     def _slab_growth_due(self) -> bool:

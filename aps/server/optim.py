@@ -270,7 +270,6 @@ def _adam_rows(values, m, v, t, ids, grads, scale, clip, l2, lr, beta1, beta2, e
         _ask(v, ahead)
         if per_row:
             _ask(t, ahead)
-        if per_row:
             t[row] += 1
             corr2 = np.sqrt(1.0 - beta2 ** t[row])
             lr_t = lr * corr2 / (1.0 - beta1 ** t[row])
