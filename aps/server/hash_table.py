@@ -190,6 +190,7 @@ class HashSparseStore(HashChangeTracking):
         capacity = min(int(rows or spec.max_keys or _MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
         self._template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
+        self._row_nbytes = row_nbytes(spec)  # asked after every push (_map_ahead_rows): made once
         self.values = np.zeros((capacity, spec.dim), np.float32)
         self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self._template.items()}
         self.stats = np.zeros(capacity, STATS)  # per row; its fields are views (show, click, ...)
@@ -541,7 +542,7 @@ class HashSparseStore(HashChangeTracking):
     @property
     def row_nbytes(self) -> int:
         """Bytes of one key's row: value, optimizer state and statistics."""
-        return row_nbytes(self.spec)
+        return self._row_nbytes
 
     def counts(self) -> dict[str, int]:
         """What TABLE_INFO and STATS report of this shard: keys held, bytes reserved, and keys
