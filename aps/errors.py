@@ -76,6 +76,12 @@ class RequestTimeout(ApsError):
     """A call did not finish within its timeout budget (all retries included)."""
 
 
+class SourceUnavailable(ApsError):
+    """An online trainer's data source (a Redis stream's server) stayed unreachable for longer
+    than it is retried (``--stream-retry``); nothing read since the last checkpoint was
+    acknowledged, so ``--resume`` continues exactly."""
+
+
 class ConfigError(ApsError):
     """A setting, table spec or argument is invalid; raised before anything is sent."""
 

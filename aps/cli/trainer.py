@@ -18,6 +18,7 @@ from ..trainer.online_exports import ExportOptions
 from ..trainer.pool import stop_fork_server
 from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
+from ..trainer.sources.redis_stream import DEFAULT_RETRY
 from ..trainer.strategy import MERGES, MODES
 from ..tls import ca_context
 from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(none yet: start at the first pass)")
     on.add_argument("--pass-records", type=int, default=100_000, metavar="N",
                     help="a stream pass: N entries read by this trainer (default 100000)")
+    on.add_argument("--stream-retry", type=float, default=DEFAULT_RETRY, metavar="SECONDS",
+                    help="a stream's redis-server that cannot be reached is retried, reconnecting, for SECONDS from "
+                    "the first failure (logged while waiting), then the trainer stops, exit 1 "
+                    "(default %(default)g; 0: fail at once)")
     on.add_argument("--stream-group", metavar="NAME",
                     help="the stream's consumer group, one per job (default aps:STREAM); each trainer is "
                     "consumer trainer-ID of it")
@@ -226,6 +231,7 @@ def make_source(args: argparse.Namespace, trainer: Trainer) -> Source:
             records=args.pass_records,
             wait=args.pass_wait,
             parts=trainer.strategy.workers or 1,
+            retry=args.stream_retry,
         )
     return PassDir(
         args.data_passes,
