@@ -30,6 +30,9 @@ class TableInfo:
     admitted: int
     rejected: int
     evicted: int
+    #: of ``rejected``, those refused because a pserver's size budget (``--max-tables-bytes``,
+    #: ``--max-table-bytes``) had no room for new keys (0 from servers that do not count them)
+    over_budget: int = 0
 
 
 def merge_info(texts: Sequence[bytes]) -> TableInfo:
@@ -39,4 +42,5 @@ def merge_info(texts: Sequence[bytes]) -> TableInfo:
         if not isinstance(body, dict) or "spec" not in body or any(not isinstance(body.get(k), int) for k in COUNTS):
             raise RemoteProtocolError(f"a TABLE_INFO reply without the detail asked for: {str(body)[:200]}")
     totals = {k: sum(int(b[k]) for b in bodies) for k in COUNTS}
-    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals)
+    over_budget = sum(int(b.get("over_budget", 0)) for b in bodies)
+    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals, over_budget=over_budget)

@@ -85,15 +85,15 @@ class ServerCollector(Collector):
         )
         keys = GaugeMetricFamily("aps_server_table_keys", "Keys of a hash table held by this pserver.", labels=["table"])
         admission = CounterMetricFamily(
-            "aps_server_table_key_events", "Keys of a hash table admitted or evicted, and pushed occurrences rejected, by "
-            "this pserver.", labels=["table", "event"]
+            "aps_server_table_key_events", "Keys of a hash table admitted or evicted, and pushed occurrences rejected "
+            "(over_budget: those for a size budget), by this pserver.", labels=["table", "event"]
         )
         for name, shard in sorted(tables.items()):
             if isinstance(shard, HashSparseStore):
                 held = shard.counts()
                 keys.add_metric([name], held["keys"])
                 values.add_metric([name], held["keys"] * shard.spec.dim)
-                for event in ("admitted", "rejected", "evicted"):
+                for event in ("admitted", "rejected", "evicted", "over_budget"):
                     admission.add_metric([name, event], held[event])
             elif isinstance(shard, SparseShard):
                 rows.add_metric([name], shard.local_rows)

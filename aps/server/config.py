@@ -116,8 +116,9 @@ class ServerConfig:
     max_inflight_bytes: int = 1 << 30
     #: largest table shard (values + optimizer state) this server creates (BAD_REQUEST beyond)
     max_table_bytes: int = 16 << 30
-    #: all table shards of this server together, as created (BAD_REQUEST for the table that
-    #: would pass it); by default a share of the machine's memory (TABLES_SHARE_OF_MEMORY)
+    #: all table shards of this server together (BAD_REQUEST for the table that would pass it),
+    #: hash tables' growth included (new keys past it are rejected, counted in over_budget); by
+    #: default a share of the machine's memory (TABLES_SHARE_OF_MEMORY)
     max_tables_bytes: int = field(default_factory=default_tables_bytes)
     #: bytes held by all connections not through their handshake (a budget of their own, so
     #: that they cannot starve the others' max_inflight_bytes); over it a frame is refused

@@ -25,13 +25,13 @@ from .core_checkpoints import CheckpointHandlers
 from .core_hash import HashHandlers
 from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
-from .hash_table import HashSparseStore, budget_keys, planned_nbytes
+from .hash_table import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
 from .lag import SPARSE, UpdateVersions
 from .optim import scan_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
-from .tables import DenseShard, SparseShard, make_shard, shard_nbytes
+from .tables import DenseShard, SparseShard, TablesBudget, make_shard, shard_nbytes
 from .tracking import TrackingBudget
 
 log = structlog.get_logger("aps.server")
@@ -53,6 +53,8 @@ class ServerCore(HashHandlers):
         self.config = config
         self.tables: dict[str, Shard] = {}
         self.specs: dict[str, TableSpec] = {}
+        #: --max-tables-bytes: what the tables take, hash tables' growth included (tables.py)
+        self.budget = TablesBudget(config.max_tables_bytes)
         self.stats = ServerStats()
         #: gradient updates applied per table shard / dense block, and lagged pushes dropped
         self.versions = UpdateVersions(config.lag_limit)
@@ -79,6 +81,11 @@ class ServerCore(HashHandlers):
         #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
+        self._start_tables()
+
+    def _start_tables(self) -> None:
+        """The tables this server starts with, after the stale saves' clean-up (core_checkpoints.py):
+        a hook, so that a core that must write nothing (aps-serve's, aps/serving/core.py) skips both."""
         self.checkpointing.start()
 
     def install(self, shards: dict[str, Shard]) -> None:
@@ -87,6 +94,9 @@ class ServerCore(HashHandlers):
         self.tracking.drop_all()
         self.tables = shards
         self.specs = {name: shard.spec for name, shard in shards.items()}
+        self.budget = TablesBudget(self.config.max_tables_bytes)  # the tables it counted are gone
+        for shard in shards.values():
+            self._count_in_budget(shard)
 
     @property
     def resumed(self) -> str | None:
@@ -297,19 +307,19 @@ class ServerCore(HashHandlers):
                 f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
                 f"({what}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
             )
-        self._tables_fit(spec, need)
+        self._tables_fit(spec, self._claim_nbytes(spec))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[spec.name] = (spec, done)
         return self._build_table(spec, need, done)
 
     def _tables_fit(self, spec: TableSpec, need: int) -> None:
         """Refuse (BAD_REQUEST) the table that would take this server's tables, with those being
-        created, past --max-tables-bytes: a limit per table alone let one client create many."""
+        created, past --max-tables-bytes: a limit per table alone let one client create many.
+        ``need``, and what the tables hold, as the budget counts them (:meth:`_claim_nbytes`)."""
         limit = self.config.max_tables_bytes
         if not limit:
             return
-        held = sum(shard.nbytes for shard in self.tables.values())
-        held += sum(self._table_nbytes(other) for other, _ in self._creating.values())
+        held = self.budget.taken + sum(self._claim_nbytes(other) for other, _ in self._creating.values())
         if held + need > limit:
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
@@ -325,6 +335,23 @@ class ServerCore(HashHandlers):
         if isinstance(spec, HashTable):
             return planned_nbytes(spec, spec.max_keys or _HASH_START_ROWS)
         return shard_nbytes(spec, self.config.server_index, self.config.num_servers)
+
+    def _claim_nbytes(self, spec: TableSpec) -> int:
+        """Bytes a new shard of ``spec`` claims of the --max-tables-bytes budget: a hash table's
+        first slab (all of ``max_keys``) and its index at its peak (hash_table.claim_nbytes); its
+        growth claims more, as it comes."""
+        if isinstance(spec, HashTable):
+            return claim_nbytes(spec, spec.max_keys or _HASH_START_ROWS)
+        return shard_nbytes(spec, self.config.server_index, self.config.num_servers)
+
+    def _count_in_budget(self, shard: Shard) -> None:
+        """Count a shard this server now serves against --max-tables-bytes: a hash shard
+        claims its slab and index and then its growth; another counts its bytes, which never
+        change."""
+        if isinstance(shard, HashSparseStore):
+            shard.share_budget(self.budget)
+        else:
+            self.budget.take(shard.nbytes)
 
     def _new_shard(self, spec: TableSpec) -> Shard:
         """This server's part of a new table (run in a thread: a big one takes seconds)."""
@@ -357,6 +384,7 @@ class ServerCore(HashHandlers):
             else:
                 self.tables[spec.name] = shard
                 self.specs[spec.name] = spec
+                self._count_in_budget(shard)
                 log.info("table created", table=spec.name, kind=spec.kind, bytes=shard.nbytes)
         except BaseException as exc:
             done.set_exception(exc if isinstance(exc, ServerError) else ServerError(ErrorCode.INTERNAL, f"create failed: {exc!r}"))
@@ -638,6 +666,7 @@ class ServerCore(HashHandlers):
             },
             **self.stats.as_dict(),
             "lagged_grads": self.versions.as_dict(),
+            "tables_budget": {"limit": self.budget.limit, "taken": self.budget.taken},
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
 
@@ -702,7 +731,8 @@ def _size(spec: TableSpec) -> dict[str, Any]:
 
 
 def _hash_counts(shard: Shard) -> dict[str, int]:
-    """A hash table shard's keys held, admitted, rejected and evicted (STATS); nothing for others."""
+    """A hash table shard's keys held, admitted, rejected (over_budget: of them, for a size
+    budget) and evicted (STATS); nothing for others."""
     if isinstance(shard, HashSparseStore):
         return {k: v for k, v in shard.counts().items() if k != "bytes"}
     return {}
@@ -711,8 +741,8 @@ def _hash_counts(shard: Shard) -> dict[str, int]:
 def _contents(shard: Shard) -> dict[str, int]:
     """What a detailed TABLE_INFO reports of a shard beside its spec: ``keys`` (rows held, for
     a fixed table; dense tables: values held), ``bytes``, and for hash tables ``admitted``,
-    ``rejected`` and ``evicted``."""
+    ``rejected`` (``over_budget``: those for a size budget) and ``evicted``."""
     if isinstance(shard, HashSparseStore):
         return shard.counts()
     keys = shard.local_rows if isinstance(shard, SparseShard) else sum(b.size for b in shard.blocks.values())
-    return {"keys": keys, "bytes": shard.nbytes, "admitted": 0, "rejected": 0, "evicted": 0}
+    return {"keys": keys, "bytes": shard.nbytes, "admitted": 0, "rejected": 0, "evicted": 0, "over_budget": 0}

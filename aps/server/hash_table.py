@@ -32,6 +32,13 @@ Why this shape:
   is paid once per many admissions; new keys that still do not fit are rejected.
 * ``key_limit`` (from a pserver's size budget, :func:`budget_keys`) bounds an unbounded table:
   new keys past it are rejected, never evicted (the table asked for no eviction).
+* A pserver's budget for all its tables (:class:`~aps.server.tables.TablesBudget`,
+  ``--max-tables-bytes``) is shared by its shards: before the slab grows, the shard claims what
+  the bigger slab and its index may take at most (:func:`claim_nbytes`), and a slab grows only
+  as far as the budget has room (never doubling past it). Keys that do not fit are rejected and
+  counted in :attr:`over_budget` as well as :attr:`rejected`; held keys keep training. A
+  ``max_keys`` table claims its whole cap when created, so the budget never makes it evict: it
+  evicts by score at its cap, as it says.
 
 Without ``max_keys`` the slab grows by doubling (one copy per doubling, like a list); the index
 resizes in pieces (see :mod:`.hash_index`). Nothing here touches sockets or the event loop; what
@@ -57,7 +64,7 @@ from .hash_index import MAX_ROWS, HashIndex, index_nbytes
 from .pages import fault_in_zeros
 from .prefetch import prefetch
 from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
-from .tables import _bad, _check_scale, _check_values
+from .tables import TablesBudget, _bad, _check_scale, _check_values
 from .hash_tracking import HashChangeTracking
 
 #: Paddle's CtrCommonAccessor defaults
@@ -68,6 +75,8 @@ DELETE_THRESHOLD = 0.8
 #: a max_keys cap evicts this share of the cap at once
 EVICT_SHARE = 1 / 16
 _MIN_ROWS = 1024
+#: a HashIndex's counters (int64[6]) beside its arrays
+_INDEX_META_NBYTES = 48
 #: slab rows kept mapped ahead of the rows keys have used, in pushes' worth of new keys
 #: (:meth:`HashSparseStore.reserve`), and the most bytes of rows that may be
 MAP_AHEAD_PUSHES = 2
@@ -167,12 +176,40 @@ def planned_nbytes(spec: HashTable, keys: int) -> int:
     return keys * row_nbytes(spec) + index_nbytes(keys) + pending
 
 
+def _index_claim(keys: int) -> int:
+    """The most bytes a :class:`HashIndex` for up to ``keys`` keys holds: its free list, and its
+    slot array beside the one it drains (half its size) or the one made ahead for the next
+    resize (made only while keys may pass the current array's load: then it is this array).
+    A resize is sized for the keys held, so the last array is at most :func:`index_nbytes`'s."""
+    slots = index_nbytes(keys) - 4 * keys
+    return index_nbytes(keys) + slots // 2 + _INDEX_META_NBYTES
+
+
+def _pending_claim(spec: HashTable) -> int:
+    """The most bytes ``admit_count``'s counters take (none without it)."""
+    return spec.pending_keys * 8 + _index_claim(spec.pending_keys) if spec.admit_count > 1 else 0
+
+
+def claim_nbytes(spec: HashTable, rows: int) -> int:
+    """The most bytes a shard whose slab has ``rows`` rows takes while keys fill it: what it
+    claims of a pserver's tables budget (``--max-tables-bytes``) before its slab grows to
+    ``rows``. Slab rows (value, optimizer state, statistics), the index at its peak
+    (:func:`_index_claim`) and the admission counters; not change tracking, which has a budget
+    of its own (``--max-tracking-bytes``)."""
+    return rows * row_nbytes(spec) + _index_claim(rows) + _pending_claim(spec)
+
+
 def budget_keys(spec: HashTable, budget: int) -> int:
     """The most keys whose :func:`planned_nbytes` fits in ``budget`` bytes (0 if none)."""
-    low, high = 0, MAX_ROWS
-    while low < high:  # planned_nbytes grows with keys
+    return _most(0, MAX_ROWS, lambda keys: planned_nbytes(spec, keys) <= budget)
+
+
+def _most(low: int, high: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in [low, high] that ``fits``, by bisection: sizes grow with keys or rows,
+    so what fits is a prefix. ``low`` is taken to fit."""
+    while low < high:
         mid = (low + high + 1) // 2
-        if planned_nbytes(spec, mid) <= budget:
+        if fits(mid):
             low = mid
         else:
             high = mid - 1
@@ -200,6 +237,11 @@ class HashSparseStore(HashChangeTracking):
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
         self.admitted = self.rejected = self.evicted = 0
+        self.over_budget = 0  # occurrences of new keys rejected for lack of room (also in rejected)
+        self._budget: TablesBudget | None = None  # the pserver's budget for all its tables
+        self._claimed = 0  # bytes claimed of it
+        self._refused_at = -1  # the budget's version when it last had no room for more rows
+        self._pending_claim = _pending_claim(spec)
         self.pending_resets = 0
         self._wanted = 0  # keys the last push wanted admitted (eviction_due keeps room for as many)
         self._seed = table_seed(spec.name, spec.seed)
@@ -337,7 +379,10 @@ class HashSparseStore(HashChangeTracking):
             ok &= draws
         chosen = np.flatnonzero(ok)
         self._wanted = int(chosen.size)
-        chosen = chosen[: self._make_room(chosen.size, rows[rows >= 0])]
+        under_cap, fit = self._make_room(chosen.size, rows[rows >= 0])
+        if fit < under_cap:
+            self._over_budget(int(counts[chosen[fit:under_cap]].sum()))
+        chosen = chosen[:fit]
         if self._pending is not None and chosen.size:
             self._pending_counts[self._pending.delete(cand[chosen])] = 0
         if not chosen.size:
@@ -363,14 +408,66 @@ class HashSparseStore(HashChangeTracking):
         totals[:fit] = self._pending_counts[at]
         return totals
 
-    def _make_room(self, wanted: int, protected_rows: np.ndarray) -> int:
+    def _make_room(self, wanted: int, protected_rows: np.ndarray) -> tuple[int, int]:
         """Evict low-score keys so ``wanted`` new keys fit under ``max_keys`` (never a row in
-        ``protected_rows``); returns how many new keys fit."""
+        ``protected_rows``), and grow the slab for them as far as the size budgets let it.
+        Returns (how many fit under ``max_keys``, how many of those fit the size budgets too)."""
         cap = self.spec.max_keys
         if cap is not None and len(self) + wanted > cap:
             over = len(self) + min(wanted, cap) - cap
             self.delete_keys(self.evict_plan(over + int(cap * EVICT_SHARE), protected_rows))
-        return max(0, min(wanted, self.key_limit - len(self)))
+        under_cap = max(0, min(wanted, (cap or MAX_ROWS) - len(self)))
+        fit = max(0, min(under_cap, self.key_limit - len(self)))
+        if fit > self.index.free_rows:
+            self._grow(len(self) + fit, partial=True)
+            fit = min(fit, self.index.free_rows)
+        return under_cap, fit
+
+    def _over_budget(self, occurrences: int) -> None:
+        """Count (and have the pserver's budget log, rate-limited) new keys' occurrences
+        rejected because a size budget has no room for them."""
+        self.over_budget += occurrences
+        if self._budget is not None:
+            self._budget.refused(self.name, occurrences, len(self), self.key_limit)
+
+    # ------------------------------------------------------------ the tables budget
+
+    def share_budget(self, budget: TablesBudget) -> None:
+        """Count this shard against ``budget`` (a pserver's, for all its tables) from now on:
+        claim what its slab and index may take (:func:`claim_nbytes`); it may grow only into
+        what the budget has free."""
+        self._budget, self._claimed, self._refused_at = budget, 0, -1
+        self._claim(self.capacity)
+
+    def _claim_nbytes(self, rows: int) -> int:
+        """:func:`claim_nbytes` for this shard, without building the optimizer's template."""
+        return rows * self._row_nbytes + _index_claim(rows) + self._pending_claim
+
+    def _claim(self, rows: int) -> None:
+        """Claim of the budget what a slab of ``rows`` rows may take (replacing the last claim)."""
+        if self._budget is not None:
+            claim = self._claim_nbytes(rows)
+            self._budget.take(claim - self._claimed)
+            self._claimed = claim
+
+    def _rows_in_budget(self, rows: int) -> int:
+        """The most slab rows, at most ``rows`` and at least those held, that the budget has room
+        for. O(1) while the budget has room, or had none and nothing changed since."""
+        budget = self._budget
+        if budget is None or self._claim_nbytes(rows) - self._claimed <= budget.free:
+            return rows
+        if budget.version == self._refused_at:
+            return self.capacity
+        free = budget.free + self._claimed  # the rows held are claimed already
+        fit = _most(self.capacity, rows - 1, lambda n: self._claim_nbytes(n) <= free)
+        if fit == self.capacity:
+            self._refused_at = budget.version
+        return fit
+
+    @property
+    def _budget_full(self) -> bool:
+        """The budget had no room for one more row, and nothing changed since."""
+        return self._budget is not None and self._refused_at == self._budget.version
 
     def evict_plan(self, count: int, protected_rows: np.ndarray | None = None) -> np.ndarray:
         """The ``count`` (at most) held keys of lowest score, never one whose row is in
@@ -424,7 +521,7 @@ class HashSparseStore(HashChangeTracking):
 
     @property
     def _slab_growth_due(self) -> bool:
-        return self.capacity < self.key_limit and self.index.free_rows < self.capacity // 4
+        return self.capacity < self.key_limit and self.index.free_rows < self.capacity // 4 and not self._budget_full
 
     @property
     def _map_ahead_rows(self) -> int:
@@ -447,12 +544,12 @@ class HashSparseStore(HashChangeTracking):
         (:attr:`_map_ahead_rows`), or the index should make its next slot array
         (:meth:`HashIndex.resize_ahead_due`). A server then runs it off its event loop before a
         push has to do any of it inline."""
-        return self._slab_growth_due or self._map_ahead_due or self.index.resize_ahead_due(self.key_limit)
+        return self._slab_growth_due or self._map_ahead_due or self.index.resize_ahead_due(self.capacity)
 
     def reserve(self) -> None:
-        """Do what :attr:`growth_due` asks: double the slab (up to ``key_limit`` rows), which
-        copies every used row; map the slab rows the next new keys will take; make and map the
-        index's next slot array. A server runs it in a thread while pushes wait (pulls may read
+        """Do what :attr:`growth_due` asks: double the slab (up to ``key_limit`` rows and what
+        the tables budget has room for), which copies every used row; map the slab rows the next
+        new keys will take; make and map the index's next slot array. A server runs it in a thread while pushes wait (pulls may read
         meanwhile: no held row or slot changes).
 
         Why map ahead: the slab is lazily mapped zeros, so the first push to reach a row of a
@@ -461,10 +558,10 @@ class HashSparseStore(HashChangeTracking):
         event loop. Mapping the rows of the next pushes here moves that wait off the loop while
         the slab still costs memory only near the rows keys use."""
         if self._slab_growth_due:
-            self._grow(min(self.key_limit, 2 * self.capacity))
+            self._grow(min(self.key_limit, 2 * self.capacity), partial=True)
         if self._map_ahead_due:
             self._map_ahead()
-        if self.index.resize_ahead_due(self.key_limit):
+        if self.index.resize_ahead_due(self.capacity):  # keys never pass the slab's rows
             self.index.prepare_resize()
 
     def _map_ahead(self) -> None:
@@ -477,12 +574,17 @@ class HashSparseStore(HashChangeTracking):
             fault_in_zeros(arr[start:stop])
         self._mapped = max(self._mapped, stop)
 
-    def _grow(self, needed: int) -> None:
-        """Double the slab (at least to ``needed`` rows, at most to ``key_limit``): lazily mapped
-        zeros, used rows copied."""
+    def _grow(self, needed: int, *, partial: bool = False) -> None:
+        """Double the slab (at least to ``needed`` rows, at most to ``key_limit`` and to what the
+        tables budget has room for): lazily mapped zeros, used rows copied. ``partial``: grow as
+        far as the budget lets it, even short of ``needed``; else that is an error."""
         capacity = min(MAX_ROWS, self.key_limit, max(needed, 2 * self.capacity))
         if capacity < needed:
             raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys exceed the {capacity} rows this shard may hold")
+        capacity = self._rows_in_budget(capacity)
+        if capacity < needed and not partial:
+            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys do not fit this pserver's budget for all tables "
+                       f"({capacity} rows do; aps-server --max-tables-bytes)")
         if capacity <= self.capacity:
             return
         used = self.index.rows_used
@@ -498,6 +600,7 @@ class HashSparseStore(HashChangeTracking):
         self._mapped = used  # the copy wrote them; the rest of the new arrays are fresh zeros
         self.index.grow_rows(capacity)
         self._tracked_rows = capacity  # bitmaps widen when next used (tracking.py)
+        self._claim(capacity)
 
     # ------------------------------------------------------------ eviction
 
@@ -546,9 +649,10 @@ class HashSparseStore(HashChangeTracking):
 
     def counts(self) -> dict[str, int]:
         """What TABLE_INFO and STATS report of this shard: keys held, bytes reserved, and keys
-        admitted, occurrences rejected and keys evicted since it was created."""
+        admitted, occurrences rejected (those of them for a size budget: ``over_budget``) and
+        keys evicted since it was created."""
         return {"keys": len(self), "bytes": self.nbytes, "admitted": self.admitted, "rejected": self.rejected,
-                "evicted": self.evicted}
+                "evicted": self.evicted, "over_budget": self.over_budget}
 
     def slab_arrays(self) -> dict[str, np.ndarray]:
         """The per-row arrays by name, live (not copies): ``values``, the optimizer state and

@@ -12,9 +12,11 @@ impossible: either the whole push is applied or none of it.
 from __future__ import annotations
 
 import math
+import time
 from typing import Union
 
 import numpy as np
+import structlog
 
 from ..errors import ErrorCode, ServerError
 from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
@@ -22,6 +24,10 @@ from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
 from .tracking import ChangeTracking
+
+log = structlog.get_logger("aps.server")
+#: seconds between two log lines about keys refused over a size budget (the first comes at once)
+REFUSED_LOG_EVERY = 10.0
 
 
 def _bad(code: ErrorCode, table: str, message: str) -> ServerError:
@@ -342,3 +348,49 @@ def make_shard(spec: TableSpec, shard: int, num_shards: int, *, initialise: bool
         blocks = [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard]
         return DenseShard(spec, blocks, initialise=initialise)
     raise TypeError(f"unknown table spec {spec!r}")
+
+
+class TablesBudget:
+    """The bytes all of one pserver's table shards may take together (``--max-tables-bytes``;
+    0: no limit), and what they take now.
+
+    Why an object the shards share: a hash table grows as keys come, so a check when tables are
+    created held nothing (20 M keys took 7x a 512 MiB budget). Fixed tables are counted once,
+    as created; a hash shard claims, before its slab grows, the most its next slab and index
+    may take (:func:`~aps.server.hash_table.claim_nbytes`). Growth is rare (a doubling), so a
+    push pays nothing for the budget until its new keys need a bigger slab, and then O(1)
+    (:attr:`version` lets a shard refused once skip asking again until something changed).
+    Not thread-safe, and needs not be: growth runs on the event loop or in the one upkeep
+    thread the write gate lets run, never both at once."""
+
+    def __init__(self, limit: int, *, log_every: float = REFUSED_LOG_EVERY) -> None:
+        self.limit = int(limit)
+        self.taken = 0
+        #: changes at every take: a shard's refused growth stays refused until it moves
+        self.version = 0
+        self.log_every = log_every
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    @property
+    def free(self) -> int:
+        """Bytes not claimed yet (may be negative: a load brought more than the limit)."""
+        return self.limit - self.taken if self.limit else 1 << 62
+
+    def take(self, nbytes: int) -> None:
+        """Count ``nbytes`` more as taken (negative: given back)."""
+        self.taken += int(nbytes)
+        self.version += 1
+
+    def refused(self, table: str, occurrences: int, keys: int, key_limit: int) -> None:
+        """Note pushed occurrences of new keys refused because a size budget is full: a
+        warning at once the first time, then at most one per :attr:`log_every` seconds with the
+        count since the last one (a push of new keys per request must not log per request)."""
+        self._unlogged += occurrences
+        now = time.monotonic()
+        if self._logged_at is not None and now - self._logged_at < self.log_every:
+            return
+        log.warning("table size budget reached: new keys refused, held keys still train", table=table,
+                    refused_since_last_line=self._unlogged, keys=keys, key_limit=key_limit,
+                    max_tables_bytes=self.limit, tables_bytes=self.taken)
+        self._logged_at, self._unlogged = now, 0
