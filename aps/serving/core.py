@@ -41,9 +41,14 @@ class ServingCore(ServerCore):
         self.swaps = 0
         #: export version -> why it was not loaded (the follower's)
         self.refused: dict[int, str] = {}
+        #: delta version -> why it is not applied: it does not follow the version served (the follower's)
+        self.waiting: dict[int, str] = {}
 
     def _start_tables(self) -> None:
-        """Nothing from disk at start but the exports (no init_model, no stale-save clean-up)."""
+        """Nothing from disk at start but the exports: no init_model, no resume, and no stale-save
+        clean-up, which would delete the temporary of a save in progress by a pserver whose
+        checkpoint root this is (aps-serve's own is the cwd, its shard name a one-pserver job's).
+        A read-only store writes and deletes nothing."""
 
     def install(self, model: ServedModel) -> None:
         """Serve ``model`` from now on (one assignment: lookups never see half of it)."""
@@ -117,6 +122,7 @@ class ServingCore(ServerCore):
                 "installed_at": self.installed_at,
                 "swaps": self.swaps,
                 "refused": {str(v): why for v, why in self.refused.items()},
+                "waiting": {str(v): why for v, why in self.waiting.items()},
             },
             "tables": {} if model is None else {
                 name: {"kind": model.specs[name].kind, "keys": len(t), "bytes": t.nbytes} for name, t in model.tables.items()

@@ -3,20 +3,25 @@
 :meth:`ExportFollower.advance` (blocking: run it in a thread) looks at the root once. A done
 base newer than the model served is loaded whole (the deltas before it are skipped); otherwise
 the done deltas that continue the served version (each names the version it follows) are
-applied in order. An export without its done marker is never read; one whose manifest or a
-file fails its SHA-256, or that does not parse, is set aside and named in :attr:`refused` (it
-is not read again), and a delta chain stops before it until a newer base comes.
+applied in order. An export without its done marker is never read; one that cannot be loaded
+(a manifest or a file that fails its SHA-256, a manifest of the wrong shape, a file that does
+not parse, or any other error its content raises) is set aside, logged with its reason and
+named in :attr:`refused` (it is not read again), and a delta chain stops before it until a
+newer base comes. A done delta that does not follow the version served (one before it was
+refused) is not applied either: it is named in :attr:`waiting`, logged once, until a newer
+base makes it moot. Nothing an export holds ends the follower.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
 from ..errors import ConfigError
-from .layout import list_exports, read_manifest
+from .layout import ExportEntry, list_exports, read_manifest
 from .model import ServedModel, apply_delta, load_base
 
 log = structlog.get_logger("aps.serving")
@@ -28,8 +33,11 @@ class ExportFollower:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.model: ServedModel | None = None
-        #: export version -> why it was not loaded
+        #: export version -> why it was not loaded (for good: it is not read again)
         self.refused: dict[int, str] = {}
+        #: delta version -> why it is not applied: it does not follow the version served, and
+        #: only a newer base (which makes it moot) gets the store past it
+        self.waiting: dict[int, str] = {}
 
     def advance(self) -> ServedModel | None:
         """The model after what the root holds now, or None when nothing new can be loaded."""
@@ -38,27 +46,57 @@ class ExportFollower:
         model = self.model
         bases = [e for e in done if e.kind == "base" and e.version > current]
         for base in reversed(bases):  # the newest base that loads
-            try:
-                model = load_base(base.path, read_manifest(base.path))
+            loaded = self._load(base, lambda e: load_base(e.path, read_manifest(e.path)))
+            if loaded is not None:
+                model = loaded
                 break
-            except ConfigError as exc:
-                self._refuse(base.version, exc)
         if model is None:
             return None
         for delta in (e for e in done if e.kind == "delta" and e.version > model.version):
-            try:
-                manifest = read_manifest(delta.path)
-                if manifest.get("previous_version") != model.version:
-                    break  # not the next one (the chain continues from a newer base only)
-                model = apply_delta(model, delta.path, manifest)
-            except ConfigError as exc:
-                self._refuse(delta.version, exc)
-                break
+            applied = self._load(delta, lambda e, m=model: self._apply(m, e))
+            if applied is None:
+                break  # refused, or not the next one: the chain continues from a newer base only
+            model = applied
         if model is self.model:
             return None
         self.model = model
+        self.waiting = {v: why for v, why in self.waiting.items() if v > model.version}  # a newer base made them moot
         return model
 
-    def _refuse(self, version: int, exc: ConfigError) -> None:
-        self.refused[version] = str(exc)
-        log.error("export refused: not loaded", version=version, reason=str(exc))
+    def _apply(self, model: ServedModel, delta: ExportEntry) -> ServedModel | None:
+        """``model`` with ``delta`` applied, or None (listed in :attr:`waiting`) when the delta
+        follows another version than ``model``'s."""
+        manifest = read_manifest(delta.path)
+        previous = manifest["previous_version"]
+        if previous != model.version:
+            self._wait(delta.version, previous, model.version)
+            return None
+        return apply_delta(model, delta.path, manifest)
+
+    def _load(self, entry: ExportEntry, load: Callable[[ExportEntry], ServedModel | None]) -> ServedModel | None:
+        """``load(entry)``, or None with the export refused when it raises. Why so broad: a
+        refusal names a ConfigError (the checks of layout.py and model.py); anything else an
+        export's content raises is a check missing there, and must still set that export aside,
+        not end the follower (CancelledError and KeyboardInterrupt are no Exception: they pass)."""
+        try:
+            return load(entry)
+        except ConfigError as exc:
+            self._refuse(entry.version, str(exc))
+        except Exception as exc:  # a check missing in layout.py or model.py: refused all the same
+            self._refuse(entry.version, f"export {entry.path}: cannot be loaded ({type(exc).__name__}: {exc})", error=exc)
+        return None
+
+    def _refuse(self, version: int, reason: str, error: Exception | None = None) -> None:
+        self.refused[version] = reason
+        self.waiting.pop(version, None)
+        log.error("export refused: not loaded", version=version, reason=reason, exc_info=error)
+
+    def _wait(self, version: int, previous: int, served: int) -> None:
+        """List a delta that does not follow the version served, and log it once (not every poll)."""
+        reason = (
+            f"delta {version} follows version {previous}, and the model served is version {served}: "
+            f"not applied; the store advances past it with a base newer than {served}"
+        )
+        if self.waiting.get(version) != reason:
+            log.warning("export not applied: the version chain is broken", version=version, follows=previous, served=served)
+        self.waiting[version] = reason

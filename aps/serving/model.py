@@ -12,15 +12,21 @@ seed, key) (init_kernels.py), so serving and training agree on keys that were ne
 a key a shrink deleted before a base is not in that base, nor in what is built from it.
 
 Only the values are read of a shard's files (no optimizer state, no statistics), and every file
-read is checked against the SHA-256 the export's manifest gives for it before it is parsed.
+read is checked against the SHA-256 the export's manifest gives for it before it is parsed. A
+count a manifest claims (keys, rows) is checked against the bytes of the files that hold them
+before anything is allocated for it, and any other error the content raises is a ConfigError:
+an export that cannot be loaded is refused, never the end of the follower.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
+import os
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,43 +144,59 @@ class ServedModel:
     exports: list[int] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _content_errors(directory: Path) -> Iterator[None]:
+    """Any error that the content of an export's files raises while it is read (a shard manifest
+    without a key, a count that is a string, ...) as the ConfigError that refuses the export:
+    what is on disk must never end the follower, only set that export aside (follow.py)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ConfigError(f"export {directory}: malformed ({type(exc).__name__}: {exc})") from exc
+
+
 def load_base(directory: Path, manifest: dict[str, Any]) -> ServedModel:
     """The model of a base export (its manifest read and checked: layout.read_manifest)."""
-    files = _ExportFiles(directory, manifest)
-    tables: dict[str, Served] = {}
-    specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
-    for name, spec in specs.items():
-        if isinstance(spec, HashTable):
-            store = ServedHash(spec, int(manifest["tables"][name]["keys"]))
-            for keys, values in files.hash_parts(name, spec):
-                store.put(keys, values)
-            tables[name] = store
-        else:
-            tables[name] = files.whole(name, spec)
-    return _model(manifest, tables, specs, [int(manifest["version"])])
+    with _content_errors(directory):
+        files = _ExportFiles(directory, manifest)
+        tables: dict[str, Served] = {}
+        specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
+        for name, spec in specs.items():
+            if isinstance(spec, HashTable):
+                store = ServedHash(spec, files.hash_keys(name, spec, manifest["tables"][name]["keys"]))
+                for keys, values in files.hash_parts(name, spec):
+                    store.put(keys, values)
+                tables[name] = store
+            else:
+                tables[name] = files.whole(name, spec)
+        return _model(manifest, tables, specs, [int(manifest["version"])])
 
 
 def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -> ServedModel:
     """A new model: ``model`` with the delta export written over it (``model`` is unchanged)."""
     if manifest.get("previous_version") != model.version:
         raise ConfigError(f"export {directory} follows version {manifest.get('previous_version')}, not {model.version}")
-    files = _ExportFiles(directory, manifest)
-    tables = dict(model.tables)
-    specs = dict(model.specs)
-    for name, entry in manifest["tables"].items():
-        spec = spec_from_dict(entry["spec"])
-        if name in specs and specs[name] != spec:
-            raise ConfigError(f"export {directory}: table {name!r} has another spec than in version {model.version}")
-        specs[name] = spec
-        if isinstance(spec, HashTable):
-            old = tables.get(name)
-            store = old.copy() if isinstance(old, ServedHash) else ServedHash(spec, int(entry["keys"]))
-            for keys, values in files.hash_parts(name, spec):
-                store.put(keys, values)
-            tables[name] = store
-        else:
-            tables[name] = files.whole(name, spec)
-    return _model(manifest, tables, specs, [*model.exports, int(manifest["version"])])
+    with _content_errors(directory):
+        files = _ExportFiles(directory, manifest)
+        tables = dict(model.tables)
+        specs = dict(model.specs)
+        for name, entry in manifest["tables"].items():
+            spec = spec_from_dict(entry["spec"])
+            if name in specs and specs[name] != spec:
+                raise ConfigError(f"export {directory}: table {name!r} has another spec than in version {model.version}")
+            specs[name] = spec
+            if isinstance(spec, HashTable):
+                count = files.hash_keys(name, spec, entry["keys"])
+                old = tables.get(name)
+                store = old.copy() if isinstance(old, ServedHash) else ServedHash(spec, count)
+                for keys, values in files.hash_parts(name, spec):
+                    store.put(keys, values)
+                tables[name] = store
+            else:
+                tables[name] = files.whole(name, spec)
+        return _model(manifest, tables, specs, [*model.exports, int(manifest["version"])])
 
 
 def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str, TableSpec], exports: list[int]) -> ServedModel:
@@ -207,6 +229,39 @@ class _ExportFiles:
             raise ConfigError(f"export {self.directory}: {relative} does not match its SHA-256 in the manifest")
         return data
 
+    def _size(self, relative: str) -> int:
+        """The bytes of a file the manifest names, read from disk before the file is (so that a
+        count claimed for it is checked before anything is allocated for it)."""
+        if relative not in self.digests:
+            raise ConfigError(f"export {self.directory}: {relative} is not in its manifest")
+        try:
+            return os.stat(self.directory / relative).st_size
+        except OSError as exc:
+            raise ConfigError(f"export {self.directory}: cannot read {relative}: {exc}") from exc
+
+    def _fits(self, relatives: list[str], nbytes: int, what: str) -> None:
+        """Refuse ``what`` when its files are smaller than the ``nbytes`` of values its spec claims
+        (files are uncompressed .npy: they are at least that big), before it is allocated."""
+        held = sum(self._size(r) for r in relatives)
+        if held < nbytes:
+            raise ConfigError(f"export {self.directory}: {what} claims {nbytes} bytes of values, its files hold {held} bytes")
+
+    def hash_keys(self, name: str, spec: HashTable, claimed: int) -> int:
+        """The keys hash table ``name`` has in this export, checked before its rows are
+        allocated: each file's count must fit in the file's bytes (an uncompressed .npz holds
+        8 + 4 * dim bytes a key) and the manifest's total must be their sum."""
+        total = 0
+        for shard, manifest in self.shards:
+            entry = manifest["tables"][name]
+            for logical, file in entry["files"].items():
+                count = int(entry["keys"][logical])
+                if count < 0 or (count and count * (8 + 4 * spec.dim) > self._size(f"{shard}/{file}")):
+                    raise ConfigError(f"export {self.directory}: {shard}/{file} claims {count} keys of table {name!r}, more than its bytes hold")
+                total += count
+        if claimed != total:
+            raise ConfigError(f"export {self.directory}: table {name!r} claims {claimed} keys, its files hold {total}")
+        return total
+
     def _array(self, relative: str, npz_names: tuple[str, ...] = ()) -> Any:
         data = self._read(relative)
         try:
@@ -228,7 +283,7 @@ class _ExportFiles:
                 if count == 0:
                     continue
                 keys, values = self._array(f"{shard}/{file}", ("keys", "values"))
-                if keys.dtype != np.int64 or values.dtype != np.float32 or values.shape != (count, spec.dim):
+                if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != np.float32 or values.shape != (count, spec.dim):
                     raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
                 yield keys, values
 
@@ -236,6 +291,7 @@ class _ExportFiles:
         """A fixed or dense table put together from every shard's part."""
         n = self.num_shards
         if isinstance(spec, SparseTable):
+            self._fits([f"{shard}/{m['tables'][name]['files']['values']}" for shard, m in self.shards], 4 * spec.rows * spec.dim, f"fixed table {name!r}")
             out = np.empty((spec.rows, spec.dim), np.float32)
             for k, (shard, manifest) in enumerate(self.shards):
                 part = self._array(f"{shard}/{manifest['tables'][name]['files']['values']}")
@@ -244,6 +300,8 @@ class _ExportFiles:
                 out[k::n] = part  # global row g = k + n * local
             return ServedFixed(spec, out)
         if isinstance(spec, DenseTable):
+            parts = [f"{shard}/{b['files']['values']}" for shard, m in self.shards for b in m["tables"][name]["blocks"]]
+            self._fits(parts, 4 * spec.size, f"dense table {name!r}")
             flat = np.empty(spec.size, np.float32)
             covered = 0
             for shard, manifest in self.shards:

@@ -69,7 +69,13 @@ class ServingServer:
         except (OSError, ConfigError) as exc:  # an unreadable root: say so, look again next time
             log.error("cannot read the export root", root=self.root, error=str(exc))
             return False
-        self.core.refused = dict(self.follower.refused)
+        except Exception as exc:  # the follower refuses what an export holds, so this is a bug: say so, and
+            # serve the version held (look again next time) rather than end the follow task
+            log.error("following the export root failed", root=self.root, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            return False
+        finally:
+            self.core.refused = dict(self.follower.refused)
+            self.core.waiting = dict(self.follower.waiting)
         if model is None:
             return False
         self.core.install(model)
