@@ -21,6 +21,9 @@ from .ctr_batches import CtrBatch, CtrBatcher
 from .layers import MLP, Dense
 
 OPTIMIZERS = ("adam", "sgd", "adagrad")
+#: ``sparse_optimizer=``: ``same`` (the model's ``optimizer`` on every table) or another for the
+#: sparse tables alone, at ``sparse_lr``
+SPARSE_OPTIMIZERS = ("same", *OPTIMIZERS)
 #: ``table=``: fixed arrays of ``buckets`` rows (ids hashed modulo buckets) or hash tables
 #: (any 64-bit key, admitted and evicted on the pservers; docs/concepts.md, "Fixed or hash")
 TABLE_KINDS = ("fixed", "hash")
@@ -72,6 +75,9 @@ class CriteoModel(Model):
     :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
     pserver; None: unbounded); shows and clicks go with the gradients.
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
+    ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``:
+    the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense layers
+    in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule).
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -86,6 +92,7 @@ class CriteoModel(Model):
         self, *, embedding_size: int, hidden: str, batch_size: int, lr: float, optimizer: str,
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
+        sparse_optimizer: str = "same", sparse_lr: float | None = None,
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -107,9 +114,18 @@ class CriteoModel(Model):
             "admit_probability": admit_probability, "admit_count": admit_count,
             "max_keys": None if max_keys in (None, "None", "none") else max_keys,
         }
-        self._tables = self._build_tables(make_optimizer(self.name, self.optimizer, self.lr, self.bias_correction, self.l2))
+        if sparse_optimizer not in SPARSE_OPTIMIZERS:
+            raise ConfigError(f"{self.name} sparse_optimizer must be one of {', '.join(SPARSE_OPTIMIZERS)}, got {sparse_optimizer!r}")
+        self.sparse_optimizer = str(sparse_optimizer)
+        self.sparse_lr = self.lr if sparse_lr in (None, "None", "none") else positive_float(self.name, "sparse_lr", sparse_lr)
+        dense = make_optimizer(self.name, self.optimizer, self.lr, self.bias_correction, self.l2)
+        sparse = dense if self.sparse_optimizer == "same" else make_optimizer(
+            self.name, self.sparse_optimizer, self.sparse_lr, self.bias_correction, self.l2)
+        self._tables = self._build_tables(dense, sparse)
 
-    def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
+    def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:
+        """The model's tables: ``sparse_optimizer`` for those indexed by slot ids, ``optimizer``
+        for the rest."""
         raise NotImplementedError
 
     def _sparse_table(self, name: str, dim: int, init: Initializer, optimizer: Optimizer) -> SparseTable | HashTable:
@@ -136,7 +152,8 @@ class CriteoModel(Model):
             "model": self.name, "slots": self.format.slots, "dense": self.format.dense,
             "embedding_size": self.embedding_size, "hidden": ",".join(map(str, self.hidden)),
             "batch_size": self.batch_size, "optimizer": self.optimizer, "lr": self.lr,
-            **({"bias_correction": self.bias_correction} if self.optimizer == "adam" else {}),
+            **({"bias_correction": self.bias_correction} if "adam" in (self.optimizer, self.sparse_optimizer) else {}),
+            **({"sparse_optimizer": self.sparse_optimizer, "sparse_lr": self.sparse_lr} if self.sparse_optimizer != "same" else {}),
             "table": self.table_kind, **(self.admission if self.table_kind == "hash" else {}),
             **({"l2": self.l2} if self.l2 else {}),
         }

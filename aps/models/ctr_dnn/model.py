@@ -65,18 +65,21 @@ class CtrDnn(CriteoModel):
         admit_count: int = 1,
         max_keys: int | None = None,
         l2: float = 0.0,
+        sparse_optimizer: str = "same",
+        sparse_lr: float | None = None,
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
+            sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr,
         )
 
-    def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
+    def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:
         fmt, r = self.format, self.init_range
         self.layers = stack("fc", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 2)
         tables: list[TableSpec] = [
-            self._sparse_table(EMBEDDING, self.embedding_size, Uniform(-r, r), optimizer)
+            self._sparse_table(EMBEDDING, self.embedding_size, Uniform(-r, r), sparse_optimizer)
         ]
         for layer in self.layers:
             tables.extend(layer.tables(optimizer, self.seed))

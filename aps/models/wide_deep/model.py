@@ -64,21 +64,25 @@ class WideDeep(CriteoModel):
         ftrl_alpha: float = 1.0,
         ftrl_beta: float = 1.0,
         ftrl_l1: float = 0.0,
+        sparse_optimizer: str = "same",
+        sparse_lr: float | None = None,
     ) -> None:
         self.wide = (str(wide_optimizer), ftrl_alpha, ftrl_beta, ftrl_l1)
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
+            sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr,
         )
 
-    def _build_tables(self, optimizer: Optimizer) -> list[TableSpec]:
+    def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:
         fmt, r = self.format, self.init_range
         wide = wide_optimizer(self.name, self.wide[0], optimizer, *self.wide[1:])
+        wide_slot = sparse_optimizer if self.wide[0] == "same" else wide
         self.layers = stack("deep", fmt.slots * self.embedding_size + fmt.dense, self.hidden, 1)
         tables: list[TableSpec] = [
-            self._sparse_table(WIDE_SLOT, 1, Constant(0.0), wide),
-            self._sparse_table(DEEP_EMB, self.embedding_size, Uniform(-r, r), optimizer),
+            self._sparse_table(WIDE_SLOT, 1, Constant(0.0), wide_slot),
+            self._sparse_table(DEEP_EMB, self.embedding_size, Uniform(-r, r), sparse_optimizer),
             DenseTable(WIDE_DENSE, (max(fmt.dense, 1), 1), Constant(0.0), wide, seed=self.seed),
             DenseTable(WIDE_BIAS, (1,), Constant(0.0), wide, seed=self.seed),
         ]
