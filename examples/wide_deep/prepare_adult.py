@@ -366,7 +366,7 @@ def write_part(directory: Path, examples: list[Example]) -> None:
 def dense_range(examples: list[Example]) -> tuple[list[int], list[int]]:
     """Per dense column the train minimum and max - min (at least 1, so the division is safe)."""
     mins, diffs = [], []
-    for j in range(len(DENSE_COLUMNS)):
+    for j in range(len(examples[0].dense) if examples else 0):
         values = [e.dense[j] for e in examples if e.dense[j] is not None] or [0]
         mins.append(min(values))
         diffs.append(max(max(values) - min(values), 1))
