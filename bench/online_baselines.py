@@ -218,7 +218,8 @@ def run_aps(passes_root: Path, meta: str, model: str, extra: str, work: Path, se
         metrics = work / "trainer.metrics.jsonl"
         trainer = subprocess.Popen(
             [sys.executable, str(ROOT / "bin" / "aps-trainer"), "--pservers", f"127.0.0.1:{int(port_file.read_text())}",
-             "--model", model, "--model-arg", f"meta={meta}", "--seed", str(seed), "--data-passes", str(passes_root),
+             "--model", model, "--model-arg", f"meta={meta}", "--model-arg", f"seed={seed}", "--seed", str(seed),
+             "--data-passes", str(passes_root),
              "--pass-wait", "30", "--save-every-passes", "0", "--no-save", "--metrics", str(metrics), "--print-period", "0",
              *shlex.split(extra)],
             stdout=logs[1], stderr=subprocess.STDOUT, env=env)
