@@ -7,10 +7,11 @@ order. Every learner sees the passes in the same order and **scores each pass be
 it** (the online AUC, what an online model is judged by); the table reports the mean online AUC of
 passes 3 to the last (the first two meet a model that has seen almost nothing).
 
-* **aps**: ``aps-server`` + ``aps-trainer --data-passes`` (one trainer, the model's defaults
-  unless ``--aps`` says otherwise; each ``--aps "ARGS"`` is one more row), reading pass folders
-  ``DAY/PASS/part-00000`` written for it; its online AUC is the trainer's own per pass (the
-  metrics file's ``online_auc``);
+* **aps**: ``aps-server`` + ``aps-trainer`` (one trainer, the model's defaults unless ``--aps``
+  says otherwise; each ``--aps "ARGS"`` is one more row), reading pass folders ``DAY/PASS/part-00000``
+  written for it (``--data-passes``), or with ``--source stream`` the set replayed in order
+  through a Redis stream (``--data-stream``, ``--pass-records``; a redis-server started here);
+  its online AUC is the trainer's own per pass (the metrics file's ``online_auc``);
 * **FTRL-LR**: logistic regression by FTRL-Proximal (McMahan et al. 2013), one example at a time,
   one-hot hashed slot values + the normalised dense columns + a bias, a small grid of ``alpha`` and
   ``l1``/``l2`` (the best row is the baseline; every row is in the JSON);
@@ -198,8 +199,55 @@ def run_torch(parsed: list[tuple[np.ndarray, np.ndarray, np.ndarray]], spec: dic
 # ----------------------------------------------------------------------------- aps
 
 
-def run_aps(passes_root: Path, meta: str, model: str, extra: str, work: Path, seed: int, timeout: float) -> dict[str, Any]:
-    """One aps-server and one aps-trainer --data-passes over the pass folders; the trainer's online AUCs."""
+class StreamReplay:
+    """A redis-server of its own (Debian's ``redis-server``, on a free port, no persistence) whose
+    stream ``lines`` holds the set's lines in order; each aps run reads it from the start as a
+    consumer group of its own, ``pass_lines`` entries to a pass."""
+
+    def __init__(self, work: Path, lines: list[bytes], pass_lines: int) -> None:
+        import shutil
+        import socket
+
+        import redis
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("online_baselines.py: error: --source stream needs redis-server (apt-get install redis-server)")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                      "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("online_baselines.py: error: redis-server did not start") from None
+                time.sleep(0.05)
+        for lo in range(0, len(lines), 1000):
+            pipe = client.pipeline(transaction=False)
+            for line in lines[lo : lo + 1000]:
+                pipe.xadd("lines", {"line": line})
+            pipe.execute()
+        client.close()
+        self.pass_lines = pass_lines
+
+    def source_args(self, group: str) -> list[str]:
+        return ["--data-stream", f"redis://127.0.0.1:{self.port}/lines", "--stream-group", group,
+                "--pass-records", str(self.pass_lines), "--pass-wait", "3"]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def run_aps(source_args: list[str], meta: str, model: str, extra: str, work: Path, seed: int, timeout: float) -> dict[str, Any]:
+    """One aps-server and one aps-trainer over the passes ``source_args`` name (pass folders, or
+    a Redis stream); the trainer's online AUCs."""
     (work / "ckpt").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     port_file = work / "ps.port"
@@ -219,8 +267,7 @@ def run_aps(passes_root: Path, meta: str, model: str, extra: str, work: Path, se
         trainer = subprocess.Popen(
             [sys.executable, str(ROOT / "bin" / "aps-trainer"), "--pservers", f"127.0.0.1:{int(port_file.read_text())}",
              "--model", model, "--model-arg", f"meta={meta}", "--model-arg", f"seed={seed}", "--seed", str(seed),
-             "--data-passes", str(passes_root),
-             "--pass-wait", "30", "--save-every-passes", "0", "--no-save", "--metrics", str(metrics), "--print-period", "0",
+             *source_args, "--save-every-passes", "0", "--no-save", "--metrics", str(metrics), "--print-period", "0",
              *shlex.split(extra)],
             stdout=logs[1], stderr=subprocess.STDOUT, env=env)
         code = trainer.wait(timeout)
@@ -259,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, required=True, help="a directory with meta.json and all_data/ (or train_data/ + test_data/)")
     p.add_argument("--passes", type=int, default=20, help="default 20")
     p.add_argument("--pass-lines", type=int, help="lines a pass (default: the set's lines / passes, at most 5,000)")
+    p.add_argument("--source", choices=["passes", "stream"], default="passes",
+                   help="how aps reads the passes: pass folders (--data-passes) or a Redis stream replayed in order "
+                   "(--data-stream, a redis-server started here; default passes)")
     p.add_argument("--model", default="wide_deep", choices=["wide_deep", "ctr_dnn"], help="default wide_deep")
     p.add_argument("--aps", action="append", metavar="ARGS",
                    help="aps-trainer arguments of one aps row (repeatable; default one row: '--model-arg table=hash')")
@@ -296,10 +346,17 @@ def main(argv: list[str] | None = None) -> int:
             report(run_torch(parsed, spec, setting, seed, args.threads) | {"seed": seed})
     with tempfile.TemporaryDirectory(prefix="aps-online-") as tmp:
         write_pass_folders(Path(tmp) / "passes", passes)
-        for k, extra in enumerate(args.aps if args.aps is not None else ["--model-arg table=hash"]):
-            for seed in args.seeds:
-                work = Path(tmp) / f"aps-{k}-{seed}"
-                report(run_aps(Path(tmp) / "passes", str(meta_path), args.model, extra, work, seed, args.timeout) | {"seed": seed})
+        stream = StreamReplay(Path(tmp), [line for p in passes for line in p], pass_lines) if args.source == "stream" else None
+        try:
+            for k, extra in enumerate(args.aps if args.aps is not None else ["--model-arg table=hash"]):
+                for seed in args.seeds:
+                    work = Path(tmp) / f"aps-{k}-{seed}"
+                    source = (stream.source_args(f"run-{k}-{seed}") if stream is not None
+                              else ["--data-passes", str(Path(tmp) / "passes"), "--pass-wait", "30"])
+                    report(run_aps(source, str(meta_path), args.model, extra, work, seed, args.timeout) | {"seed": seed})
+        finally:
+            if stream is not None:
+                stream.close()
     table = grouped(rows)
     ftrl = max((r for r in table if r["learner"].startswith("FTRL")), key=lambda r: r["mean"])
     torch_rows = [r for r in table if r["learner"].startswith("PyTorch")]
