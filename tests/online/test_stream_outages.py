@@ -17,13 +17,13 @@ import redis
 import redis.asyncio as aioredis
 
 from aps.errors import ServerError, SourceUnavailable
-from aps.trainer.sources.base import Pass
 from aps.trainer.sources.redis_stream import RedisStream
 from tests.conftest import Processes
 from tests.faults.cluster import wait_for
 
 from .conftest import RedisServer
 from .test_exactly_once import alive, counts, start_trainer
+from .test_redis_stream import add, lines_of
 
 def trained(address: str, n: int) -> np.ndarray:
     """How often each of records 0..n-1 was trained (zeros before the trainer made its tables)."""
@@ -37,27 +37,14 @@ def trained(address: str, n: int) -> np.ndarray:
 QUIET = 5.5
 
 
-def lines_of(p: Pass) -> list[str]:
-    return [line for f in p.files for line in Path(f).read_text().splitlines()]
-
-
-async def add(url: str, lines: list[str]) -> None:
-    r = aioredis.from_url(url)
-    try:
-        for line in lines:
-            await r.xadd("clicks", {"line": line})
-    finally:
-        await r.aclose()
-
-
 @pytest.mark.timeout(60)
 async def test_a_quiet_stream_mid_pass_and_at_the_end_is_waited_out(redis_server: RedisServer) -> None:
     url = redis_server.url
-    await add(url, [f"{i} 1 0" for i in range(5)])
+    await add(url, "clicks", [f"{i} 1 0" for i in range(5)])
     source = RedisStream(f"{url}/clicks", records=10, wait=QUIET + 1)
     await source.open(None)
     try:
-        later = asyncio.get_running_loop().call_later(QUIET, lambda: asyncio.ensure_future(add(url, [f"{i} 1 0" for i in range(5, 10)])))
+        later = asyncio.get_running_loop().call_later(QUIET, lambda: asyncio.ensure_future(add(url, "clicks", [f"{i} 1 0" for i in range(5, 10)])))
         t0 = time.monotonic()
         first = await source.next_pass()  # 5 entries, then quiet for QUIET s, then 5 more
         assert first is not None and lines_of(first) == [f"{i} 1 0" for i in range(10)]
@@ -76,7 +63,7 @@ async def test_a_read_waiting_while_redis_restarts_loses_nothing(redis_server: R
     """SIGKILL the server under a blocking read, bring it back (its append-only file holds the
     group), add entries: the pass holds each entry once, the pending list only those."""
     url = redis_server.url
-    await add(url, [f"{i} 1 0" for i in range(10)])
+    await add(url, "clicks", [f"{i} 1 0" for i in range(10)])
     source = RedisStream(f"{url}/clicks", records=10, wait=30)
     await source.open(None)
     try:
@@ -88,7 +75,7 @@ async def test_a_read_waiting_while_redis_restarts_loses_nothing(redis_server: R
         await asyncio.sleep(3.0)
         assert not second.done()  # retrying, not failed
         await asyncio.to_thread(redis_server.start)
-        await add(url, [f"{i} 1 0" for i in range(10, 20)])
+        await add(url, "clicks", [f"{i} 1 0" for i in range(10, 20)])
         got = await asyncio.wait_for(second, 20)
         assert got is not None and lines_of(got) == [f"{i} 1 0" for i in range(10, 20)]
         r = aioredis.from_url(url)
@@ -105,7 +92,7 @@ async def test_a_read_waiting_while_redis_restarts_loses_nothing(redis_server: R
 @pytest.mark.timeout(60)
 async def test_a_redis_that_stays_away_fails_with_the_option_named(redis_server: RedisServer) -> None:
     url = redis_server.url
-    await add(url, [f"{i} 1 0" for i in range(3)])
+    await add(url, "clicks", [f"{i} 1 0" for i in range(3)])
     source = RedisStream(f"{url}/clicks", records=10, wait=30, retry=1.5)
     await source.open(None)
     try:

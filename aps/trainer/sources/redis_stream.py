@@ -126,6 +126,8 @@ class RedisStream:
         self.spool_parent = spool_dir
         self.stop_reason: str | None = None
         self._redis: Any = None
+        self._retried: tuple[type[BaseException], ...] = ()
+        self._not_retried: tuple[type[BaseException], ...] = ()
         self._spool: str | None = None
         self._seq = 0
         self._pending: list[bytes] = []  # entries to train first (re-read on resume)
@@ -147,11 +149,16 @@ class RedisStream:
             import redis.asyncio as aioredis
             from redis.asyncio.retry import Retry
             from redis.backoff import NoBackoff
-            from redis.exceptions import ResponseError
+            from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+            from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import TimeoutError as RedisTimeoutError
         except ImportError as exc:  # pragma: no cover - depends on the installation
             raise ConfigError("--data-stream needs redis-py: pip install 'aps[stream]'") from exc
         if position and (position.get("source") != "redis" or position.get("stream") != self.stream):
             raise ConfigError(f"the checkpoint's position {position!r} is not of stream {self.stream!r}")
+        # what _call retries (a server away for a while), and what it does not (a setting to fix)
+        self._retried = (RedisConnectionError, RedisTimeoutError)
+        self._not_retried = (AuthenticationError, AuthorizationError)
         self._redis = aioredis.Redis(
             host=self.host, port=self.port, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
             retry=Retry(NoBackoff(), 0),
@@ -272,18 +279,14 @@ class RedisStream:
     async def _call(self, what: str, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """``await call(*args, **kwargs)``, tried again (reconnecting) while the server cannot be
         reached, for at most ``retry`` seconds from the first failure; logged while it waits."""
-        from redis.exceptions import AuthenticationError, AuthorizationError
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
         deadline: float | None = None
         pause = 0.05
         while True:
             try:
                 return await call(*args, **kwargs)
-            except (AuthenticationError, AuthorizationError):
-                raise  # a setting to fix, not a server away for a while
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except self._not_retried:
+                raise
+            except self._retried as exc:
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.retry
