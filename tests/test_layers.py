@@ -41,8 +41,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("aps.client",),
     # the trainer runtime over the client
     ("aps.trainer",),
-    # built-in models, plug-ins of the trainer
-    ("aps.models",),
+    # built-in models, plug-ins of the trainer; aps.torch, the plug-in made from a user's torch module
+    ("aps.models", "aps.torch"),
     # processes: the local launcher and aps-ray's driver start, watch and stop pservers and trainers
     ("aps.launcher",),
     # the reference's role API for a user's own script
