@@ -27,6 +27,16 @@ SPARSE_OPTIMIZERS = ("same", *OPTIMIZERS)
 #: ``table=``: fixed arrays of ``buckets`` rows (ids hashed modulo buckets) or hash tables
 #: (any 64-bit key, admitted and evicted on the pservers; docs/concepts.md, "Fixed or hash")
 TABLE_KINDS = ("fixed", "hash")
+#: lines a step when ``batch_size`` is not given: the reference's 1000 for files read in epochs;
+#: 32 in online passes, where a pass of a few thousand lines at 1000 is a handful of steps
+#: (docs/concepts.md, "The CTR models' optimizers, measured on real data")
+OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
+
+
+def batch_size_arg(model: str, value: Any) -> int | None:
+    """``batch_size``: None (the default: :data:`OFFLINE_BATCH`, or :data:`ONLINE_BATCH` in online
+    passes) or a positive integer, used everywhere."""
+    return None if value in (None, "None", "none") else positive_int(model, "batch_size", value)
 
 
 def positive_int(model: str, name: str, value: Any, low: int = 1) -> int:
@@ -89,7 +99,7 @@ class CriteoModel(Model):
     slot_tables: tuple[str, ...] = ()
 
     def __init__(
-        self, *, embedding_size: int, hidden: str, batch_size: int, lr: float, optimizer: str,
+        self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float, optimizer: str,
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
         sparse_optimizer: str = "same", sparse_lr: float | None = None,
@@ -100,7 +110,9 @@ class CriteoModel(Model):
             self.hidden = tuple(positive_int(self.name, "hidden", h) for h in str(hidden).split(","))
         except ConfigError:
             raise ConfigError(f"{self.name} hidden must be comma-separated positive widths, got {hidden!r}") from None
-        self.batch_size = positive_int(self.name, "batch_size", batch_size)
+        #: the user's batch_size, None when not given (then it depends on the run: begin_online)
+        self.batch_size_arg = batch_size_arg(self.name, batch_size)
+        self.batch_size = OFFLINE_BATCH if self.batch_size_arg is None else self.batch_size_arg
         self.lr = positive_float(self.name, "lr", lr)
         self.optimizer = str(optimizer)
         self.init_range = positive_float(self.name, "init_range", init_range)
@@ -141,6 +153,11 @@ class CriteoModel(Model):
 
     def tables(self) -> list[TableSpec]:
         return list(self._tables)
+
+    def begin_online(self) -> None:
+        """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was given."""
+        if self.batch_size_arg is None:
+            self.batch_size = ONLINE_BATCH
 
     def max_batch_ids(self, table: str) -> int:
         if self.table_kind == "hash":

@@ -132,6 +132,12 @@ class Model(ABC):
         here, so that there is one source of truth, and raises ConfigError (one line, saying what
         to pass) if it was given a different one itself. The default ignores it."""
 
+    def begin_online(self) -> None:
+        """Called once by the online trainer (passes from folders or a stream), before the runtime
+        is built and before the model is sent to any worker: a model whose best settings differ
+        when it learns from passes of a few thousand new lines, each scored before it is trained
+        on, takes them here (the CTR models' batch: docs/concepts.md). The default does nothing."""
+
     def check_mode(self, mode: ModeRules) -> None:
         """Raise ConfigError if this model cannot train in ``mode`` (its class, from
         :func:`aps.trainer.modes.mode_class`; ``mode.name`` is the name a strategy gives). Called

@@ -99,6 +99,7 @@ async def train_passes(
     rt = make_runtime(prepare)
     check_checkpointing(online.save_every, online.keep_passes, online.resume, rt.options.save_dir)
     rt.model.begin_run(1)  # a pass is an epoch of its own data; the count of passes is open
+    rt.model.begin_online()  # before anything is sized or sent to a worker
     start_fork_server(type(rt.model).__module__)
     rt.probe.passes = 0
     log.info("online trainer starting", trainer=rt.trainer_id, source=type(source).__name__, **rt.model.describe())

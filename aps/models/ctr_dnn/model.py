@@ -53,7 +53,7 @@ class CtrDnn(CriteoModel):
         self,
         embedding_size: int = 10,
         hidden: str = "400,400,400",
-        batch_size: int = 1000,
+        batch_size: int | None = None,
         lr: float = 0.001,
         optimizer: str = "adam",
         init_range: float = 0.05,

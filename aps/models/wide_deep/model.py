@@ -48,7 +48,7 @@ class WideDeep(CriteoModel):
         self,
         embedding_size: int = 8,
         hidden: str = "400,400,400",
-        batch_size: int = 1000,
+        batch_size: int | None = None,
         lr: float = 0.001,
         optimizer: str = "adam",
         init_range: float = 0.1,
