@@ -21,6 +21,8 @@ BUILTIN = {
     "word2vec": "aps.models.word2vec.model:Word2Vec",
     "ctr_dnn": "aps.models.ctr_dnn.model:CtrDnn",
     "wide_deep": "aps.models.wide_deep.model:WideDeep",
+    # aps.torch's zoo (needs the torch extra)
+    "deepfm": "aps.torch.zoo.deepfm:build",
 }
 
 
