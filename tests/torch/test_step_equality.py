@@ -1,8 +1,9 @@
 """A user's torch network trained through aps equals the same network trained by plain PyTorch.
 
 One trainer, one worker, sync mode, a real pserver process: 20 steps of aps's
-:class:`~aps.torch.TorchModel` against the same module in plain PyTorch (its ``aps.torch.Embedding``
-swapped for ``torch.nn.Embedding(sparse=True)`` holding the same rows), started from the values
+:class:`~aps.torch.TorchModel` against the same module in plain PyTorch
+(:func:`aps.torch.plain.plain_network`: its ``aps.torch.Embedding`` swapped for
+``torch.nn.Embedding(sparse=True)`` holding the same rows), started from the values
 the pserver created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAdam``
 on the embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest.
 Every table (dense, and every touched row) ends equal to float32 tolerance.
@@ -11,7 +12,6 @@ Every table (dense, and every touched row) ends equal to float32 tolerance.
 from __future__ import annotations
 
 import asyncio
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 
 import aps
 import aps.torch as at
+from aps.torch.plain import plain_network, plain_optimizers
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
 from tests.models.test_ctr_step_equality import BATCH, BUCKETS, DENSE, SLOTS, STEPS, make_lines, pull_all, write_meta
@@ -40,22 +41,6 @@ class SmallDnn(torch.nn.Module):
         return self.mlp(torch.cat([self.emb(f.slots).flatten(1), f.dense], 1)).squeeze(1)
 
 
-def plain_copy(network: torch.nn.Module, tables: dict[str, np.ndarray]) -> torch.nn.Module:
-    """``network`` for plain PyTorch: each aps Embedding replaced by a sparse ``nn.Embedding``,
-    every parameter set to the pserver's initial values."""
-    ref = copy.deepcopy(network)
-    for path, module in list(ref.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, at.Embedding):
-                rows = torch.from_numpy(tables[child.table_name].copy())
-                setattr(module, child_name, torch.nn.Embedding.from_pretrained(rows, freeze=False, sparse=True))
-    with torch.no_grad():
-        for name, param in ref.named_parameters():
-            if not name.endswith(".weight") or name.replace(".weight", "") not in _embedding_paths(network):
-                param.copy_(torch.from_numpy(tables[name]).view(param.shape))
-    return ref
-
-
 def _embedding_paths(network: torch.nn.Module) -> set[str]:
     return {path for path, m in network.named_modules() if isinstance(m, at.Embedding)}
 
@@ -68,13 +53,12 @@ def train_both(network_cls, optimizer: str, tmp_path: Path, processes: Processes
     st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
     try:
         initial = asyncio.run(pull_all(servers, model))
-        ref = plain_copy(model.network, initial)
-        emb_params = [p for m in ref.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()]
-        rest = [p for p in ref.parameters() if all(p is not e for e in emb_params)]
-        if optimizer == "adam":
-            opts = [torch.optim.SparseAdam(emb_params, lr=lr), torch.optim.Adam(rest, lr=lr)]
-        else:
-            opts = [torch.optim.SGD(ref.parameters(), lr=lr)]
+        ref = plain_network(model.network, BUCKETS, initial)
+        with torch.no_grad():
+            for name, param in ref.named_parameters():
+                if name in initial:  # the dense tables (the embeddings' weights are named by module path)
+                    param.copy_(torch.from_numpy(initial[name]).view(param.shape))
+        opts = plain_optimizers(ref, lr) if optimizer == "adam" else [torch.optim.SGD(ref.parameters(), lr=lr)]
         batches = list(st.batches(make_lines(3)))
         assert [b.examples for b in batches] == [BATCH] * STEPS
         aps_losses, ref_losses = [], []

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""aps.torch's zoo through aps against the same module trained by plain PyTorch.
+
+For every model (``--models``, names aps-trainer knows: ``deepfm``, ...) and data set
+(``--data DIR``: ``meta.json`` + ``train_data/`` + ``test_data/``, as
+``examples/wide_deep/prepare_adult.py``, ``prepare_ratings.py`` and ``examples/ctr_dnn/make_data.py``
+write them) and seed:
+
+* **aps**: ``aps-local 1x1 -- --model NAME --model-arg meta=... --model-arg seed=S --workers 2``
+  with the model's defaults otherwise (hybrid, Adam 0.001, batch 1000, hash tables), run as
+  ``aps.LocalCluster``; then its checkpoint scored by the model's own forward pass;
+* **PyTorch**: the same module in one process with 2 threads (:func:`aps.torch.plain.plain_network`:
+  each ``aps.torch.Embedding`` a ``torch.nn.Embedding(buckets, dim, sparse=True)`` over ids hashed
+  modulo the data's buckets, drawn from the same init; ``SparseAdam`` + ``Adam`` at the same lr),
+  fed the batches aps's workers cut (1 MiB chunks, ``batch_size`` lines within a chunk), the same
+  epochs; its loop over pre-parsed batches is timed alone.
+
+Test AUC (exact, sklearn) over every test line for both; examples/s of aps's epochs and whole run
+(the launcher's start to exit) against PyTorch's bare loop and its whole process. A table per
+data set and one JSON (``--json``). PyTorch comes with the ``torch`` extra.
+
+    .venv/bin/python bench/torch_models.py --data data/adult --models deepfm --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ctr_vs_torch import CpuMeter, data_files, parse_batches, test_metrics  # bench/ctr_vs_torch.py
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+import aps  # noqa: E402
+
+THREADS = 2
+
+
+def model_args(meta: str, seed: int, *extra: str) -> list[str]:
+    return [f"meta={meta}", f"seed={seed}", *extra]
+
+
+def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict:
+    """aps-local 1x1 with the model's defaults; the test set scored from its last checkpoint."""
+    from aps.models import build_model
+    from aps.models.ctr_eval import load_params, predict
+    from aps.trainer.model import WorkerContext
+
+    meta = str(data / "meta.json")
+    args = ["--model", name, *(a for arg in model_args(meta, seed) for a in ("--model-arg", arg)),
+            "--data", str(data / "train_data"), "--epochs", str(epochs), "--workers", str(THREADS),
+            "--save-dir", str(work / "model"), "--print-period", "0"]
+    cluster = aps.LocalCluster(1, 1, args, log_dir=work / "log", cwd=work)
+    with CpuMeter() as meter:
+        result = cluster.run()
+    if not result.ok:
+        role = result.failed[0] if result.failed else result.roles[-1]
+        raise RuntimeError(f"aps failed: {role.name}:\n" + "\n".join(role.log_tail(30)))
+    records = [json.loads(line) for line in (work / "log" / "trainer.0.metrics.jsonl").read_text().splitlines()]
+    epochs_done = [r for r in records if r.get("event") == "epoch"]
+    model = build_model(name, model_args(meta, seed))
+    params = load_params(model, epochs_done[-1].get("saved") or str(work / "model" / f"epoch_{epochs - 1}"))
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
+
+    async def collect() -> list:
+        return [(p.copy(), y.copy()) async for p, y in predict(model, params, data_files(data / "test_data"), ctx)]
+
+    pairs = asyncio.run(collect())
+    probs, labels = np.concatenate([p for p, _ in pairs]), np.concatenate([y for _, y in pairs])
+    seen = sum(e["examples"] for e in epochs_done)
+    return {**test_metrics(probs, labels), "loop_examples_per_s": seen / sum(e["seconds"] for e in epochs_done),
+            "wall_s": meter.wall, "wall_examples_per_s": seen / meter.wall, "other_cpu": meter.other_cpu,
+            "command": "aps-local 1x1 -- " + " ".join(args)}
+
+
+def torch_child(config: str) -> int:
+    """The PyTorch process: build, train, score; its wall time is PyTorch's whole run."""
+    t0 = time.perf_counter()
+    cfg = json.loads(Path(config).read_text())
+    import torch
+    import torch.nn.functional as F
+
+    from aps.models import build_model
+    from aps.torch import Features
+    from aps.torch.plain import plain_network, plain_optimizers
+
+    torch.set_num_threads(THREADS)
+    model = build_model(cfg["model"], model_args(cfg["meta"], cfg["seed"]))
+    gen = torch.Generator().manual_seed(cfg["seed"])
+    net = plain_network(model.network, model.format.buckets, generator=gen)
+    opts = plain_optimizers(net, model.optimizer.lr)
+    train = [(torch.from_numpy(i), torch.from_numpy(d), torch.from_numpy(y))
+             for i, d, y in parse_batches(cfg["train"], cfg["meta"], model.batch_size)]
+    test = parse_batches(cfg["test"], cfg["meta"], 4096)
+    t_loop = time.perf_counter()
+    for _ in range(cfg["epochs"]):
+        for ids, dense, labels in train:
+            loss = F.binary_cross_entropy_with_logits(net(Features(ids, dense, labels)), labels)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            loss.backward()
+            for o in opts:
+                o.step()
+    loop_s = time.perf_counter() - t_loop
+    with torch.no_grad():
+        probs = np.concatenate([torch.sigmoid(net(Features(torch.from_numpy(i), torch.from_numpy(d), torch.from_numpy(y)))).numpy()
+                                for i, d, y in test])
+    labels = np.concatenate([y for _, _, y in test])
+    np.save(cfg["out"], np.stack([probs, labels]))
+    seen = sum(len(y) for _, _, y in train) * cfg["epochs"]
+    print(json.dumps({"loop_examples_per_s": seen / loop_s, "seen": seen, "process_s": time.perf_counter() - t0}))
+    return 0
+
+
+def run_torch(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict:
+    cfg = {"model": name, "meta": str(data / "meta.json"), "seed": seed, "epochs": epochs, "out": str(work / "torch.npy"),
+           "train": data_files(data / "train_data"), "test": data_files(data / "test_data")}
+    (work / "torch.json").write_text(json.dumps(cfg))
+    with CpuMeter() as meter:
+        proc = subprocess.run([sys.executable, __file__, "--torch-child", str(work / "torch.json")],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"PyTorch run failed:\n{proc.stderr[-3000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    probs, labels = np.load(work / "torch.npy")
+    return {**test_metrics(probs, labels), "loop_examples_per_s": r["loop_examples_per_s"], "wall_s": meter.wall,
+            "wall_examples_per_s": r["seen"] / meter.wall, "other_cpu": meter.other_cpu}
+
+
+def mean(runs: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in runs)
+
+
+def spread(runs: list[dict], key: str, fmt: str) -> str:
+    values = [r[key] for r in runs]
+    text = format(statistics.mean(values), fmt)
+    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}..{format(max(values), fmt)})"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| data | model | PyTorch test AUC | aps test AUC | aps - PyTorch | PyTorch loop ex/s | aps epoch ex/s "
+             "| aps epoch / PyTorch loop | aps whole run ex/s / PyTorch loop |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        a, t = row["aps"], row["torch"]
+        lines.append(
+            f"| {row['data']} | {row['model']} | {spread(t, 'auc', '.4f')} | {spread(a, 'auc', '.4f')} "
+            f"| {mean(a, 'auc') - mean(t, 'auc'):+.4f} | {spread(t, 'loop_examples_per_s', ',.0f')} "
+            f"| {spread(a, 'loop_examples_per_s', ',.0f')} | {mean(a, 'loop_examples_per_s') / mean(t, 'loop_examples_per_s'):.2f}x "
+            f"| {mean(a, 'wall_examples_per_s') / mean(t, 'loop_examples_per_s'):.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--torch-child":
+        return torch_child(sys.argv[2])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", action="append", type=Path, required=True, help="a data directory (repeatable)")
+    p.add_argument("--models", nargs="+", default=["deepfm"], help="zoo names (default: deepfm)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=5, help="default 5")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    rows = []
+    for data in args.data:
+        for name in args.models:
+            row: dict[str, Any] = {"data": data.name, "model": name, "epochs": args.epochs, "aps": [], "torch": []}
+            for seed in args.seeds:
+                with tempfile.TemporaryDirectory(prefix="aps-torch-bench-") as tmp:
+                    for system, run in (("torch", run_torch), ("aps", run_aps)):
+                        work = Path(tmp) / system
+                        work.mkdir()
+                        r = run(name, data.resolve(), seed, args.epochs, work)
+                        row[system].append({"seed": seed, **r})
+                        print(f"  {data.name} {name} seed {seed} {system}: test AUC {r['auc']:.4f}, "
+                              f"{r['loop_examples_per_s']:,.0f} ex/s", file=sys.stderr, flush=True)
+            rows.append(row)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=1))
+        print(f"\nJSON: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
