@@ -19,7 +19,7 @@ except ImportError as exc:  # an optional extra: say how to get it instead of a 
     raise ImportError(f"aps.torch needs PyTorch: pip install 'aps[torch]' ({exc})") from exc
 
 from .embedding import Embedding
-from .features import Features, Meta
+from .features import Features, ListFeature, Meta
 from .model import TorchModel
 
-__all__ = ["Embedding", "Features", "Meta", "TorchModel"]
+__all__ = ["Embedding", "Features", "ListFeature", "Meta", "TorchModel"]

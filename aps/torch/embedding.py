@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..specs import SGD, HashTable, Initializer, Optimizer, SparseTable, Uniform
+from .features import ListFeature
 
 #: ``kind=``: a fixed array of ``rows`` rows (ids hashed modulo the data's buckets) or a hash
 #: table (any 64-bit key, admitted and evicted on the pservers; docs/concepts.md, "Fixed or hash")
@@ -23,6 +24,17 @@ KINDS = ("hash", "fixed")
 
 #: the rows' init when none is given: CTR-DNN's measured default (docs/concepts.md)
 DEFAULT_INIT = Uniform(-0.05, 0.05)
+
+
+def pooled(embedded: torch.Tensor, values: ListFeature, mode: str) -> torch.Tensor:
+    """``embedded`` [B, max_len, dim] (padding embedded as zeros) summed or averaged over each
+    example's values."""
+    x = embedded.sum(1)
+    if mode == "sum":
+        return x
+    if mode == "mean":
+        return x / values.lengths.clamp(min=1).unsqueeze(1).to(x.dtype)
+    raise ConfigError(f"pool mode must be 'sum' or 'mean', got {mode!r}")
 
 
 class Embedding(torch.nn.Module):
@@ -34,8 +46,9 @@ class Embedding(torch.nn.Module):
     ``init``: the rows' initialiser on the pservers (default ``Uniform(-0.05, 0.05)``);
     ``optimizer``: this table's own (default: the :class:`~aps.torch.TorchModel`'s).
 
-    ``forward(slots)`` takes :attr:`aps.torch.Features.slots` (or columns of it) and returns
-    ``[*slots.shape, dim]``."""
+    ``forward(slots)`` takes :attr:`aps.torch.Features.slots` (or columns of it, or a list
+    column's ``ids``) and returns ``[*slots.shape, dim]``; :meth:`pool` sums or averages a list
+    column's."""
 
     def __init__(
         self, name: str, dim: int, kind: str = "hash", rows: int | None = None, init: Initializer | None = None,
@@ -82,6 +95,11 @@ class Embedding(torch.nn.Module):
                 "the pservers and are handed to it by aps.torch.TorchModel"
             )
         return F.embedding(slots, rows)
+
+    def pool(self, values: ListFeature, mode: str = "sum") -> torch.Tensor:
+        """A list column's embeddings pooled over each example's values, ``[B, dim]``: their
+        ``"sum"`` or ``"mean"`` (an empty list gives zeros)."""
+        return pooled(self(values.ids), values, mode)
 
     def extra_repr(self) -> str:
         return f"{self.table_name!r}, dim={self.dim}, kind={self.kind!r}"

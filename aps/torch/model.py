@@ -24,15 +24,16 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..models.criteo import CriteoFormat
 from ..models.ctr_batches import CtrBatch, CtrBatcher
 from ..models.ctr_model import OFFLINE_BATCH, ONLINE_BATCH, batch_size_arg, positive_int
+from ..models.tabular import TabularFormat
 from ..specs import Adam, Initializer, Optimizer, TableSpec
 from ..trainer.model import Batch, Grads, Model, Params, WorkerContext
 from ..trainer.reader import Chunk
+from .batches import TabularBatch, TabularBatcher
 from .dense import DenseBinding, dense_tables
 from .embedding import Embedding
-from .features import Features, Meta
+from .features import Features, ListFeature, Meta
 
 NetworkFactory = Callable[[Meta], torch.nn.Module]
 
@@ -61,7 +62,7 @@ class TorchModel(Model):
     ) -> None:
         self.name = str(name)
         meta_path = _find_meta(meta, sys._getframe(1).f_code.co_filename)
-        self.format = CriteoFormat.from_meta(meta_path)
+        self.format = TabularFormat.from_meta(meta_path)
         self.meta = Meta.of(self.format, meta_path)
         #: the user's batch_size, None when not given (then it depends on the run: begin_online)
         self.batch_size_arg = batch_size_arg(self.name, batch_size)
@@ -99,20 +100,27 @@ class TorchModel(Model):
             self.batch_size = ONLINE_BATCH
 
     def max_batch_ids(self, table: str) -> int:
-        most = self.batch_size * self.format.slots
+        most = self.batch_size * (self.format.slots + sum(c.max_len for c in self.format.lists))
         return most if self.hashed else min(most, self.format.buckets)
 
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.name, "network": type(self.network).__name__, "slots": self.format.slots,
-            "dense": self.format.dense, "batch_size": self.batch_size, "optimizer": repr(self.optimizer),
+            "dense": self.format.dense, **({"labels": self.format.labels} if self.format.labels > 1 else {}),
+            **({"lists": dict(self.meta.lists)} if self.meta.lists else {}), "batch_size": self.batch_size, "optimizer": repr(self.optimizer),
             "embeddings": {name: e.dim for name, e in self.embeddings.items()},
             "parameters": sum(p.numel() for p in self.network.parameters()),
         }
 
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
-        batcher = self.local("batcher", lambda: CtrBatcher(self.format, self.batch_size, tuple(self.embeddings), self.hashed))
-        return batcher.batches(chunk, ctx)
+        return self.local("batcher", self._batcher).batches(chunk, ctx)
+
+    def _batcher(self) -> CtrBatcher | TabularBatcher:
+        """The CTR models' batcher for the Criteo layout (one label, no lists), else the tabular one."""
+        tables = tuple(self.embeddings)
+        if self.format.is_criteo:
+            return CtrBatcher(self.format.base, self.batch_size, tables, self.hashed)
+        return TabularBatcher(self.format, self.batch_size, tables, self.hashed)
 
     def warm_up(self, ctx: WorkerContext, local_sgd: bool) -> None:
         """One torch thread per compute worker process: the worker pool is the parallelism."""
@@ -120,55 +128,68 @@ class TorchModel(Model):
 
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""
-        logits = self._logits(batch, params, grads)
-        data: CtrBatch = batch.data
-        labels = torch.from_numpy(data.labels)
-        loss = F.binary_cross_entropy_with_logits(logits, labels)
-        loss.backward()
-        with torch.no_grad():
-            data.probs[:] = torch.sigmoid(logits).numpy()
-        return float(loss.detach()) * batch.examples
+        loss = self._loss(batch, params, grads)
+        (loss / batch.examples).backward()
+        return float(loss.detach())
 
     def forward(self, batch: Batch, params: Params) -> float:
         """Scoring: fill ``batch.data.probs``, no gradient; returns the summed loss."""
         with torch.no_grad():
-            logits = self._logits(batch, params, None)
-            data: CtrBatch = batch.data
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(data.labels), reduction="sum")
-            data.probs[:] = torch.sigmoid(logits).numpy()
-        return float(loss)
+            return float(self._loss(batch, params, None))
 
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        data: CtrBatch = batch.data
-        return data.probs, data.labels
+        """The first task's probabilities and labels (several tasks: AUC is the first's)."""
+        data: CtrBatch | TabularBatch = batch.data
+        return data.probs, data.labels if data.labels.ndim == 1 else data.labels[:, 0]
 
     # ------------------------------------------------------------ one step
 
-    def _logits(self, batch: Batch, params: Params, grads: Grads | None) -> torch.Tensor:
-        """Bind the batch's rows and the dense replica, run the network; its logits ``[B]``."""
-        data: CtrBatch = batch.data
-        n = batch.examples
-        for name, emb in self.embeddings.items():
-            ids = batch.sparse_ids[name]
-            table = params.sparse[name]
-            rows = table[: len(ids)] if self.hashed else table[ids]
-            leaf = torch.from_numpy(rows)
-            if grads is not None:
-                leaf.requires_grad_(True)
-                leaf.grad = torch.from_numpy(grads.sparse[name])
-            emb.batch_rows = leaf
-        self.local("binding", lambda: DenseBinding(self.network)).bind(params.dense, None if grads is None else grads.dense)
-        slots = torch.from_numpy(data.inverse.astype(np.int64)).view(n, self.format.slots)
-        features = Features(slots, torch.from_numpy(data.dense), torch.from_numpy(data.labels))
+    def _loss(self, batch: Batch, params: Params, grads: Grads | None) -> torch.Tensor:
+        """Bind the batch's rows and the dense replica, run the network: the summed binary
+        cross-entropy over examples and tasks (batch.data.probs filled with the first task's)."""
+        features = self._features(batch)
+        self._bind(batch, params, grads)
         try:
             logits = self.network(features)
         finally:
             for emb in self.embeddings.values():
                 emb.batch_rows = None
-        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (n,):
+        want = tuple(features.labels.shape)
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ConfigError(f"{self.name}: the network must return one logit per example, shape ({n},), got {got}")
-        return logits
+            what = "one logit per example" if len(want) == 1 else f"one logit per example and task ({want[1]} tasks)"
+            raise ConfigError(f"{self.name}: the network must return {what}, shape {want}, got {got}")
+        with torch.no_grad():
+            first = logits if logits.ndim == 1 else logits[:, 0]
+            batch.data.probs[:] = torch.sigmoid(first).numpy()
+        return F.binary_cross_entropy_with_logits(logits, features.labels, reduction="sum")
+
+    def _features(self, batch: Batch) -> Features:
+        data: CtrBatch | TabularBatch = batch.data
+        n = batch.examples
+        if isinstance(data, CtrBatch):
+            slots = torch.from_numpy(data.inverse.astype(np.int64)).view(n, self.format.slots)
+            return Features(slots, torch.from_numpy(data.dense), torch.from_numpy(data.labels))
+        labels = torch.from_numpy(data.labels[:, 0] if self.format.labels == 1 else data.labels)
+        lists = {}
+        for j, column in enumerate(self.format.lists):
+            ids = torch.from_numpy(data.lists[j])
+            lengths = torch.from_numpy(data.lengths[:, j])
+            lists[column.name] = ListFeature(ids, torch.arange(ids.shape[1]) < lengths.unsqueeze(1), lengths)
+        return Features(torch.from_numpy(data.slots), torch.from_numpy(data.dense), labels, lists)
+
+    def _bind(self, batch: Batch, params: Params, grads: Grads | None) -> None:
+        """The batch's rows to every Embedding (one zero row past them when lists pad to it), the
+        dense replica and the gradient buffers to the parameters."""
+        for name, emb in self.embeddings.items():
+            ids = batch.sparse_ids[name]
+            table = params.sparse[name]
+            leaf = torch.from_numpy(table[: len(ids)] if self.hashed else table[ids])
+            if grads is not None:
+                leaf.requires_grad_(True)
+                leaf.grad = torch.from_numpy(grads.sparse[name])
+            emb.batch_rows = torch.cat([leaf, leaf.new_zeros(1, leaf.shape[1])]) if self.format.lists else leaf
+        self.local("binding", lambda: DenseBinding(self.network)).bind(params.dense, None if grads is None else grads.dense)
 
 
 def _find_meta(meta: str | Path, caller: str) -> Path:

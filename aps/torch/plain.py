@@ -16,13 +16,24 @@ import numpy as np
 import torch
 
 from ..specs import Constant, Initializer, Normal, Uniform
-from .embedding import Embedding
+from .embedding import Embedding, pooled
+from .features import ListFeature
+
+
+class PlainEmbedding(torch.nn.Embedding):
+    """``torch.nn.Embedding`` with :meth:`aps.torch.Embedding.pool`, so a network that pools a
+    list column runs unchanged; its last row is the padding row (zeros, no gradient) when the
+    data has list columns."""
+
+    def pool(self, values: ListFeature, mode: str = "sum") -> torch.Tensor:
+        return pooled(self(values.ids), values, mode)
 
 
 def plain_network(network: torch.nn.Module, buckets: int, rows: Mapping[str, np.ndarray] | None = None,
-                  generator: torch.Generator | None = None) -> torch.nn.Module:
-    """A deep copy of ``network`` whose Embeddings are sparse ``torch.nn.Embedding``\\ s; their
-    weights are ``rows[table]`` when given, else drawn from each Embedding's init."""
+                  generator: torch.Generator | None = None, padding: bool = False) -> torch.nn.Module:
+    """A deep copy of ``network`` whose Embeddings are sparse :class:`PlainEmbedding`\\ s; their
+    weights are ``rows[table]`` when given, else drawn from each Embedding's init; with
+    ``padding`` (the data has list columns) one more row, ``buckets``, pads the lists."""
     plain = copy.deepcopy(network)
     for module in list(plain.modules()):
         for child_name, child in list(module.named_children()):
@@ -31,7 +42,11 @@ def plain_network(network: torch.nn.Module, buckets: int, rows: Mapping[str, np.
                     weight = torch.from_numpy(np.array(rows[child.table_name], np.float32))
                 else:
                     weight = draw(child.init, (buckets, child.dim), generator)
-                setattr(module, child_name, torch.nn.Embedding.from_pretrained(weight, freeze=False, sparse=True))
+                pad = None
+                if padding:
+                    pad = len(weight)
+                    weight = torch.cat([weight, weight.new_zeros(1, weight.shape[1])])
+                setattr(module, child_name, PlainEmbedding.from_pretrained(weight, freeze=False, sparse=True, padding_idx=pad))
     return plain
 
 

@@ -3,15 +3,21 @@
 One trainer, one worker, sync mode, a real pserver process: 20 steps of aps's
 :class:`~aps.torch.TorchModel` against the same module in plain PyTorch
 (:func:`aps.torch.plain.plain_network`: its ``aps.torch.Embedding`` swapped for
-``torch.nn.Embedding(sparse=True)`` holding the same rows), started from the values
-the pserver created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAdam``
-on the embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest.
-Every table (dense, and every touched row) ends equal to float32 tolerance.
+``torch.nn.Embedding(sparse=True)`` holding the same rows), started from the values the pserver
+created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAdam`` on the
+embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest. Every table
+(dense, and every touched row) ends equal to float32 tolerance.
+
+Two data layouts: the Criteo one (one label, single-valued slots) and a wide one (two labels, a
+behaviour sequence sharing a slot's ids with attention over it, a multi-valued column pooled by
+mean), the second read by :mod:`aps.models.tabular` and padded to a zero row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +27,14 @@ import torch
 import aps
 import aps.torch as at
 from aps.torch.plain import plain_network, plain_optimizers
+from aps.trainer.model import Batch
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
 from tests.models.test_ctr_step_equality import BATCH, BUCKETS, DENSE, SLOTS, STEPS, make_lines, pull_all, write_meta
 
 pytestmark = pytest.mark.timeout(120)
+
+HIST, TAGS = 4, 3
 
 
 class SmallDnn(torch.nn.Module):
@@ -41,32 +50,87 @@ class SmallDnn(torch.nn.Module):
         return self.mlp(torch.cat([self.emb(f.slots).flatten(1), f.dense], 1)).squeeze(1)
 
 
-def _embedding_paths(network: torch.nn.Module) -> set[str]:
-    return {path for path, m in network.named_modules() if isinstance(m, at.Embedding)}
+class TwoTasks(torch.nn.Module):
+    """Attention of slot 1's embedding over the ``hist`` sequence (its ids), the mean of ``tags``,
+    the slots and the dense columns into two heads."""
+
+    def __init__(self, meta: at.Meta) -> None:
+        super().__init__()
+        self.emb = at.Embedding("emb", dim=3, kind="fixed", init=aps.Uniform(-0.5, 0.5))
+        width = meta.slots * 3 + 3 + 3 + meta.dense
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 5), torch.nn.ReLU(), torch.nn.Linear(5, meta.labels))
+
+    def forward(self, f: at.Features) -> torch.Tensor:
+        slots = self.emb(f.slots)                                     # [B, S, 3]
+        hist = f.lists["hist"]
+        keys = self.emb(hist.ids)                                     # [B, HIST, 3]
+        scores = (keys * slots[:, 1:2]).sum(2).masked_fill(~hist.mask, -1e9)
+        attended = (torch.softmax(scores, 1).unsqueeze(2) * keys).sum(1) * (hist.lengths > 0).unsqueeze(1)
+        tags = self.emb.pool(f.lists["tags"], "mean")
+        return self.mlp(torch.cat([slots.flatten(1), attended, tags, f.dense], 1))
 
 
-def train_both(network_cls, optimizer: str, tmp_path: Path, processes: Processes):
+def wide_meta(path: Path) -> str:
+    meta = json.loads(Path(write_meta(path)).read_text())
+    meta.update(labels=2, lists=[{"name": "hist", "max_len": HIST, "shares": 1},
+                                 {"name": "tags", "max_len": TAGS, "separator": "|"}])
+    path.write_text(json.dumps(meta))
+    return str(path)
+
+
+def wide_lines(seed: int) -> list[str]:
+    """make_lines' Criteo lines widened: a second label, a history of slot-1-like values (0 to 4 of
+    them) and 0 to 3 tags."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for line in make_lines(seed):
+        label, *rest = line.split("\t")
+        hist = ",".join(f"{int(rng.integers(0, 4)):x}" for _ in range(int(rng.integers(0, HIST + 1))))
+        tags = "|".join(f"t{int(rng.integers(0, 6))}" for _ in range(int(rng.integers(0, TAGS + 1))))
+        out.append("\t".join([label, str(int(rng.random() < 0.5)), *rest, hist, tags]))
+    return out
+
+
+def criteo_features(batch: Batch) -> at.Features:
+    d = batch.data
+    return at.Features(torch.from_numpy(d.ids), torch.from_numpy(d.dense), torch.from_numpy(d.labels))
+
+
+def wide_features(batch: Batch) -> at.Features:
+    """The batch with global rows for plain PyTorch: positions mapped back to keys, padding to
+    the plain table's padding row (``BUCKETS``)."""
+    d = batch.data
+    keys = np.append(batch.sparse_ids["emb"], BUCKETS)  # position len(keys) -> the padding row
+    lists = {}
+    for name, ids, lengths in zip(("hist", "tags"), d.lists, d.lengths.T):
+        t = torch.from_numpy(keys[ids])
+        lengths = torch.from_numpy(np.ascontiguousarray(lengths))
+        lists[name] = at.ListFeature(t, torch.arange(t.shape[1]) < lengths.unsqueeze(1), lengths)
+    return at.Features(torch.from_numpy(keys[d.slots]), torch.from_numpy(d.dense), torch.from_numpy(d.labels), lists)
+
+
+def train_both(network_cls, optimizer: str, meta: str, lines: list[str], features: Callable[[Batch], at.Features],
+               processes: Processes):
     lr = 0.05 if optimizer == "adam" else 0.5
     opt = aps.Adam(lr, bias_correction="step") if optimizer == "adam" else aps.SGD(lr)
-    model = at.TorchModel(network_cls, meta=write_meta(tmp_path / "meta.json"), optimizer=opt, batch_size=BATCH)
+    model = at.TorchModel(network_cls, meta=meta, optimizer=opt, batch_size=BATCH)
     servers = processes.start_servers(1, trainers=1)
     st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
     try:
         initial = asyncio.run(pull_all(servers, model))
-        ref = plain_network(model.network, BUCKETS, initial)
+        ref = plain_network(model.network, BUCKETS, initial, padding=bool(model.meta.lists))
         with torch.no_grad():
             for name, param in ref.named_parameters():
                 if name in initial:  # the dense tables (the embeddings' weights are named by module path)
                     param.copy_(torch.from_numpy(initial[name]).view(param.shape))
         opts = plain_optimizers(ref, lr) if optimizer == "adam" else [torch.optim.SGD(ref.parameters(), lr=lr)]
-        batches = list(st.batches(make_lines(3)))
+        batches = list(st.batches(lines))
         assert [b.examples for b in batches] == [BATCH] * STEPS
         aps_losses, ref_losses = [], []
         for batch in batches:
             aps_losses.append(st.step(batch))
-            d = batch.data
-            features = at.Features(torch.from_numpy(d.ids), torch.from_numpy(d.dense), torch.from_numpy(d.labels))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(features), torch.from_numpy(d.labels))
+            f = features(batch)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(f), f.labels, reduction="sum") / BATCH
             for o in opts:
                 o.zero_grad()
             loss.backward()
@@ -79,16 +143,29 @@ def train_both(network_cls, optimizer: str, tmp_path: Path, processes: Processes
         if not st._stopped:
             st.close()
     assert processes.procs[0].wait(timeout=15) == 0
-    want = {name: p.detach().numpy() for name, p in ref.named_parameters()}
+    want = {name: p.detach().numpy()[:BUCKETS] for name, p in ref.named_parameters()}
     for path in _embedding_paths(model.network):
         want[model.network.get_submodule(path).table_name] = want.pop(f"{path}.weight")
     return initial, final, want, aps_losses, ref_losses
 
 
+def _embedding_paths(network: torch.nn.Module) -> set[str]:
+    return {path for path, m in network.named_modules() if isinstance(m, at.Embedding)}
+
+
+LAYOUTS = {
+    "criteo": (SmallDnn, write_meta, lambda: make_lines(3), criteo_features),
+    "two labels and lists": (TwoTasks, wide_meta, lambda: wide_lines(3), wide_features),
+}
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(optimizer: str, tmp_path: Path,
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(layout: str, optimizer: str, tmp_path: Path,
                                                                        processes: Processes) -> None:
-    initial, final, want, aps_losses, ref_losses = train_both(SmallDnn, optimizer, tmp_path, processes)
+    network, meta, lines, features = LAYOUTS[layout]
+    initial, final, want, aps_losses, ref_losses = train_both(
+        network, optimizer, meta(tmp_path / "meta.json"), lines(), features, processes)
     np.testing.assert_allclose(aps_losses, ref_losses, rtol=1e-4)
     moved = max(float(np.abs(final[k] - initial[k]).max()) for k in final)
     assert moved > 1e-2
