@@ -130,6 +130,8 @@ class TorchModel(Model):
         """Gradients of the batch-mean loss into ``grads``; returns the summed loss."""
         loss = self._loss(batch, params, grads)
         (loss / batch.examples).backward()
+        for leaf, buffer in self.local("copy_back", list):
+            np.copyto(buffer, leaf.grad.numpy())
         return float(loss.detach())
 
     def forward(self, batch: Batch, params: Params) -> float:
@@ -181,13 +183,22 @@ class TorchModel(Model):
     def _bind(self, batch: Batch, params: Params, grads: Grads | None) -> None:
         """The batch's rows to every Embedding (one zero row past them when lists pad to it), the
         dense replica and the gradient buffers to the parameters."""
+        # (rows, gradient buffer) whose gradient is copied after the backward pass: a hash
+        # table's buffer rows carry the shows and clicks too, and autograd accumulates only into
+        # a gradient laid out as its tensor
+        copy_back: list[tuple[torch.Tensor, np.ndarray]] = self.local("copy_back", list)
+        copy_back.clear()
         for name, emb in self.embeddings.items():
             ids = batch.sparse_ids[name]
             table = params.sparse[name]
             leaf = torch.from_numpy(table[: len(ids)] if self.hashed else table[ids])
             if grads is not None:
                 leaf.requires_grad_(True)
-                leaf.grad = torch.from_numpy(grads.sparse[name])
+                buffer = grads.sparse[name]
+                if buffer.flags.c_contiguous:
+                    leaf.grad = torch.from_numpy(buffer)  # accumulated in place: no copy
+                else:
+                    copy_back.append((leaf, buffer))
             emb.batch_rows = torch.cat([leaf, leaf.new_zeros(1, leaf.shape[1])]) if self.format.lists else leaf
         self.local("binding", lambda: DenseBinding(self.network)).bind(params.dense, None if grads is None else grads.dense)
 
