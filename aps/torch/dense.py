@@ -114,5 +114,7 @@ class DenseBinding:
         key = (name, array.__array_interface__["data"][0])
         view = self._views.get(key)
         if view is None:
+            if len(self._views) >= 8 * len(self.params):  # a caller that hands new arrays: keep it bounded
+                self._views.clear()
             view = self._views[key] = torch.from_numpy(array).view(shape)
         return view

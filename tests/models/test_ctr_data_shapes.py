@@ -1,6 +1,8 @@
 """make_data.py's data shapes: the default bytes are pinned, and ``--shape longtail`` / ``drift``
 each show the property they promise (a longer tail of rare values and slot x slot interactions;
-ids that change over the training files' order), deterministically by seed."""
+ids that change over the training files' order), deterministically by seed. ``--labels 2`` and
+``--history L`` (a second task, a behaviour sequence sharing a slot's ids) leave those bytes alone
+when not given, and their lines are what aps.models.tabular.TabularFormat reads from meta.json."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+
+from aps.models.tabular import TabularFormat, TabularRecords
+from aps.trainer.reader import Chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 # sha256 of train part-* then test part-* for --scale small --train-lines 3000 --test-lines 1000
@@ -106,3 +111,115 @@ def test_drift_changes_the_ids_over_the_files(make_data: ModuleType, tmp_path: P
     assert min(meta["slot_cardinality"]) == min(c.size for c in cards.values())
     generate(make_data, tmp_path / "again", "drift", lines=1000, files=1)   # the test set is drawn at the end
     assert split_bytes(tmp_path / "again", "test_data") == split_bytes(tmp_path / "drift", "test_data")
+
+
+# ----------------------------------------------------------------------------- --labels 2, --history L
+
+SMALL_ARGS = ["--scale", "small", "--train-lines", "3000", "--test-lines", "1000", "--train-files", "2", "--seed", "3"]
+
+
+def lines_of(out: Path, split: str) -> list[list[bytes]]:
+    return [line.split(b"\t") for line in split_bytes(out, split).splitlines()]
+
+
+def parse_split(fmt: TabularFormat, out: Path, split: str) -> TabularRecords:
+    data = split_bytes(out, split)
+    return fmt.parse(Chunk(split, 1, data, data.count(b"\n")))
+
+
+def test_new_options_off_keep_the_default_bytes(make_data: ModuleType, tmp_path: Path) -> None:
+    """--labels 1 --history 0 on the command line: the pinned bytes and a meta.json without the new
+    keys. --labels 2 only inserts the second label (click labels and features unchanged);
+    --history only changes the click labels (its term) and appends the sequence."""
+    assert make_data.main(["--out", str(tmp_path / "off"), *SMALL_ARGS, "--labels", "1", "--history", "0"]) == 0
+    off = tmp_path / "off"
+    digest = hashlib.sha256(split_bytes(off, "train_data") + split_bytes(off, "test_data")).hexdigest()
+    assert digest == DEFAULT_DIGEST
+    meta = json.loads((off / "meta.json").read_text())
+    assert not {"labels", "lists", "bayes_auc_tasks", "bayes_auc_test_without_history"} & set(meta)
+    for name, extra in (("labels2", ["--labels", "2"]), ("history", ["--history", "4"])):
+        assert make_data.main(["--out", str(tmp_path / name), *SMALL_ARGS, *extra]) == 0
+    for split in ("train_data", "test_data"):
+        base = lines_of(off, split)
+        two = lines_of(tmp_path / "labels2", split)
+        assert [[r[0], *r[2:]] for r in two] == base and {r[1] for r in two} == {b"0", b"1"}
+        hist = lines_of(tmp_path / "history", split)
+        assert all(len(r) == 41 for r in hist)
+        assert [r[1:40] for r in hist] == [r[1:] for r in base]
+
+
+@pytest.fixture(scope="module")
+def tasks_data(make_data: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("tasks")
+    meta = make_data.generate(out, train_lines=20_000, test_lines=5000, train_files=3, test_files=1, seed=0,
+                              scale="small", labels=2, history=8, log=lambda _text: None)
+    return out, meta
+
+
+def test_two_labels_and_history_parse_as_tabular(make_data: ModuleType, tasks_data: tuple[Path, dict]) -> None:
+    out, meta = tasks_data
+    assert meta["labels"] == 2
+    assert meta["lists"] == [{"name": "history", "max_len": 8, "shares": make_data.HISTORY_SLOT, "separator": ","}]
+    fmt = TabularFormat.from_meta(out / "meta.json")
+    assert (fmt.labels, fmt.fields, fmt.lists[0].shares) == (2, 2 + 13 + 26 + 1, make_data.HISTORY_SLOT)
+    for split, lines, key in (("train_data", 20_000, "positive_rate_train_tasks"),
+                              ("test_data", 5000, "positive_rate_test_tasks")):
+        rec = parse_split(fmt, out, split)
+        assert (rec.n, rec.bad_lines) == (lines, 0)
+        assert rec.counts.max() == 8 and (rec.counts == 0).any()          # lengths 0..8
+        assert rec.labels.mean(axis=0).tolist() == pytest.approx(meta[key])
+    assert abs(meta["positive_rate_train_tasks"][1] - make_data.TASK2_RATE) < 0.01   # measured 0.0496
+    assert abs(meta["positive_rate_train"] - make_data.TARGET_RATE) < 0.02
+    # the Bayes AUC of each task; the history term carries a real share of the click's
+    assert meta["bayes_auc_tasks"][0] == meta["bayes_auc_test"]
+    assert all(0.7 < a < 0.95 for a in meta["bayes_auc_tasks"])
+    assert meta["bayes_auc_test_without_history"] < meta["bayes_auc_test"] - 0.03
+
+
+def test_history_values_hash_as_the_shared_slot(make_data: ModuleType, tasks_data: tuple[Path, dict]) -> None:
+    """A history value written like some line's value of the shared slot gets that slot's id."""
+    out, _meta = tasks_data
+    fmt = TabularFormat.from_meta(out / "meta.json")
+    rec = parse_split(fmt, out, "train_data")
+    lines = lines_of(out, "train_data")
+    field = 2 + 13 + make_data.HISTORY_SLOT
+    slot_ids: dict[bytes, set[int]] = {}
+    for row, i in zip(lines, rec.ids[:, make_data.HISTORY_SLOT].tolist()):
+        if row[field]:
+            slot_ids.setdefault(row[field], set()).add(i)
+    assert all(len(ids) == 1 for ids in slot_ids.values())
+    offsets, matched = rec.offsets[:, 0], 0
+    for r, row in enumerate(lines):
+        texts = row[-1].split(b",") if row[-1] else []
+        assert len(texts) == rec.counts[r, 0] and all(len(t) == 8 for t in texts)
+        for text, value in zip(texts, rec.values[offsets[r]:offsets[r] + len(texts)].tolist()):
+            if text in slot_ids:
+                matched += 1
+                assert slot_ids[text] == {value}
+    assert matched > 0.9 * rec.counts.sum()                 # most history items are also some line's candidate
+
+
+@pytest.mark.slow  # builds 3 models with sequences and writes 20,000 lines again: 5-10 s on 2 cores
+def test_tasks_and_history_in_every_shape(make_data: ModuleType, tasks_data: tuple[Path, dict],
+                                          tmp_path: Path) -> None:
+    out, meta = tasks_data
+    # deterministic, and the rows do not depend on the number of files
+    again = make_data.generate(tmp_path / "again", train_lines=20_000, test_lines=5000, train_files=1, test_files=1,
+                               seed=0, scale="small", labels=2, history=8, log=lambda _text: None)
+    assert split_bytes(tmp_path / "again", "train_data") == split_bytes(out, "train_data")
+    assert split_bytes(tmp_path / "again", "test_data") == split_bytes(out, "test_data")
+    assert again["bayes_auc_tasks"] == meta["bayes_auc_tasks"]
+    # the history term has its designed spread
+    model = make_data.build_model(0, "small", "default", 2, 8)
+    cats, _dense = make_data.sample_features(model, np.random.default_rng(9), 50_000)
+    hist = make_data.sample_history(model, np.random.default_rng(10), cats)
+    term = model.hist_scale * make_data.history_term(model, cats, hist)
+    assert term.std() == pytest.approx(make_data.HIST_STD, rel=0.05)
+    for shape in ("longtail", "drift"):
+        m = make_data.generate(tmp_path / shape, train_lines=4000, test_lines=4000, train_files=2, test_files=1,
+                               seed=0, scale="small", shape=shape, labels=2, history=8, log=lambda _text: None)
+        assert m["shape"] == shape and m["labels"] == 2 and m["lists"][0]["max_len"] == 8
+        assert all(0.7 < a < 0.95 for a in m["bayes_auc_tasks"]), (shape, m["bayes_auc_tasks"])
+        assert m["bayes_auc_test_without_history"] < m["bayes_auc_test"] - 0.03
+        rec = parse_split(TabularFormat.from_meta(tmp_path / shape / "meta.json"), tmp_path / shape, "train_data")
+        assert rec.n == 4000 and rec.counts.max() <= 8
