@@ -21,7 +21,18 @@ from ..models import build_model
 from ..models.ctr_eval import evaluate, load_params
 
 
-def build_parser(model: str, description: str | None) -> argparse.ArgumentParser:
+#: aps-infer's help
+DESCRIPTION = """Score test files with a trained model: AUC, logloss and examples (aps-infer).
+
+    aps-infer --model deepfm --model-arg meta=data/adult/meta.json --checkpoint model/epoch_4 --data data/adult/test_data
+    aps-infer --model my_net.py:build --checkpoint model/epoch_4 --data test
+
+The model is named as aps-trainer's --model (a built-in name, module:Class or file.py:function),
+with the --model-arg values it was trained with. The checkpoint may come from any number of
+pservers; --serve HOST:PORT --export DIR scores with what an aps-serve serves instead."""
+
+
+def build_parser(model: str | None, description: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a checkpoint directory saved by the pservers (e.g. model/ctr/epoch_0)")
@@ -30,14 +41,22 @@ def build_parser(model: str, description: str | None) -> argparse.ArgumentParser
     p.add_argument("--predictions", metavar="OUT", help="with --serve: write one click probability per scored line to OUT")
     p.add_argument("--token-file", metavar="PATH", help="with --serve: aps-serve's token (or APS_TOKEN)")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH", help="test files, directories or globs")
-    p.add_argument("--model", default=model, help=f"model name or module:Class (default {model})")
+    if model is None:
+        p.add_argument("--model", required=True, help="model name, module:Class or file.py:function, as aps-trainer's")
+    else:
+        p.add_argument("--model", default=model, help=f"model name or module:Class (default {model})")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model argument used in training (repeatable)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
     p.add_argument("--json", metavar="OUT", help='also write {"auc": ..., "logloss": ..., "examples": ...} to OUT')
     return p
 
 
-def main(model: str, description: str | None = None, argv: list[str] | None = None) -> int:
+def cli() -> int:
+    """aps-infer: no default model."""
+    return main(None, DESCRIPTION)
+
+
+def main(model: str | None, description: str | None = None, argv: list[str] | None = None) -> int:
     parser = build_parser(model, description)
     args = parser.parse_args(argv)
     if args.serve and not args.export:

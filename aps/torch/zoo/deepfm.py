@@ -7,28 +7,28 @@ Prediction"): a factorization machine and an MLP that share one embedding per fe
 logit = bias + first-order weights (``fm.first``, dim 1 per feature, plus a linear term over the
 dense columns) + the FM's pairwise term over the slots' embeddings (``fm.emb``) + an MLP over
 those embeddings and the dense columns. Adam on the pservers; embeddings in hash tables unless
-``table=fixed``.
+``table=fixed``. Written as a user's file would be (absolute imports): copy it to start your own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...specs import Constant
-from .. import Embedding, Features, TorchModel
-from .settings import hidden_widths, mlp, zoo_model
+import aps.torch as at
+from aps.specs import Constant
+from aps.torch.zoo.settings import hidden_widths, mlp, zoo_model
 
 
 class DeepFM(torch.nn.Module):
     def __init__(self, slots: int, dense: int, dim: int = 8, hidden: tuple[int, ...] = (400, 400, 400),
                  kind: str = "hash") -> None:
         super().__init__()
-        self.first = Embedding("fm.first", dim=1, kind=kind, init=Constant(0.0))
-        self.emb = Embedding("fm.emb", dim=dim, kind=kind)
+        self.first = at.Embedding("fm.first", dim=1, kind=kind, init=Constant(0.0))
+        self.emb = at.Embedding("fm.emb", dim=dim, kind=kind)
         self.dense_first = torch.nn.Linear(dense, 1)
         self.mlp = mlp(slots * dim + dense, hidden)
 
-    def forward(self, f: Features) -> torch.Tensor:
+    def forward(self, f: at.Features) -> torch.Tensor:
         v = self.emb(f.slots)                                      # [B, S, dim]
         first = self.first(f.slots).sum((1, 2)) + self.dense_first(f.dense).squeeze(1)
         fm = 0.5 * (v.sum(1).pow(2) - v.pow(2).sum(1)).sum(1)     # the sum over slot pairs of <v_i, v_j>
@@ -37,7 +37,7 @@ class DeepFM(torch.nn.Module):
 
 
 def build(meta: str, embedding_size: int = 8, hidden: str = "400,400,400", lr: float = 0.001,
-          batch_size: int | None = None, table: str = "hash", seed: int = 0) -> TorchModel:
+          batch_size: int | None = None, table: str = "hash", seed: int = 0) -> at.TorchModel:
     """DeepFM on the data ``meta`` describes; every argument is a ``--model-arg``."""
     widths = hidden_widths("deepfm", hidden)
     return zoo_model("deepfm", lambda m: DeepFM(m.slots, m.dense, int(embedding_size), widths, table),
