@@ -137,6 +137,66 @@ def run_torch(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict
             "wall_examples_per_s": r["seen"] / meter.wall, "other_cpu": meter.other_cpu}
 
 
+def profile_step(name: str, data: Path, steps: int = 30) -> dict:
+    """One worker's step, in this process with one torch thread: ``compute`` on batches of the
+    data (rows and dense values made up, gradient buffers as the runtime's), split by cProfile into
+    the network's forward pass, autograd's backward pass, and aps's own work around them
+    (features, binding the rows and the replica, the loss, copying a hash table's rows' gradient)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from aps.models import build_model
+    from aps.trainer.model import Grads, Params, WorkerContext
+    from aps.trainer.reader import read_chunks
+
+    torch.set_num_threads(1)
+    model = build_model(name, model_args(str(data / "meta.json"), 0))
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
+
+    async def first_batches() -> list:
+        out: list = []
+        async for chunk in read_chunks(data_files(data / "train_data")[0], 1 << 20):
+            out.extend(model.batches(chunk, ctx))
+            if len(out) >= steps:
+                break
+        return out[:steps]
+
+    batches = asyncio.run(first_batches())
+    rng = np.random.default_rng(0)
+    dense = {t.name: (rng.standard_normal(t.shape) * 0.05).astype(np.float32) for t in model.dense_tables()}
+    d_grads = {t.name: np.zeros(t.shape, np.float32) for t in model.dense_tables()}
+
+    def inputs(batch) -> tuple:
+        rows, grads = {}, {}
+        for t in model.sparse_tables():  # a hash table's rows in batch order, its buffer with 2 statistics columns
+            n = len(batch.sparse_ids[t.name])
+            rows[t.name] = (rng.standard_normal((n, t.dim)) * 0.05).astype(np.float32)
+            grads[t.name] = np.zeros((n, t.dim + 2), np.float32)[:, : t.dim]
+        return Params(rows, dense), Grads(grads, d_grads)
+
+    prepared = [inputs(b) for b in batches]
+    for b, (p, g) in zip(batches[:3], prepared[:3]):
+        model.compute(b, p, g)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    for b, (p, g) in zip(batches, prepared):
+        model.compute(b, p, g)
+    profiler.disable()
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(profiler).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
+    forward = sum(v[3] for (f, _, fn), v in stats.items() if fn == "forward" and "torch/nn" not in f and "aps/torch/embedding" not in f)
+    backward = sum(v[3] for (_, _, fn), v in stats.items() if fn.startswith("<method 'run_backward'"))
+    total = sum(v[3] for (f, _, fn), v in stats.items() if fn == "compute" and f.endswith("aps/torch/model.py"))
+    n = len(batches)
+    return {"model": name, "data": data.name, "steps": n, "batch": batches[0].examples,
+            "step_ms": 1e3 * total / n, "forward_ms": 1e3 * forward / n, "backward_ms": 1e3 * backward / n,
+            "aps_ms": 1e3 * (total - forward - backward) / n, "aps_share": (total - forward - backward) / total,
+            "examples_per_s": sum(b.examples for b in batches) / wall}
+
+
 def mean(runs: list[dict], key: str) -> float:
     return statistics.mean(r[key] for r in runs)
 
@@ -169,7 +229,18 @@ def main() -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=5, help="default 5")
     p.add_argument("--json", type=Path)
+    p.add_argument("--profile", action="store_true", help="profile one worker's step of each model instead")
     args = p.parse_args()
+    if args.profile:
+        profiles = [profile_step(name, data.resolve()) for data in args.data for name in args.models]
+        print("| data | model | batch | step ms | network forward ms | backward ms | aps around them ms | aps share | examples/s, one thread |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in profiles:
+            print(f"| {r['data']} | {r['model']} | {r['batch']} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} "
+                  f"| {r['aps_ms']:.2f} | {r['aps_share']:.1%} | {r['examples_per_s']:,.0f} |")
+        if args.json:
+            args.json.write_text(json.dumps({"profiles": profiles}, indent=1))
+        return 0
     rows = []
     for data in args.data:
         for name in args.models:
