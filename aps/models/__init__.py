@@ -23,6 +23,11 @@ BUILTIN = {
     "wide_deep": "aps.models.wide_deep.model:WideDeep",
     # aps.torch's zoo (needs the torch extra)
     "deepfm": "aps.torch.zoo.deepfm:build",
+    "dcn_v2": "aps.torch.zoo.dcn_v2:build",
+    "torch_ctr_dnn": "aps.torch.zoo.ctr_dnn:build",
+    "torch_wide_deep": "aps.torch.zoo.wide_deep:build",
+    "din": "aps.torch.zoo.din:build",
+    "mmoe": "aps.torch.zoo.mmoe:build",
 }
 
 

@@ -47,6 +47,8 @@ def dense_tables(
               for p, _ in module.named_parameters(recurse=False)}
     tables = []
     for name, param in network.named_parameters():
+        if param.numel() == 0:  # a layer over no columns (Linear(0, n) on data without dense ones): nothing to train
+            continue
         init = inits.get(name) or initializer(name, owners[name], param)
         shape = tuple(param.shape) or (1,)
         tables.append(DenseTable(table_name(name), shape, init, optimizer, seed=seed))
@@ -56,8 +58,6 @@ def dense_tables(
 def initializer(name: str, module: torch.nn.Module, param: torch.nn.Parameter) -> Initializer:
     """The distribution ``param`` (``name`` in the network, owned by ``module``) was drawn from."""
     values = param.detach().reshape(-1)
-    if values.numel() == 0:
-        raise ConfigError(f"parameter {name} has no elements")
     if bool((values == values[0]).all()):
         return Constant(float(values[0]))
     leaf = name.rsplit(".", 1)[-1]
@@ -98,7 +98,7 @@ class DenseBinding:
     """Points a network's parameters at aps's arrays for a step (see the module docstring)."""
 
     def __init__(self, network: torch.nn.Module) -> None:
-        self.params = dict(network.named_parameters())
+        self.params = {name: p for name, p in network.named_parameters() if p.numel()}
         #: torch views made so far, by (table, address of the array): the replica and gradient
         #: buffers are the same few arrays every step, so each view is made once
         self._views: dict[tuple[str, int], torch.Tensor] = {}

@@ -15,6 +15,7 @@ be importable, as a model file's is), the function that built it does not (it ma
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from ..errors import ApsError, ConfigError
 from ..models.ctr_batches import CtrBatch, CtrBatcher
 from ..models.ctr_model import OFFLINE_BATCH, ONLINE_BATCH, batch_size_arg, positive_int
 from ..models.tabular import TabularFormat
@@ -153,6 +154,14 @@ class TorchModel(Model):
         self._bind(batch, params, grads)
         try:
             logits = self.network(features)
+        except ApsError:
+            raise
+        except Exception as exc:  # the user's code: one line with its place and the data's shape, not aps's traceback
+            raise ConfigError(
+                f"{self.name}: the network's forward failed{_user_frame(exc)} on {batch.examples} examples of "
+                f"{self.format.slots} slots, {self.format.dense} dense columns and {self.format.labels} label(s): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             for emb in self.embeddings.values():
                 emb.batch_rows = None
@@ -201,6 +210,16 @@ class TorchModel(Model):
                     copy_back.append((leaf, buffer))
             emb.batch_rows = torch.cat([leaf, leaf.new_zeros(1, leaf.shape[1])]) if self.format.lists else leaf
         self.local("binding", lambda: DenseBinding(self.network)).bind(params.dense, None if grads is None else grads.dense)
+
+
+#: code that is not the user's: aps and torch (a failure's place is the last frame outside them)
+_LIBRARIES = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
+
+
+def _user_frame(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost frame of ``exc`` in the user's code, or nothing."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_LIBRARIES)]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _find_meta(meta: str | Path, caller: str) -> Path:

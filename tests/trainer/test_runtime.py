@@ -56,7 +56,8 @@ def test_the_default_hook_refuses_what_the_mode_cannot_train_in_the_same_words(k
             return [aps.HashTable("h", dim=1, optimizer=aps.Adagrad())]
 
     with pytest.raises(ConfigError, match="^geo mode trains locally with SGD, but table 'h' declares Adagrad; "
-                                          "use SGD or another mode$"):
+                                          r"give every table SGD \(.*\), or train in sync, async, half_async or "
+                                          "hybrid, which take any optimizer$"):
         kind(Adagrad(), Strategy(mode="geo"), NOWHERE)
 
 

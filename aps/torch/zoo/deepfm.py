@@ -37,8 +37,8 @@ class DeepFM(torch.nn.Module):
 
 
 def build(meta: str, embedding_size: int = 8, hidden: str = "400,400,400", lr: float = 0.001,
-          batch_size: int | None = None, table: str = "hash", seed: int = 0) -> at.TorchModel:
+          optimizer: str = "adam", batch_size: int | None = None, table: str = "hash", seed: int = 0) -> at.TorchModel:
     """DeepFM on the data ``meta`` describes; every argument is a ``--model-arg``."""
     widths = hidden_widths("deepfm", hidden)
     return zoo_model("deepfm", lambda m: DeepFM(m.slots, m.dense, int(embedding_size), widths, table),
-                     meta=meta, lr=lr, batch_size=batch_size, table=table, seed=seed)
+                     meta=meta, lr=lr, batch_size=batch_size, table=table, seed=seed, optimizer=optimizer)

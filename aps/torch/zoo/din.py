@@ -58,9 +58,9 @@ def _prelu_mlp(width: int, hidden: tuple[int, ...], out: int) -> torch.nn.Sequen
 
 
 def build(meta: str, embedding_size: int = 8, hidden: str = "200,80", attention: str = "80,40", lr: float = 0.001,
-          batch_size: int | None = None, table: str = "hash", seed: int = 0) -> TorchModel:
+          optimizer: str = "adam", batch_size: int | None = None, table: str = "hash", seed: int = 0) -> TorchModel:
     """DIN on the data ``meta`` describes; every argument is a ``--model-arg``."""
     dim = positive_int("din", "embedding_size", embedding_size)
     widths, att = hidden_widths("din", hidden), hidden_widths("din", attention)
     return zoo_model("din", lambda m: DIN(m, dim, widths, att, table), meta=meta, lr=lr, batch_size=batch_size,
-                     table=table, seed=seed)
+                     table=table, seed=seed, optimizer=optimizer)

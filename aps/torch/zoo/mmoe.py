@@ -40,9 +40,9 @@ class MMoE(torch.nn.Module):
 
 
 def build(meta: str, embedding_size: int = 8, experts: int = 4, expert: str = "256,128", tower: str = "64",
-          lr: float = 0.001, batch_size: int | None = None, table: str = "hash", seed: int = 0) -> TorchModel:
+          lr: float = 0.001, optimizer: str = "adam", batch_size: int | None = None, table: str = "hash", seed: int = 0) -> TorchModel:
     """MMoE on the data ``meta`` describes (one task per label column); every argument is a ``--model-arg``."""
     dim, n = positive_int("mmoe", "embedding_size", embedding_size), positive_int("mmoe", "experts", experts)
     widths, towers = hidden_widths("mmoe", expert), hidden_widths("mmoe", tower)
     return zoo_model("mmoe", lambda m: MMoE(m, dim, n, widths, towers, table), meta=meta, lr=lr, batch_size=batch_size,
-                     table=table, seed=seed)
+                     table=table, seed=seed, optimizer=optimizer)

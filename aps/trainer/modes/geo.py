@@ -44,7 +44,8 @@ class GeoExchange(Mode):
         if not isinstance(spec.optimizer, SGD):
             return (
                 f"geo mode trains locally with SGD, but table {spec.name!r} declares "
-                f"{type(spec.optimizer).__name__}; use SGD or another mode"
+                f"{type(spec.optimizer).__name__}; give every table SGD (a CTR or zoo model: --model-arg "
+                "optimizer=sgd), or train in sync, async, half_async or hybrid, which take any optimizer"
             )
         if spec.optimizer.l2 or spec.optimizer.clip_norm is not None:
             # the pservers only add geo's deltas: their optimizer, decay and clip included, never runs
