@@ -160,7 +160,7 @@ def _content_errors(directory: Path) -> Iterator[None]:
 def load_base(directory: Path, manifest: dict[str, Any]) -> ServedModel:
     """The model of a base export (its manifest read and checked: layout.read_manifest)."""
     with _content_errors(directory):
-        files = _ExportFiles(directory, manifest)
+        files = ExportFiles(directory, manifest)
         tables: dict[str, Served] = {}
         specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
         for name, spec in specs.items():
@@ -179,7 +179,7 @@ def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -
     if manifest.get("previous_version") != model.version:
         raise ConfigError(f"export {directory} follows version {manifest.get('previous_version')}, not {model.version}")
     with _content_errors(directory):
-        files = _ExportFiles(directory, manifest)
+        files = ExportFiles(directory, manifest)
         tables = dict(model.tables)
         specs = dict(model.specs)
         for name, entry in manifest["tables"].items():
@@ -205,7 +205,7 @@ def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str,
     )
 
 
-class _ExportFiles:
+class ExportFiles:
     """Reads an export's shard files, each checked against its SHA-256 in the manifest."""
 
     def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:

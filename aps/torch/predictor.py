@@ -52,7 +52,7 @@ from ..client.psclient import PSClient, connect
 from ..errors import ConfigError, DataError
 from ..metrics import Auc, logloss
 from ..serving.layout import list_exports, read_manifest
-from ..serving.model import _ExportFiles  # aps-serve's reader of an export's files (no second reader)
+from ..serving.model import ExportFiles  # aps-serve's reader of an export's files: no second reader
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
 from ..trainer.files import expand_inputs
 from ..trainer.model import Batch, Params, WorkerContext
@@ -325,7 +325,7 @@ def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, D
             raise ConfigError(f"export root {root} has no complete export of {where}: pass the export root aps-serve follows")
         manifest = read_manifest(entry.path)
         try:
-            files = _ExportFiles(entry.path, manifest)
+            files = ExportFiles(entry.path, manifest)
             for name in [n for n in wanted if n in manifest["tables"]]:
                 spec = spec_from_dict(manifest["tables"][name]["spec"])
                 if not isinstance(spec, DenseTable) or tuple(spec.shape) != tuple(wanted[name].shape):
