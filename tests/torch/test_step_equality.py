@@ -8,7 +8,8 @@ created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAd
 embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest. Every table
 (dense, and every touched row) ends equal to float32 tolerance.
 
-Two data layouts: the Criteo one (one label, single-valued slots) and a wide one (two labels, a
+Three networks: an MLP over the slots' embeddings (CTR-DNN's shape) and the zoo's DeepFM on the
+Criteo layout (one label, single-valued slots), and one on a wide layout (two labels, a
 behaviour sequence sharing a slot's ids with attention over it, a multi-valued column pooled by
 mean), the second read by :mod:`aps.models.tabular` and padded to a zero row.
 """
@@ -27,6 +28,7 @@ import torch
 import aps
 import aps.torch as at
 from aps.torch.plain import plain_network, plain_optimizers
+from aps.torch.zoo.deepfm import DeepFM
 from aps.trainer.model import Batch
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
@@ -153,8 +155,14 @@ def _embedding_paths(network: torch.nn.Module) -> set[str]:
     return {path for path, m in network.named_modules() if isinstance(m, at.Embedding)}
 
 
+def small_deepfm(meta: at.Meta) -> torch.nn.Module:
+    """The zoo's DeepFM (its FM term, first-order weights and MLP), small, on fixed tables."""
+    return DeepFM(meta.slots, meta.dense, dim=3, hidden=(5, 4), kind="fixed")
+
+
 LAYOUTS = {
     "criteo": (SmallDnn, write_meta, lambda: make_lines(3), criteo_features),
+    "deepfm": (small_deepfm, write_meta, lambda: make_lines(3), criteo_features),
     "two labels and lists": (TwoTasks, wide_meta, lambda: wide_lines(3), wide_features),
 }
 
