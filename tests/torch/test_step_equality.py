@@ -11,7 +11,7 @@ embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the re
 Three networks: an MLP over the slots' embeddings (CTR-DNN's shape) and the zoo's DeepFM on the
 Criteo layout (one label, single-valued slots), and one on a wide layout (two labels, a
 behaviour sequence sharing a slot's ids with attention over it, a multi-valued column pooled by
-mean), the second read by :mod:`aps.models.tabular` and padded to a zero row.
+mean), the last read by :mod:`aps.models.tabular` and padded to a zero row.
 """
 
 from __future__ import annotations
