@@ -149,6 +149,9 @@ def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Process
                 ref.apply(g, batch.sparse_ids)
             for name, ids in batch.sparse_ids.items():
                 seen[name] = np.concatenate([seen.get(name, ids[:0]), ids])
+        # the epoch's end flushes what is in flight: with dense_lag=1 the last step's dense round runs
+        # in the background after its step returned, and a pull made before it lands misses it
+        st.end_epoch()
         final = asyncio.run(pull_all(servers, model))
         st.stop()
     finally:
