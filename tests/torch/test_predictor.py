@@ -30,9 +30,25 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-META = ROOT / "data" / "adult" / "meta.json"
-TEST_FILE = ROOT / "data" / "adult" / "test_data" / "part-00000"
-LINES = TEST_FILE.read_text().splitlines()[:300]
+#: the Adult census set's columns (examples/wide_deep/prepare_adult.py's meta.json: 6 dense, 8
+#: slots, 1,000,001 buckets), kept with the tests so that a clean clone needs no download
+META = Path(__file__).resolve().parent / "adult_meta.json"
+
+
+def adult_like_lines(n: int, seed: int = 0) -> list[str]:
+    """``n`` lines in Adult's layout: a 0/1 label, 6 integers within its ranges, 8 categorical
+    values from small vocabularies (so that keys repeat across lines, as Adult's do)."""
+    rng = np.random.default_rng(seed)
+    meta = json.loads(META.read_text())
+    out = []
+    for _ in range(n):
+        dense = [str(int(lo + rng.integers(0, diff + 1))) for lo, diff in zip(meta["cont_min"], meta["cont_diff"])]
+        cats = [f"c{k}-{int(rng.zipf(1.6)) % (3 + 5 * k)}" for k in range(meta["slots"])]
+        out.append("\t".join([str(int(rng.random() < 0.25)), *dense, *cats]))
+    return out
+
+
+LINES = adult_like_lines(300)
 HIDDEN = "16,8"
 #: shows pushed with every trained key: score 0.1 * 20 = 2 reaches a base's threshold (1.5) and a delta's (0.25)
 SHOWS = 20.0
