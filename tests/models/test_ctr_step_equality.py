@@ -117,6 +117,16 @@ async def pull_all(servers: list[str], model: aps.Model) -> dict[str, np.ndarray
     return out
 
 
+def finish(st: StepTrainer, servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
+    """End the run and return every table as the pservers hold it. The epoch's end flushes what is
+    in flight first: with dense_lag=1 the last step's dense round runs in the background after its
+    step returned, and a pull made before it lands misses it."""
+    st.end_epoch()
+    final = asyncio.run(pull_all(servers, model))
+    st.stop()
+    return final
+
+
 #: sync, and hybrid with fresh rows: with one trainer and one worker both are the reference's
 #: steps (dense_lag=0 makes hybrid's dense part synchronous; max_staleness=0 makes each pull wait
 #: for the previous batch's sparse push)
@@ -149,11 +159,7 @@ def train_both(model: aps.Model, ref_grads, lines: list[str], processes: Process
                 ref.apply(g, batch.sparse_ids)
             for name, ids in batch.sparse_ids.items():
                 seen[name] = np.concatenate([seen.get(name, ids[:0]), ids])
-        # the epoch's end flushes what is in flight: with dense_lag=1 the last step's dense round runs
-        # in the background after its step returned, and a pull made before it lands misses it
-        st.end_epoch()
-        final = asyncio.run(pull_all(servers, model))
-        st.stop()
+        final = finish(st, servers, model)
     finally:
         if not st._stopped:
             st.close()

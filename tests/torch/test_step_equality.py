@@ -32,7 +32,7 @@ from aps.torch.zoo.deepfm import DeepFM
 from aps.trainer.model import Batch
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
-from tests.models.test_ctr_step_equality import BATCH, BUCKETS, DENSE, SLOTS, STEPS, make_lines, pull_all, write_meta
+from tests.models.test_ctr_step_equality import BATCH, BUCKETS, STEPS, finish, make_lines, pull_all, write_meta
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,8 +139,7 @@ def train_both(network_cls, optimizer: str, meta: str, lines: list[str], feature
             for o in opts:
                 o.step()
             ref_losses.append(float(loss.detach()))
-        final = asyncio.run(pull_all(servers, model))
-        st.stop()
+        final = finish(st, servers, model)
     finally:
         if not st._stopped:
             st.close()
