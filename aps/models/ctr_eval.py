@@ -65,10 +65,10 @@ def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
     for spec in model.tables():
         if spec.name not in saved.specs:
             raise ConfigError(f"checkpoint {checkpoint} has no table {spec.name!r} (has {sorted(saved.specs)}): another model?")
-        if _shape(saved.spec(spec.name)) != _shape(spec):  # init and optimizer do not matter for inference
+        if table_shape(saved.spec(spec.name)) != table_shape(spec):  # init and optimizer do not matter for inference
             raise ConfigError(
-                f"checkpoint {checkpoint}: table {spec.name!r} has shape {_shape(saved.spec(spec.name))}, the model's is "
-                f"{_shape(spec)}; pass the model arguments it was trained with"
+                f"checkpoint {checkpoint}: table {spec.name!r} has shape {table_shape(saved.spec(spec.name))}, the model's is "
+                f"{table_shape(spec)}; pass the model arguments it was trained with"
             )
         if isinstance(spec, HashTable):
             keyed.append(spec.name)
@@ -79,7 +79,10 @@ def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
     return KeyedParams(sparse, dense, saved, tuple(keyed)) if keyed else Params(sparse, dense)
 
 
-def _shape(spec: SparseTable | DenseTable | HashTable) -> tuple[Any, ...]:
+def table_shape(spec: SparseTable | DenseTable | HashTable) -> tuple[Any, ...]:
+    """What must agree between a model's table and a saved or served one: ("keys", dim) for a
+    hash table, (rows, dim) for a fixed one, the shape of a dense one (init and optimizer may
+    differ for inference)."""
     if isinstance(spec, HashTable):
         return ("keys", spec.dim)
     return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
@@ -106,11 +109,18 @@ def evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines:
 
 
 async def _evaluate(model: Model, params: Params, files: Sequence[str], skip_bad_lines: bool) -> dict[str, Any]:
-    auc = Auc()  # a fresh, zeroed state: the reference's set_zero before inference
     ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0), skip_bad_lines=skip_bad_lines)
+    return await summarize(predict(model, params, files, ctx), ctx, files)
+
+
+async def summarize(scored: AsyncIterator[tuple[np.ndarray, np.ndarray]], ctx: WorkerContext,
+                    files: Sequence[str]) -> dict[str, Any]:
+    """AUC (bucketed, from a reset state), mean logloss, examples and the bad lines ``ctx``
+    counted, over the (probabilities, labels) of every scored batch."""
+    auc = Auc()  # a fresh, zeroed state: the reference's set_zero before inference
     loss_sum = 0.0
     examples = 0
-    async for probs, labels in predict(model, params, files, ctx):
+    async for probs, labels in scored:
         auc.update(probs, labels)
         loss_sum += logloss(probs, labels) * len(labels)
         examples += len(labels)

@@ -140,6 +140,13 @@ class TorchModel(Model):
         with torch.no_grad():
             return float(self._loss(batch, params, None))
 
+    def forward_rows(self, batch: Batch, rows: Mapping[str, np.ndarray], dense: Mapping[str, np.ndarray]) -> float:
+        """Scoring with every Embedding table's rows in the order of the batch's unique ids (what
+        a pull of ``batch.sparse_ids`` returns), whatever the table's kind: a scorer that pulls
+        rows (:mod:`aps.torch.predictor`) never holds a fixed table whole."""
+        with torch.no_grad():
+            return float(self._loss(batch, Params(dict(rows), dict(dense)), None, by_position=True))
+
     def predictions(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """The first task's probabilities and labels (several tasks: AUC is the first's)."""
         data: CtrBatch | TabularBatch = batch.data
@@ -147,11 +154,11 @@ class TorchModel(Model):
 
     # ------------------------------------------------------------ one step
 
-    def _loss(self, batch: Batch, params: Params, grads: Grads | None) -> torch.Tensor:
+    def _loss(self, batch: Batch, params: Params, grads: Grads | None, by_position: bool = False) -> torch.Tensor:
         """Bind the batch's rows and the dense replica, run the network: the summed binary
         cross-entropy over examples and tasks (batch.data.probs filled with the first task's)."""
         features = self._features(batch)
-        self._bind(batch, params, grads)
+        self._bind(batch, params, grads, by_position or self.hashed)
         try:
             logits = self.network(features)
         except ApsError:
@@ -189,7 +196,7 @@ class TorchModel(Model):
             lists[column.name] = ListFeature(ids, torch.arange(ids.shape[1]) < lengths.unsqueeze(1), lengths)
         return Features(torch.from_numpy(data.slots), torch.from_numpy(data.dense), labels, lists)
 
-    def _bind(self, batch: Batch, params: Params, grads: Grads | None) -> None:
+    def _bind(self, batch: Batch, params: Params, grads: Grads | None, by_position: bool) -> None:
         """The batch's rows to every Embedding (one zero row past them when lists pad to it), the
         dense replica and the gradient buffers to the parameters."""
         # (rows, gradient buffer) whose gradient is copied after the backward pass: a hash
@@ -200,7 +207,8 @@ class TorchModel(Model):
         for name, emb in self.embeddings.items():
             ids = batch.sparse_ids[name]
             table = params.sparse[name]
-            leaf = torch.from_numpy(table[: len(ids)] if self.hashed else table[ids])
+            # by position: row i is id i's (a hash table's slot area, pulled rows); else the replica by global id
+            leaf = torch.from_numpy(table[: len(ids)] if by_position else table[ids])
             if grads is not None:
                 leaf.requires_grad_(True)
                 buffer = grads.sparse[name]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,12 @@ import numpy as np
 
 from ..client.psclient import PSClient, connect
 from ..errors import ConfigError, DataError
-from ..metrics import Auc, logloss
+from ..models.ctr_eval import summarize, table_shape
 from ..serving.layout import list_exports, read_manifest
 from ..serving.model import ExportFiles  # aps-serve's reader of an export's files: no second reader
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
 from ..trainer.files import expand_inputs
-from ..trainer.model import Batch, Params, WorkerContext
+from ..trainer.model import Batch, WorkerContext
 from ..trainer.reader import Chunk, read_chunks
 from .model import TorchModel
 
@@ -206,10 +206,10 @@ class Predictor:
         """Every Embedding table served, of the model's kind and shape."""
         for spec in self.sparse:
             served = await self.client.table_spec(spec.name)
-            if type(served) is not type(spec) or _shape(served) != _shape(spec):
+            if type(served) is not type(spec) or table_shape(served) != table_shape(spec):
                 raise ConfigError(
-                    f"aps-serve at {self.address} serves table {spec.name!r} as {type(served).__name__} {_shape(served)}, "
-                    f"the model's is {type(spec).__name__} {_shape(spec)}: build the model with the settings it was trained with"
+                    f"aps-serve at {self.address} serves table {spec.name!r} as {type(served).__name__} {table_shape(served)}, "
+                    f"the model's is {type(spec).__name__} {table_shape(spec)}: build the model with the settings it was trained with"
                 )
 
     # ------------------------------------------------------------ scoring
@@ -252,10 +252,7 @@ class Predictor:
         out = []
         pulled = iter(rows)
         for batch in batches:
-            sparse: dict[str, Any] = {}
-            for name in names:
-                sparse[name] = next(pulled) if self.model.hashed else _FixedRows(batch.sparse_ids[name], next(pulled))
-            self.model.forward(batch, Params(sparse, self._dense))
+            self.model.forward_rows(batch, {name: next(pulled) for name in names}, self._dense)
             out.append(self.model.predictions(batch)[0])
         return out[0] if len(out) == 1 else np.concatenate(out)
 
@@ -265,47 +262,31 @@ async def score_files(
     predictions: str | os.PathLike[str] | None = None, skip_bad_lines: bool = False, **options: Any,
 ) -> dict[str, Any]:
     """AUC, mean logloss and examples over ``files`` (read and batched as ``aps-trainer`` and
-    ``infer.py`` read them), scored through aps-serve (``infer.py --serve``), and the model
-    versions used; ``predictions``: one probability a scored line written there, in order."""
+    ``infer.py`` read them, summed up as infer.py sums a checkpoint's: :func:`aps.models.ctr_eval.summarize`),
+    scored through aps-serve (``infer.py --serve``), and the model versions used; ``predictions``:
+    one probability a scored line written there, in order."""
     ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0), skip_bad_lines=skip_bad_lines)
-    auc, loss_sum, examples, versions = Auc(), 0.0, 0, set()
+    versions: set[int | None] = set()
     out = open(predictions, "w") if predictions is not None else None
+
+    async def scored(p: Predictor) -> AsyncIterator[tuple[np.ndarray, np.ndarray]]:
+        for path in expand_inputs(list(files)):
+            async for chunk in read_chunks(path, chunk_bytes=4 << 20):
+                for batch in model.batches(chunk, ctx):
+                    await p.score_batch(batch)
+                    versions.add(p.version)
+                    probs, labels = model.predictions(batch)
+                    if out is not None:
+                        out.write("".join(f"{x:.9g}\n" for x in probs.tolist()))
+                    yield probs, labels
+
     try:
         async with Predictor.open(model, serve, export_dir, **options) as p:
-            for path in expand_inputs(list(files)):
-                async for chunk in read_chunks(path, chunk_bytes=4 << 20):
-                    for batch in model.batches(chunk, ctx):
-                        await p.score_batch(batch)
-                        probs, labels = model.predictions(batch)
-                        versions.add(p.version)
-                        auc.update(probs, labels)
-                        loss_sum += logloss(probs, labels) * len(labels)
-                        examples += len(labels)
-                        if out is not None:
-                            out.write("".join(f"{x:.9g}\n" for x in probs.tolist()))
+            result = await summarize(scored(p), ctx, files)
     finally:
         if out is not None:
             out.close()
-    if not examples:
-        raise DataError("no examples in the input files", ", ".join(map(str, files)))
-    return {"auc": auc.global_auc(), "logloss": loss_sum / examples, "examples": examples, "bad_lines": ctx.bad_lines,
-            "model_versions": sorted(versions)}
-
-
-class _FixedRows:
-    """A fixed table as :class:`~aps.torch.TorchModel` reads it for a batch, ``table[ids]`` by
-    the batch's unique ids: the rows pulled for exactly those ids (the table is never whole here)."""
-
-    __slots__ = ("ids", "rows")
-
-    def __init__(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        self.ids = ids
-        self.rows = rows
-
-    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
-        if ids is not self.ids and not np.array_equal(ids, self.ids):
-            raise AssertionError("a fixed table's rows were pulled for other ids than the batch reads")
-        return self.rows
+    return {**result, "model_versions": sorted(versions)}  # type: ignore[type-var]
 
 
 def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, DenseTable]) -> dict[str, np.ndarray]:
@@ -361,11 +342,5 @@ def _chunk(lines: Iterable[str | bytes], missing_labels: int) -> Chunk | None:
     return Chunk("<lines>", 1, data, len(parts))
 
 
-def _shape(spec: Any) -> tuple[Any, ...]:
-    if isinstance(spec, HashTable):
-        return ("keys", spec.dim)
-    return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else tuple(spec.shape)
-
-
 def _describe(spec: Any) -> str:
-    return f"{type(spec).__name__} {_shape(spec)}"
+    return f"{type(spec).__name__} {table_shape(spec)}"
