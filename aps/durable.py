@@ -28,6 +28,15 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def replace_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: into a temporary beside it, fsync'd, then renamed
+    over ``path``, so a reader sees the old file or the whole new one, never one being written
+    (call :func:`fsync_dir` after it for the rename to be durable)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_synced(tmp, data)
+    os.replace(tmp, path)
+
+
 def _libc_syncfs() -> ctypes._CFuncPtr | None:
     """Linux's syncfs(2), or None where the C library lacks it."""
     if not sys.platform.startswith("linux"):

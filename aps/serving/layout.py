@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..digests import bytes_sha256
-from ..durable import fsync_dir, write_synced
+from ..durable import fsync_dir, replace_synced
 from ..errors import ConfigError
 
 FORMAT = "aps-export"
@@ -71,14 +71,14 @@ def list_exports(root: str | os.PathLike[str]) -> list[ExportEntry]:
 
 
 def write_done(directory: Path, manifest: dict[str, Any]) -> None:
-    """Write ``export.json`` then ``DONE`` (holding its SHA-256), each fsync'd with the
-    directory, so the marker never exists without a complete manifest before it."""
+    """Write ``export.json`` then ``DONE`` (holding its SHA-256), each renamed into place whole
+    and fsync'd with the directory: the marker never exists without a complete manifest before
+    it, and is never seen empty (an aps-serve polling the root found a DONE being written once,
+    read no digest in it, and refused that export for good)."""
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    tmp = directory / f".{MANIFEST}.tmp"
-    write_synced(tmp, text)
-    os.replace(tmp, directory / MANIFEST)
+    replace_synced(directory / MANIFEST, text)
     fsync_dir(directory)
-    write_synced(directory / MARKER, bytes_sha256(text).encode())
+    replace_synced(directory / MARKER, bytes_sha256(text).encode())
     fsync_dir(directory)
 
 

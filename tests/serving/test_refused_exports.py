@@ -304,3 +304,24 @@ async def test_an_aps_serve_process_goes_on_after_a_bad_export_and_exits_0_on_si
     refusals = [r for r in records if r.get("event") == "export refused: not loaded"]
     assert [(r["version"], "lacks files" in r["reason"]) for r in refusals] == [(2, True)]
     assert [r["reason"] for r in records if r.get("event") == "pserver stopped"] == ["signal SIGTERM"]
+
+
+def test_a_done_marker_is_never_visible_before_it_is_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker is renamed into place whole: an exporter that fails (here: its fsync) while
+    writing it leaves no DONE, so no aps-serve polling the root reads an empty or partial marker
+    and refuses the export for good (a clean-clone run saw one aps-serve of two do that)."""
+    import os
+
+    directory = tmp_path / export_dir_name(1, "base")
+    directory.mkdir()
+    real_fsync = os.fsync
+
+    def failing_on_the_marker(fd: int) -> None:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name in (MARKER, f".{MARKER}.tmp"):
+            raise OSError("disk full")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_on_the_marker)
+    with pytest.raises(OSError, match="disk full"):
+        write_done(directory, {"version": 1})
+    assert (directory / MANIFEST).exists() and not (directory / MARKER).exists()
