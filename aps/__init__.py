@@ -28,15 +28,27 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .checkpoints.reader import Checkpoint, read_checkpoint
     from .client import PSClient, connect
     from .client.export import ExportInfo
     from .cluster import ClusterSpec
     from .fleet import DistributedStrategy, Fleet
     from .launcher import LaunchResult, LocalCluster, PServerProcess, RoleResult, launch
     from .server import PServer, ServerConfig, serve
-    from .server.checkpoint_reader import Checkpoint, read_checkpoint
     from .serving.server import ServingServer, serve_exports
-    from .specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Ftrl, HashTable, Normal, SparseTable, Uniform
+    from .specs import (
+        SGD,
+        Adagrad,
+        Adam,
+        Constant,
+        DenseTable,
+        ExponentialDecay,
+        Ftrl,
+        HashTable,
+        Normal,
+        SparseTable,
+        Uniform,
+    )
     from .trainer import Batch, Grads, Model, Params, StepTrainer, Strategy, Trainer, TrainOptions
 
 __version__ = "0.1.0"
@@ -48,7 +60,7 @@ _LAZY = {
     "ExportInfo": "client.export",
     **dict.fromkeys(("serve_exports", "ServingServer"), "serving.server"),
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
-    **dict.fromkeys(("read_checkpoint", "Checkpoint"), "server.checkpoint_reader"),
+    **dict.fromkeys(("read_checkpoint", "Checkpoint"), "checkpoints.reader"),
     **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
                      "Ftrl", "ExponentialDecay"), "specs"),
     **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),

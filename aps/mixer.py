@@ -1,7 +1,7 @@
 """splitmix64's finaliser: the one 64-bit mixer of aps.
 
-It seeds the counter-based initialisers (aps/server/init_kernels.py), starts a hash index's probe
-(aps/server/hash_index.py) and picks a hash table key's logical shard (aps/sharding.py). One
+It seeds the counter-based initialisers (aps/storage/init_kernels.py), starts a hash index's probe
+(aps/storage/hash/index.py) and picks a hash table key's logical shard (aps/sharding.py). One
 definition, so that the client's split and the server's ownership check can never disagree
 about where a key lives.
 """

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ctr_vs_torch as bench  # bench/ctr_vs_torch.py: data, batches, the network, the metrics
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def aps_init(torch: Any, net: Any, seed: int) -> None:
     """Copy the pserver's initial tables of ``CtrDnn(seed=seed)`` into the torch network."""
     from aps.models.ctr_dnn.model import CtrDnn
-    from aps.server.init_kernels import init_dense, init_sparse_rows, table_seed
     from aps.specs import SparseTable
+    from aps.storage.init_kernels import init_dense, init_sparse_rows, table_seed
 
     with torch.no_grad():
         for spec in CtrDnn(seed=seed).tables():

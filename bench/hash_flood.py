@@ -7,7 +7,7 @@ One ``aps-server`` child process holds a :class:`~aps.HashTable` with ``max_keys
 client pushes ``--keys`` distinct random int64 keys (``--batch`` a push, never repeated, so
 every push asks the table to admit keys it must evict others for), while a probe process of its
 own pings the server every 5 ms. What must hold (issue 20's aim): the server's resident memory
-grows by at most the cap's bytes + 10% (:func:`aps.server.hash_table.planned_nbytes` of the cap:
+grows by at most the cap's bytes + 10% (:func:`aps.storage.hash.store.planned_nbytes` of the cap:
 the slab rows, the index right after a resize, what ``--max-table-bytes`` charges), it holds at
 most ``max_keys`` keys, and pings keep coming back (p99 < 50 ms).
 
@@ -43,8 +43,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aps  # noqa: E402
-from aps.server.hash_table import planned_nbytes  # noqa: E402
-from bench.pservers import PingProbe, ServerProcess, markdown_table, memory, percentiles_ms, settled_memory, write_results  # noqa: E402
+from aps.storage.hash.store import planned_nbytes  # noqa: E402
+from bench.pservers import (  # noqa: E402
+    PingProbe,
+    ServerProcess,
+    markdown_table,
+    memory,
+    percentiles_ms,
+    settled_memory,
+    write_results,
+)
 
 #: the aim: RSS growth <= the cap's planned bytes x this
 RSS_SLACK = 1.10

@@ -54,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aps  # noqa: E402
-from aps.server.hash_table import row_nbytes  # noqa: E402
+from aps.storage.hash.store import row_nbytes  # noqa: E402
 from bench.big_table_ping import RssSampler  # noqa: E402
 from bench.hash_flood import distinct_keys  # noqa: E402
 from bench.pservers import MIB, ServerProcess, markdown_table, memory, write_results  # noqa: E402

@@ -4,13 +4,13 @@
     .venv/bin/python bench/hash_table.py --keys 1000000 --repeat 20
 
 For each table size N (``--keys``), N random int64 keys (any bit pattern) are pushed into a
-:class:`~aps.server.hash_table.HashSparseStore` (Adagrad, ``--dim``) in batches of ``--batch``
+:class:`~aps.storage.hash.store.HashSparseStore` (Adagrad, ``--dim``) in batches of ``--batch``
 new keys: that is the insert rate (admission, index insert, initial rows, optimizer, statistics).
 Then, on the full table:
 
 * index alone: ``lookup`` of ``--batch`` held keys, and of ``--batch`` absent keys;
 * the store: ``pull`` and ``push_grad`` (Adagrad) of ``--batch`` held keys, beside a fixed
-  :class:`~aps.server.tables.SparseShard` of N rows with the same optimizer doing the same pull
+  :class:`~aps.storage.tables.SparseShard` of N rows with the same optimizer doing the same pull
   and push of ``--batch`` random row ids (the issue's aim: hash >= 0.7x fixed rows/s);
 * bytes per key: the growth of this process's resident memory while the store was filled, and
   what the store reserves (slab, statistics, index; slab rows no key has used are never touched,
@@ -36,10 +36,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from aps.specs import HashTable  # noqa: E402
-from aps.server.hash_table import HashSparseStore  # noqa: E402
-from aps.server.tables import SparseShard  # noqa: E402
-from aps.specs import Adagrad, SparseTable  # noqa: E402
+from aps.specs import (  # noqa: E402
+    Adagrad,
+    HashTable,  # noqa: E402
+    SparseTable,
+)
+from aps.storage.hash.store import HashSparseStore  # noqa: E402
+from aps.storage.tables import SparseShard  # noqa: E402
 from bench.pservers import markdown_table, write_results  # noqa: E402
 
 

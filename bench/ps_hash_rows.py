@@ -37,7 +37,7 @@ import numpy as np
 from pservers import PingProbe, memory, percentiles_ms, window  # bench/pservers.py
 
 import aps
-from aps.server.hash_table import row_nbytes
+from aps.storage.hash.store import row_nbytes
 
 HASH_TABLE = "hemb"
 #: new keys a push carries while the table is filled: a push a few milliseconds long, so a ping

@@ -31,9 +31,13 @@ FLOORS: list[tuple[str, ...]] = [
      "aps.metrics", "aps.cluster", "aps.records", "aps.telemetry"),
     # values built on the leaves: the one sharding rule of client and server
     ("aps.sharding",),
+    # where rows live and how they change: stores, indexes, initialisers, optimizer kernels (numpy/numba)
+    ("aps.storage",),
+    # what a checkpoint is on disk: shard directories, manifests, table files, delta chains
+    ("aps.checkpoints",),
     # sans-IO protocol
     ("aps.wire",),
-    # the pserver: storage, kernels, checkpoints, the TCP server
+    # the pserver: its request handlers, saves and loads, the TCP server
     ("aps.server",),
     # the read-only store over exports and the server's storage kernels
     ("aps.serving",),
@@ -235,3 +239,21 @@ def test_the_checker_sees_imports_in_functions_relative_and_type_only(tmp_path: 
     }
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: the modules that may import the pserver package: the ones that run a pserver (its command, the
+#: fleet role API, aps's public names) and serving, which still borrows the pserver's transport
+#: and core (until the transport stands apart from the services). Storage and checkpoint formats
+#: sit below the server, so the trainer, the models, the client and the launcher reach rows and
+#: checkpoints without loading it.
+SERVER_IMPORTERS = {"aps", "aps.fleet", "aps.cli.server", "aps.cli.serve", "aps.serving.core", "aps.serving.server"}
+
+
+def test_only_what_runs_a_pserver_imports_the_server_package() -> None:
+    modules = all_modules()
+    found = sorted({
+        f"{i.source} imports {i.target}"
+        for i in imports(modules)
+        if i.target.startswith("aps.server") and not i.source.startswith("aps.server") and i.source not in SERVER_IMPORTERS
+    })
+    assert not found, "\n".join(found)

@@ -293,9 +293,9 @@ def test_prepare_from_the_command_line_prints_no_progress_bar_when_not_on_a_term
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     """A one-shard checkpoint of a 5-row ``emb`` table in which king - man + woman = queen."""
-    from aps.server.checkpoint import save_shard
-    from aps.server.tables import make_shard
+    from aps.checkpoints.shards import save_shard
     from aps.specs import SGD, Constant, SparseTable
+    from aps.storage.tables import make_shard
 
     spec = SparseTable("emb", 5, 3, Constant(0.0), SGD(0.1))
     shard = make_shard(spec, 0, 1)

@@ -1,6 +1,6 @@
 """Versioned exports of a model for serving: ``await ps.export(root, kind="base"|"delta")``.
 
-An export is a SAVE (mode "base" or "delta", aps/server/hash_checkpoint.py) into
+An export is a SAVE (mode "base" or "delta", aps/checkpoints/hash_files.py) into
 ``root/<version>-<kind>/`` by every pserver, then a manifest and a done marker written by this
 client once every shard is in place (aps/serving/layout.py). Who writes what, and why:
 
@@ -24,15 +24,24 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import wire
 from ..digests import file_sha256
 from ..errors import ConfigError
-from ..serving.layout import FORMAT, FORMAT_VERSION, KINDS, export_dir_name, list_exports, now_fields, read_manifest, write_done
+from ..serving.layout import (
+    FORMAT,
+    FORMAT_VERSION,
+    KINDS,
+    export_dir_name,
+    list_exports,
+    now_fields,
+    read_manifest,
+    write_done,
+)
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
 
 #: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
@@ -115,7 +124,7 @@ def _finish(
     directory: Path, num_shards: int, save_id: str, kind: str, version: int, base_version: int, previous: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Check every shard of the save, then write the export's manifest and done marker."""
-    from ..server.checkpoint import read_shard_manifest, shard_dir_name  # server code only when exporting
+    from ..checkpoints.shards import read_shard_manifest, shard_dir_name  # server code only when exporting
 
     files: dict[str, str] = {}
     tables: dict[str, dict[str, Any]] = {}

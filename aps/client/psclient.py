@@ -531,7 +531,7 @@ class PSClient:
         ``deltas``: delta saves to put over ``path`` (then a ``base`` save), in the order they
         were written: each hash table key a save wrote gets its row from the last one that
         wrote it; fixed and dense tables come from the last delta. Refused unless they are that
-        base's deltas, each following the one before (aps/server/hash_deltas.py)."""
+        base's deltas, each following the one before (aps/checkpoints/deltas.py)."""
         if isinstance(deltas, str) or not all(isinstance(d, str) and d for d in deltas):
             raise ConfigError(f"load deltas must be a list of paths, got {deltas!r}")
         await self._all(wire.Load(path=path, deltas=json.dumps(list(deltas)) if deltas else None), timeout)

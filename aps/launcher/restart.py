@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checkpoints.latest import latest_checkpoint
 from ..errors import ConfigError
-from .roles import Role, describe_exit
-from ..server.autosave import latest_checkpoint
 from ..trainer.modes import mode_class
+from .roles import Role, describe_exit
 
 #: the pservers' --trainer-timeout under --restart-failed (aps-local's --server-grace is 30 s)
 RESTARTED_TRAINER_TIMEOUT = 10.0

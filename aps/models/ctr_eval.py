@@ -24,7 +24,7 @@ from ..trainer.model import Batch, Model, Params, WorkerContext
 from ..trainer.reader import Chunk, read_chunks
 
 if TYPE_CHECKING:
-    from ..server.checkpoint_reader import Checkpoint
+    from ..checkpoints.reader import Checkpoint
 
 
 class Predictor(Protocol):
@@ -56,7 +56,7 @@ class KeyedParams(Params):
 def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
     """Every table of ``model`` from a checkpoint (saved by any number of pservers), whole;
     hash tables stay keyed in it (:class:`KeyedParams`)."""
-    from ..server.checkpoint_reader import read_checkpoint  # server code only when reading checkpoints
+    from ..checkpoints.reader import read_checkpoint  # server code only when reading checkpoints
 
     saved = read_checkpoint(checkpoint)
     sparse: dict[str, np.ndarray] = {}

@@ -15,11 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ..storage.hash.store import HashSparseStore
+from ..storage.tables import Shard, SparseShard
 from ..telemetry import new_registry
 from .core import ServerCore
-from .hash_table import HashSparseStore
 from .stats import PortStats
-from .tables import Shard, SparseShard
+
 
 class ServerCollector(Collector):
     """A pserver's numbers, read from its ``ServerCore`` at scrape time."""

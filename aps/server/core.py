@@ -19,20 +19,20 @@ import structlog
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..storage.hash.store import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
+from ..storage.optim import scan_ids
+from ..storage.tables import DenseShard, SparseShard, TablesBudget, make_shard, shard_nbytes
+from ..storage.tracking import TrackingBudget
 from ..wire.messages import message_op
 from .config import ServerConfig
+from .coordination import Barriers, SyncRounds
 from .core_checkpoints import CheckpointHandlers
 from .core_hash import HashHandlers
-from .coordination import Barriers, SyncRounds
 from .gate import WriteGate
-from .hash_table import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
 from .lag import SPARSE, UpdateVersions
-from .optim import scan_ids
 from .liveness import TrainerLeases
 from .replay import ReplayCache
 from .stats import ServerStats
-from .tables import DenseShard, SparseShard, TablesBudget, make_shard, shard_nbytes
-from .tracking import TrackingBudget
 
 log = structlog.get_logger("aps.server")
 

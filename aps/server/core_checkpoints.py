@@ -20,16 +20,16 @@ from typing import Any, Protocol
 import structlog
 
 from .. import wire
+from ..checkpoints.deltas import load_with_deltas
+from ..checkpoints.hash_files import SAVE_MODES
+from ..checkpoints.latest import latest_checkpoint
+from ..checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
+from ..checkpoints.stale import remove_stale_saves
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
-from .autosave import latest_checkpoint
-from .checkpoint import load_own_shard, load_shards, save_shard, shard_dir_name
+from ..storage.tables import Shard
 from .config import ServerConfig
 from .gate import WriteGate
-from .hash_checkpoint import SAVE_MODES
-from .hash_deltas import load_with_deltas
-from .stale_saves import remove_stale_saves
 from .stats import ServerStats
-from .tables import Shard
 
 log = structlog.get_logger("aps.server")
 

@@ -25,10 +25,10 @@ from .. import wire
 from ..errors import ErrorCode, ServerError
 from ..sharding import SparseSharding
 from ..specs import MAX_DAYS
+from ..storage.hash.store import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
 from .config import ServerConfig
 from .coordination import SyncRounds
 from .gate import WriteGate
-from .hash_table import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
 from .lag import SPARSE, UpdateVersions
 from .stats import ServerStats
 

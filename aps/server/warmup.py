@@ -17,8 +17,8 @@ import numpy as np
 
 from ..sharding import dense_blocks
 from ..specs import SGD, Adagrad, Adam, Constant, DenseTable, Ftrl, HashTable, Normal, SparseTable, Uniform
-from .hash_table import HashSparseStore
-from .tables import DenseShard, SparseShard
+from ..storage.hash.store import HashSparseStore
+from ..storage.tables import DenseShard, SparseShard
 
 
 def load_kernels() -> None:

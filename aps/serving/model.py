@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.shards import shard_dir_name
 from ..digests import bytes_sha256
 from ..errors import ConfigError
-from ..server.checkpoint import shard_dir_name
-from ..server.hash_index import HashIndex
-from ..server.init_kernels import init_key_rows, table_seed
 from ..sharding import sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
+from ..storage.hash.index import HashIndex
+from ..storage.init_kernels import init_key_rows, table_seed
 
 
 class ServedHash:

@@ -3,7 +3,7 @@
 Geo trains on a persistent local copy of every row and exchanges ``local - old`` every
 ``k_steps``. A fixed table's copy is the table itself, indexed by id; a hash table's keys are
 any int64, so its copy is a cache of ``capacity`` rows: the key -> row index is an
-open-addressing :class:`~aps.server.hash_index.HashIndex` (numba kernels, no Python dict per
+open-addressing :class:`~aps.storage.hash.index.HashIndex` (numba kernels, no Python dict per
 key), ``local`` is the shared array the workers train on (Hogwild), ``old`` the baseline of the
 next delta, kept by the trainer alone.
 
@@ -24,8 +24,8 @@ import numpy as np
 from numba import njit
 
 from ..errors import ApsError, ConfigError
-from ..server.hash_index import HashIndex
 from ..specs import HashTable
+from ..storage.hash.index import HashIndex
 from .kernels import geo_apply, geo_delta
 
 #: the default rows of a hash table's geo cache when its pservers set no ``max_keys`` bound

@@ -19,8 +19,8 @@ from typing import Any
 
 import structlog
 
+from ..checkpoints.shards import read_shard_manifest
 from ..errors import ConfigError
-from ..server.checkpoint import read_shard_manifest
 
 log = structlog.get_logger("aps.trainer")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aps.server.checkpoint import load_shards
+from aps.checkpoints.shards import load_shards
 from tests.conftest import ROOT, Processes, free_port, wait_port_file
 
 MODEL = "tests.faults.models:PacedLinReg"

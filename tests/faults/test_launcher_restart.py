@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import aps
+from aps.checkpoints.shards import save_shard
 from aps.errors import ConfigError
 from aps.launcher.restart import Restarts
 from aps.launcher.roles import Role
-from aps.server.checkpoint import save_shard
-from aps.server.tables import make_shard
+from aps.storage.tables import make_shard
 
 
 def rules(tmp: Path, limit: int = 0, every: float = 60.0, directory: Path | None = None,

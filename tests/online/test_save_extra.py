@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server.checkpoint import load_shards
+from aps.checkpoints.shards import load_shards
 
 
 def _extras(root: Path) -> list[dict]:

@@ -10,8 +10,8 @@ import pytest
 from aps.errors import ConfigError
 from aps.models.ctr_dnn.model import CtrDnn
 from aps.models.wide_deep.model import WideDeep
-from aps.server.tables import SparseShard, shard_nbytes
 from aps.specs import Adam, Constant, SparseTable, spec_from_dict, spec_to_dict
+from aps.storage.tables import SparseShard, shard_nbytes
 
 LR, B1, B2, EPS = 0.1, 0.9, 0.999, 1e-3  # a large eps, so where it goes shows
 

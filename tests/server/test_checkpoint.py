@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aps.checkpoints.shards import load_shards, save_shard, shard_dir_name
 from aps.errors import ApsError, ConfigError
-from aps.server import checkpoint
-from aps.server.checkpoint import load_shards, save_shard, shard_dir_name
-from aps.server.tables import DenseShard, SparseShard, make_shard
+from aps.checkpoints import shards as checkpoint
 from aps.sharding import split_ids
 from aps.specs import SGD, Adagrad, Adam, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
+from aps.storage.tables import DenseShard, SparseShard, make_shard
 
 DECAY = ExponentialDecay(decay_steps=2, decay_rate=0.8)
 SPECS = [

@@ -15,7 +15,7 @@ from aps.server.core import ServerCore
 from aps.server.core_checkpoints import CheckpointHandlers
 from aps.server.gate import WriteGate
 from aps.server.stats import ServerStats
-from aps.server.tables import Shard, make_shard
+from aps.storage.tables import Shard, make_shard
 
 EMB = aps.SparseTable("emb", rows=6, dim=2, init=aps.Constant(0.5), optimizer=aps.SGD(lr=1.0))
 

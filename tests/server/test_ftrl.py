@@ -11,9 +11,9 @@ import pytest
 
 import aps
 from aps.errors import ConfigError
-from aps.server.hash_table import HashSparseStore
-from aps.server.tables import SparseShard, shard_nbytes
 from aps.specs import spec_from_dict, spec_to_dict
+from aps.storage.hash.store import HashSparseStore
+from aps.storage.tables import SparseShard, shard_nbytes
 
 from .optim_reference import DenseReference, SparseReference, cluster
 

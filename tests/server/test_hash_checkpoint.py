@@ -1,4 +1,4 @@
-"""Checkpoints of hash tables (aps/server/hash_checkpoint.py): one file per logical shard, so a
+"""Checkpoints of hash tables (aps/checkpoints/hash_files.py): one file per logical shard, so a
 checkpoint saved by N pservers loads into M by reassigning files; save modes full, base and
 delta; torn or mixed saves refused. Real pservers over TCP on port 0 where the client is in it."""
 
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import aps
+from aps.checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
 from aps.errors import ConfigError, ErrorCode
-from aps.server.checkpoint import load_own_shard, load_shards, save_shard, shard_dir_name
-from aps.server.hash_table import HashSparseStore, show_click_score
 from aps.sharding import LOGICAL_SHARDS, SparseSharding
+from aps.storage.hash.store import HashSparseStore, show_click_score
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -177,7 +177,7 @@ def test_base_and_delta_saves_hold_exactly_the_keys_their_rule_says(tmp_path: Pa
     clicks = np.minimum(shows, rng.integers(0, 3, len(keys))).astype(np.float32)
     store = scored_store(keys, shows, clicks)
     fixed = aps.SparseTable("fixed", rows=6, dim=2)
-    from aps.server.tables import SparseShard
+    from aps.storage.tables import SparseShard
 
     tables = {"emb": store, "fixed": SparseShard(fixed, 0, 1)}
     score = show_click_score(shows, clicks)  # delta score = score for a key pushed once

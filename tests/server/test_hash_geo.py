@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server.init_kernels import init_sparse_rows, table_seed
+from aps.storage.init_kernels import init_sparse_rows, table_seed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """A hash table's growth maps memory ahead, off the request path: the index's next slot array
 is made and mapped before the resize that uses it, and the slab rows the next keys take are
-mapped before a push reaches them (aps/server/pages.py, HashSparseStore.reserve).
+mapped before a push reaches them (aps/storage/pages.py, HashSparseStore.reserve).
 
 Residency is read with ``mincore(2)``: which pages of an array the OS has mapped."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server.hash_index import PREPARE_LOAD, HashIndex
-from aps.server.hash_table import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES, HashSparseStore
-from aps.server.pages import fault_in_zeros
+from aps.storage.hash.index import PREPARE_LOAD, HashIndex
+from aps.storage.hash.store import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES, HashSparseStore
+from aps.storage.pages import fault_in_zeros
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) as Linux has it")
 

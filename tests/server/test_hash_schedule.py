@@ -13,7 +13,7 @@ import aps
 from aps.cli.server import build_parser, config_from_args
 from aps.errors import ConfigError
 from aps.server.collector import server_registry
-from aps.server.hash_table import HashSparseStore
+from aps.storage.hash.store import HashSparseStore
 from tests.server.test_hash_tables import cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,9 +16,9 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
-from aps.server.hash_table import HashSparseStore, budget_keys, planned_nbytes, row_nbytes
-from aps.server.init_kernels import init_sparse_rows, table_seed
 from aps.sharding import LOGICAL_SHARDS, SparseSharding
+from aps.storage.hash.store import HashSparseStore, budget_keys, planned_nbytes, row_nbytes
+from aps.storage.init_kernels import init_sparse_rows, table_seed
 from aps.wire.frame import Flag
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import aps
+from aps.checkpoints.latest import latest_checkpoint
 from aps.errors import ConfigError, ErrorCode
-from aps.server.autosave import AutoCheckpoints, latest_checkpoint
+from aps.server.autosave import AutoCheckpoints
 from tests.conftest import eventually
 
 EMB = aps.SparseTable("emb", rows=8, dim=2, init=aps.Constant(0.0), optimizer=aps.SGD(lr=1.0))

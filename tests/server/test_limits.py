@@ -21,8 +21,8 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
-from aps.server.tables import shard_nbytes
 from aps.specs import spec_to_dict
+from aps.storage.tables import shard_nbytes
 from aps.wire.frame import Flag, FrameDecoder, encode_header
 from tests.conftest import eventually
 from tests.server.raw import Raw

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server.checkpoint import load_shards
+from aps.checkpoints.shards import load_shards
 from tests.conftest import eventually
 
 # 2M x 32 float32 = 256 MB: seconds to initialise and to write with fsync, far more than a ping

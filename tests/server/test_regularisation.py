@@ -11,8 +11,8 @@ import pytest
 
 import aps
 from aps.errors import ConfigError, ErrorCode, ServerError
-from aps.server.tables import SparseShard
 from aps.specs import spec_from_dict, spec_to_dict
+from aps.storage.tables import SparseShard
 
 from .optim_reference import DenseReference, SparseReference, cluster
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server.checkpoint import load_shards
+from aps.checkpoints.shards import load_shards
 from tests.conftest import BIN
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import aps
-from aps.server.autosave import latest_checkpoint
+from aps.checkpoints.latest import latest_checkpoint
 from tests.conftest import BIN, Processes, free_port, wait_port_file
 
 #: a fleet script whose role (a pserver) comes from the environment, as under aps-local

@@ -17,8 +17,8 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
-from aps.server import optim
-from aps.server.hash_table import HashSparseStore
+from aps.storage import optim
+from aps.storage.hash.store import HashSparseStore
 from aps.wire.frame import Flag
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,8 +12,8 @@ import pytest
 import structlog
 
 import aps
-from aps.server.hash_table import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
-from aps.server.tables import TablesBudget
+from aps.storage.hash.store import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
+from aps.storage.tables import TablesBudget
 
 DIM = 16
 MIB = 1 << 20

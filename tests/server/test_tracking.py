@@ -1,4 +1,4 @@
-"""GEO change tracking bounded over the whole server (aps/server/tracking.py): one bit per row,
+"""GEO change tracking bounded over the whole server (aps/storage/tracking.py): one bit per row,
 one byte budget for every client and table with gone clients' tracking dropped first, and the
 rule that makes dropping safe: a client whose tracking was dropped gets every row at its next
 read, so it never misses a changed row. Real TCP on port 0 for the server-level tests."""
@@ -16,7 +16,7 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import ConfigError
-from aps.server.tracking import ENTRY_OVERHEAD, DroppedFilter, TrackingBudget, bitmap_bytes, mark_rows, take_marked
+from aps.storage.tracking import ENTRY_OVERHEAD, DroppedFilter, TrackingBudget, bitmap_bytes, mark_rows, take_marked
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(90)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.server import checkpoint
+from aps.checkpoints import shards as checkpoint
 from tests.conftest import Processes, wait_port_file
 
 pytestmark = pytest.mark.timeout(120)

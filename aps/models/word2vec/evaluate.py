@@ -164,7 +164,7 @@ def _predict(cand: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
 def load_checkpoint_table(path: str | os.PathLike[str], table: str = "emb") -> np.ndarray:
     """The whole of one sparse table from a pserver checkpoint (any number of shards), rows in
     global id order; the checkpoint's other tables are not read."""
-    from ...server.checkpoint_reader import read_checkpoint  # server code only when reading checkpoints
+    from ...checkpoints.reader import read_checkpoint  # server code only when reading checkpoints
 
     return read_checkpoint(path, [table]).array(table)
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ...server.prefetch import LINE, prefetch
+from ...storage.prefetch import LINE, prefetch
 from ...trainer.kernels import sgd_rows
 
 # fast-math without nnan/ninf: vectorised dot products, but exp overflow still behaves

@@ -18,9 +18,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..specs import DenseTable, HashTable, SparseTable
-from .checkpoint import Shard, load_shards
-from .hash_table import HashSparseStore
-from .tables import DenseShard, SparseShard
+from ..storage.hash.store import HashSparseStore
+from ..storage.tables import DenseShard, SparseShard
+from .shards import Shard, load_shards
 
 
 class Checkpoint:

@@ -32,7 +32,7 @@ Why this shape:
   is paid once per many admissions; new keys that still do not fit are rejected.
 * ``key_limit`` (from a pserver's size budget, :func:`budget_keys`) bounds an unbounded table:
   new keys past it are rejected, never evicted (the table asked for no eviction).
-* A pserver's budget for all its tables (:class:`~aps.server.tables.TablesBudget`,
+* A pserver's budget for all its tables (:class:`~aps.storage.tables.TablesBudget`,
   ``--max-tables-bytes``) is shared by its shards: before the slab grows, the shard claims what
   the bigger slab and its index may take at most (:func:`claim_nbytes`), and a slab grows only
   as far as the budget has room (never doubling past it). Keys that do not fit are rejected and
@@ -56,16 +56,16 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit
 
-from ..errors import ErrorCode
-from ..specs import MAX_DAYS, HashTable
-from . import optim
-from .hash_evict import mark_victims, row_score
-from .hash_index import MAX_ROWS, HashIndex, index_nbytes
-from .pages import fault_in_zeros
-from .prefetch import prefetch
-from .init_kernels import init_key_rows, key_uniform, mix64, table_seed
-from .tables import TablesBudget, _bad, _check_scale, _check_values
-from .hash_tracking import HashChangeTracking
+from ...errors import ErrorCode
+from ...specs import MAX_DAYS, HashTable
+from .. import optim
+from ..init_kernels import init_key_rows, key_uniform, mix64, table_seed
+from ..pages import fault_in_zeros
+from ..prefetch import prefetch
+from ..tables import TablesBudget, _bad, _check_scale, _check_values
+from .evict import mark_victims, row_score
+from .index import MAX_ROWS, HashIndex, index_nbytes
+from .tracking import HashChangeTracking
 
 #: Paddle's CtrCommonAccessor defaults
 NONCLK_COEFF = 0.1
@@ -82,7 +82,7 @@ _INDEX_META_NBYTES = 48
 MAP_AHEAD_PUSHES = 2
 MAP_AHEAD_BYTES = 64 << 20
 _ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
-#: rows ahead whose statistics :func:`_add_stats` asks for (aps/server/prefetch.py)
+#: rows ahead whose statistics :func:`_add_stats` asks for (aps/storage/prefetch.py)
 _STATS_AHEAD = 16
 #: a row's statistics side by side: a push writes all five, and in five arrays of millions of
 #: rows that was five misses to memory a row where one record costs one (24 bytes, unpadded)

@@ -5,15 +5,15 @@ Rows are slab rows, so a reply needs each row's key: the store keeps a row -> ke
 only from the first changed-row read on (8 bytes a row, paid only by tables GEO reads). A row
 whose key was evicted is skipped (its key is not held, or holds another row); a key admitted
 again takes a fresh row, which the push marks, so GEO readers get it again. A mixin of
-:class:`~aps.server.hash_table.HashSparseStore`, whose index, slab and capacity it reads.
+:class:`~aps.storage.hash.store.HashSparseStore`, whose index, slab and capacity it reads.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .hash_index import HashIndex
-from .tracking import ChangeTracking
+from ..tracking import ChangeTracking
+from .index import HashIndex
 
 
 class HashChangeTracking(ChangeTracking):

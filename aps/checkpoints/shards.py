@@ -43,10 +43,10 @@ from ..durable import sync_tree
 from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
-from .hash_checkpoint import SAVE_MODES, load_hash_table, write_hash_table
-from .hash_table import HashSparseStore, budget_keys
-from .stale_saves import remove_stale_saves
-from .tables import DenseShard, SparseShard, make_shard
+from ..storage.hash.store import HashSparseStore, budget_keys
+from ..storage.tables import DenseShard, SparseShard, make_shard
+from .hash_files import SAVE_MODES, load_hash_table, write_hash_table
+from .stale import remove_stale_saves
 
 Shard = SparseShard | DenseShard | HashSparseStore
 

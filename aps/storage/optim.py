@@ -40,7 +40,7 @@ from .prefetch import LINE, prefetch
 
 #: how many positions (in id order) ahead a sparse kernel asks for a row's lines: a table far
 #: larger than the caches costs a miss to memory per row, and a loop that touches row i only
-#: when it reaches it waits for those misses one after another (aps/server/prefetch.py)
+#: when it reaches it waits for those misses one after another (aps/storage/prefetch.py)
 _ROWS_AHEAD = 8
 
 # ---------------------------------------------------------------- schedule and state layout

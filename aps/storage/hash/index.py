@@ -37,9 +37,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..mixer import mix64
-from .pages import fault_in_zeros, release_pages
-from .prefetch import LINE, prefetch
+from ...mixer import mix64
+from ..pages import fault_in_zeros, release_pages
+from ..prefetch import LINE, prefetch
 
 _EMPTY = 0
 _TOMB = -1

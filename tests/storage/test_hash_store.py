@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from aps.errors import ErrorCode, ServerError
-from aps.specs import HashTable
-from aps.server.hash_index import index_nbytes
-from aps.server.hash_table import HashSparseStore, show_click_score
-from aps.server.init_kernels import init_sparse_rows, table_seed
-from aps.server.tables import SparseShard
-from aps.specs import SGD, Adagrad, Adam, ExponentialDecay, Normal, SparseTable, Uniform
+from aps.specs import SGD, Adagrad, Adam, ExponentialDecay, HashTable, Normal, SparseTable, Uniform
+from aps.storage.hash.index import index_nbytes
+from aps.storage.hash.store import HashSparseStore, show_click_score
+from aps.storage.init_kernels import init_sparse_rows, table_seed
+from aps.storage.tables import SparseShard
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 

@@ -357,7 +357,7 @@ class TablesBudget:
     Why an object the shards share: a hash table grows as keys come, so a check when tables are
     created held nothing (20 M keys took 7x a 512 MiB budget). Fixed tables are counted once,
     as created; a hash shard claims, before its slab grows, the most its next slab and index
-    may take (:func:`~aps.server.hash_table.claim_nbytes`). Growth is rare (a doubling), so a
+    may take (:func:`~aps.storage.hash.store.claim_nbytes`). Growth is rare (a doubling), so a
     push pays nothing for the budget until its new keys need a bigger slab, and then O(1)
     (:attr:`version` lets a shard refused once skip asking again until something changed).
     Not thread-safe, and needs not be: growth runs on the event loop or in the one upkeep

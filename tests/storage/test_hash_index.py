@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aps.server.hash_index import HashIndex
+from aps.storage.hash.index import HashIndex
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 EDGES = [0, -1, 1, I64_MIN, I64_MAX, I64_MIN + 1, I64_MAX - 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aps.server.stale_saves import remove_stale_saves
+from aps.checkpoints.stale import remove_stale_saves
 
 NAME = "shard-00001-of-00002"
 

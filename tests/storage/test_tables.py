@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aps.errors import ErrorCode, ServerError
-from aps.server.init_kernels import init_dense, init_sparse_rows, table_seed
-from aps.server.tables import DenseShard, SparseShard, make_shard
 from aps.sharding import dense_blocks
 from aps.specs import SGD, Adagrad, Adam, Constant, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
+from aps.storage.init_kernels import init_dense, init_sparse_rows, table_seed
+from aps.storage.tables import DenseShard, SparseShard, make_shard
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 

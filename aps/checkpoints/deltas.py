@@ -21,9 +21,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
-from .checkpoint import Shard, _check_consistent, _find_shards, _load_dense, _load_sparse, load_shards
-from .hash_checkpoint import apply_hash_delta
-from .hash_table import HashSparseStore
+from ..storage.hash.store import HashSparseStore
+from .hash_files import apply_hash_delta
+from .shards import Shard, _check_consistent, _find_shards, _load_dense, _load_sparse, load_shards
 
 
 def load_with_deltas(

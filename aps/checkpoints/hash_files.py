@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, SparseSharding
 from ..specs import HashTable, spec_to_dict
-from .hash_table import _MIN_ROWS, HashSparseStore, show_click_score
+from ..storage.hash.store import _MIN_ROWS, HashSparseStore, show_click_score
 
 SAVE_MODES = ("full", "base", "delta")
 #: what the manifest keeps of a store's counters besides its keys
