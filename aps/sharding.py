@@ -1,24 +1,32 @@
 """Who owns what: the mapping from sparse ids and dense elements to pservers.
 
-Both the client (to split requests) and the server (to size its shard, check ownership and
-re-shard checkpoints) use these functions and the :class:`SparseSharding` value, so the two can
-never disagree.
+This module is the one place that states the rules; everything else asks its objects. Both the
+client (to split requests) and the server (to size its shard, check ownership and re-shard
+checkpoints) hold a :class:`SparseSharding` value per sparse table, so the two can never
+disagree.
 
-* Fixed sparse tables: row id ``r`` lives on server ``r % n`` at local row ``r // n``.
-* Hash tables: key ``k`` is mixed (splitmix64, :mod:`aps.mixer`, the hash index's own mixer) and
-  the top 10 bits of the mix are its logical shard ``l`` in ``[0, 1024)``; logical shard ``l``
-  lives on server ``l % n``. Patterned keys (all even, all multiples of n) spread evenly, and a
-  change from N to M pservers moves whole logical shards, never single keys.
+* Fixed sparse tables (:class:`ModuloSharding`): row id ``r`` lives on server ``r % n`` at local
+  row ``r // n``.
+* Hash tables (:class:`LogicalSharding`): key ``k`` is mixed (splitmix64, :mod:`aps.mixer`, the
+  hash index's own mixer) and the top 10 bits of the mix are its logical shard ``l`` in
+  ``[0, 1024)``; logical shard ``l`` lives on server ``l % n``. Patterned keys (all even, all
+  multiples of n) spread evenly, and a change from N to M pservers moves whole logical shards,
+  never single keys.
 * Dense: the flattened tensor is cut into at most ``n`` contiguous blocks of at least
   :data:`MIN_BLOCK` elements (Paddle's slice_variable rule); block ``b`` goes to server
   ``(start + b) % n`` where ``start`` is a stable hash of the table name, so many small tables
   spread over the servers instead of piling onto server 0.
+
+Compiled kernels elsewhere that scan fixed-table ids (aps/storage/optim.py) take the rule for
+one id from here too (:func:`row_owner`, :func:`row_local`).
 """
 
 from __future__ import annotations
 
 import zlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 import numpy as np
 from numba import njit
@@ -34,13 +42,10 @@ MIN_BLOCK = 8192
 #: per-shard files few
 LOGICAL_SHARDS = 1024
 _LOGICAL_BITS = 10
-
-
-def sparse_local_rows(rows: int, shard: int, num_shards: int) -> int:
-    """How many rows of a ``rows``-row table server ``shard`` of ``num_shards`` stores."""
-    if rows <= shard:
-        return 0
-    return (rows - shard + num_shards - 1) // num_shards
+#: a key's logical shard is its mix shifted right by this much
+_LOGICAL_SHIFT = np.uint64(64 - _LOGICAL_BITS)
+#: one id or an array of them
+_Ids = TypeVar("_Ids", np.ndarray, int)
 
 
 @dataclass(frozen=True)
@@ -68,24 +73,6 @@ def dense_blocks(name: str, size: int, num_servers: int) -> list[DenseBlock]:
         DenseBlock(b, b * per_block, min(size, (b + 1) * per_block), (first + b) % num_servers)
         for b in range(count)
     ]
-
-
-def split_ids(ids: np.ndarray, num_shards: int) -> tuple[np.ndarray, np.ndarray, list[slice]]:
-    """Group ids by owning shard.
-
-    Returns ``(order, local_ids_sorted, slices)``: ``ids[order]`` is grouped by shard, the
-    ``local_ids_sorted`` are those ids translated to each shard's local rows, and ``slices[k]``
-    selects shard k's part of both. The caller scatters results back with ``out[order] = ...``.
-    """
-    if num_shards == 1:
-        order = np.arange(len(ids), dtype=np.int64)
-        return order, ids, [slice(0, len(ids))]
-    owner = SparseSharding(num_shards).owners(ids)
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=num_shards)
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    local = ids[order] // num_shards
-    return order, local, [slice(int(bounds[k]), int(bounds[k + 1])) for k in range(num_shards)]
 
 
 @njit(cache=True, nogil=True)
@@ -121,40 +108,56 @@ def _first_foreign_key(keys: np.ndarray, shift: np.uint64, num_servers: int, ser
     return -1
 
 
-@dataclass(frozen=True)
-class SparseSharding:
-    """Which pserver owns each id of one sparse table: the one value both ends hold.
+@njit(cache=True, nogil=True, inline="always")
+def row_owner(r: int, num_servers: int) -> int:
+    """The server of fixed-table row ``r``: :class:`ModuloSharding`'s rule for one id, for
+    compiled scans of ids elsewhere (a kernel cannot call a method; aps/storage/optim.py)."""
+    return r % num_servers
 
-    ``hashed`` False (fixed tables): id ``r`` on server ``r % num_servers``. ``hashed`` True (hash
-    tables): the key's logical shard (:meth:`logical`) modulo ``num_servers``. Build it from a
-    spec with :meth:`of`; the client splits requests with :meth:`owners`, the server refuses keys
-    it does not own with :meth:`first_foreign`.
+
+@njit(cache=True, nogil=True, inline="always")
+def row_local(r: int, num_servers: int) -> int:
+    """Fixed-table row ``r``'s local row on its server, as :func:`row_owner` (one id, compiled)."""
+    return r // num_servers
+
+
+@njit(cache=True, nogil=True)
+def _first_bad_id(ids: np.ndarray, rows: int, num_servers: int, server: int) -> int:
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        if r < 0 or r >= rows or row_owner(r, num_servers) != server:
+            return i
+    return -1
+
+
+@dataclass(frozen=True)
+class SparseSharding(ABC):
+    """Which pserver owns each id of one sparse table: the one value both ends hold (ps-lite's
+    slicer: one object decides ownership for the client's split, the server's checks and the
+    checkpoints' re-sharding, so none of them restates the rule).
+
+    Build it from a spec with :meth:`of`: a :class:`ModuloSharding` for fixed tables, a
+    :class:`LogicalSharding` for hash tables. The client splits requests with :meth:`group`.
     """
 
     num_servers: int
-    hashed: bool = False
+    #: whether :meth:`group`'s kernel takes a key's logical shard before the modulo
+    _HASHED: ClassVar[bool]
 
     def __post_init__(self) -> None:
         if self.num_servers <= 0:
             raise ValueError("num_servers must be positive")
 
-    @classmethod
-    def of(cls, spec: TableSpec, num_servers: int) -> SparseSharding:
-        """The sharding of table ``spec`` over ``num_servers`` pservers."""
-        return cls(num_servers, isinstance(spec, HashTable))
-
     @staticmethod
-    def logical(keys: np.ndarray) -> np.ndarray:
-        """Each hash key's logical shard in ``[0, LOGICAL_SHARDS)`` (int64 keys, any value)."""
-        out = np.empty(keys.shape[0], np.int64)
-        _logical_shards(keys, np.uint64(64 - _LOGICAL_BITS), out)
-        return out
+    def of(spec: TableSpec, num_servers: int) -> SparseSharding:
+        """The sharding of table ``spec`` over ``num_servers`` pservers."""
+        if isinstance(spec, HashTable):
+            return LogicalSharding(num_servers)
+        return ModuloSharding(num_servers)
 
+    @abstractmethod
     def owners(self, ids: np.ndarray) -> np.ndarray:
         """The server of each id (int64 array)."""
-        if not self.hashed:
-            return ids % self.num_servers  # type: ignore[no-any-return]
-        return self.logical(ids) % self.num_servers  # type: ignore[no-any-return]
 
     def group(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(order, bounds)``: ``ids[order[bounds[k]:bounds[k + 1]]]`` are server k's ids, in the
@@ -162,30 +165,79 @@ class SparseSharding:
         n log n and several temporaries on every sharded pull and push)."""
         order = np.empty(ids.shape[0], np.int64)
         bounds = np.zeros(self.num_servers + 1, np.int64)
-        _group(np.ascontiguousarray(ids, dtype=np.int64), self.hashed, np.uint64(64 - _LOGICAL_BITS), self.num_servers, order, bounds)
+        _group(np.ascontiguousarray(ids, dtype=np.int64), self._HASHED, _LOGICAL_SHIFT, self.num_servers, order, bounds)
         return order, bounds
 
-    def first_foreign(self, ids: np.ndarray, server: int) -> int:
-        """Index of the first hash key not owned by ``server``, or -1 (one compiled pass)."""
-        if not self.hashed:
-            raise ValueError("first_foreign is for hash tables; fixed tables check ids with scan_ids")
+
+@dataclass(frozen=True)
+class ModuloSharding(SparseSharding):
+    """Fixed sparse tables: row id ``r`` lives on server ``r % num_servers`` as its local row
+    ``r // num_servers``, so server k holds rows ``k, k + n, k + 2n, ...`` in that order."""
+
+    _HASHED = False
+
+    def owners(self, ids: np.ndarray) -> np.ndarray:
+        return ids % self.num_servers  # type: ignore[no-any-return]
+
+    def local_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Each id's row on the server that owns it."""
+        return ids // self.num_servers  # type: ignore[no-any-return]
+
+    def global_ids(self, local_rows: _Ids, server: int) -> _Ids:
+        """The ids of ``server``'s ``local_rows`` (the inverse of :meth:`local_rows`)."""
+        return server + self.num_servers * local_rows
+
+    def rows_of(self, server: int) -> slice:
+        """``server``'s rows as a slice of the whole table, in local row order (a strided copy
+        puts a server's part in place, no index array)."""
+        return slice(server, None, self.num_servers)
+
+    def local_row_count(self, rows: int, server: int) -> int:
+        """How many rows of a ``rows``-row table ``server`` stores."""
+        if rows <= server:
+            return 0
+        return (rows - server + self.num_servers - 1) // self.num_servers
+
+    def first_bad_id(self, ids: np.ndarray, rows: int, server: int) -> int:
+        """Index of the first id outside ``[0, rows)`` or not owned by ``server``, or -1.
+
+        One compiled pass: on the small-request path this replaces several numpy reductions
+        whose fixed overhead dominated a one-id pull."""
+        return int(_first_bad_id(ids, rows, self.num_servers, server))
+
+
+#: a table on one server: its ownership check is the range check alone (built once, for checks
+#: on the small-request path)
+UNSHARDED = ModuloSharding(1)
+
+
+@dataclass(frozen=True)
+class LogicalSharding(SparseSharding):
+    """Hash tables: key ``k``'s logical shard is the top bits of its mix (:meth:`logical`), and
+    logical shard ``l`` lives on server ``l % num_servers`` (:meth:`server_of`)."""
+
+    _HASHED = True
+
+    @staticmethod
+    def logical(keys: np.ndarray) -> np.ndarray:
+        """Each hash key's logical shard in ``[0, LOGICAL_SHARDS)`` (int64 keys, any value)."""
+        out = np.empty(keys.shape[0], np.int64)
+        _logical_shards(keys, _LOGICAL_SHIFT, out)
+        return out
+
+    def owners(self, ids: np.ndarray) -> np.ndarray:
+        return self.logical(ids) % self.num_servers  # type: ignore[no-any-return]
+
+    def server_of(self, logical_shard: int) -> int:
+        """The server that holds logical shard ``logical_shard``."""
+        return logical_shard % self.num_servers
+
+    def logical_shards_of(self, server: int) -> range:
+        """The logical shards ``server`` holds, ascending."""
+        return range(server, LOGICAL_SHARDS, self.num_servers)
+
+    def first_foreign(self, keys: np.ndarray, server: int) -> int:
+        """Index of the first key not owned by ``server``, or -1 (one compiled pass)."""
         if self.num_servers == 1:
             return -1
-        return int(_first_foreign_key(ids, np.uint64(64 - _LOGICAL_BITS), self.num_servers, server))
-
-
-@njit(cache=True, nogil=True)
-def _first_bad_id(ids: np.ndarray, rows: int, num_shards: int, shard: int) -> int:
-    for i in range(ids.shape[0]):
-        r = ids[i]
-        if r < 0 or r >= rows or r % num_shards != shard:
-            return i
-    return -1
-
-
-def first_bad_id(ids: np.ndarray, rows: int, num_shards: int = 1, shard: int = 0) -> int:
-    """Index of the first id outside ``[0, rows)`` or not owned by ``shard``, or -1.
-
-    One compiled pass: on the small-request path this replaces several numpy reductions whose
-    fixed overhead dominated a one-id pull."""
-    return int(_first_bad_id(ids, rows, num_shards, shard))
+        return int(_first_foreign_key(keys, _LOGICAL_SHIFT, self.num_servers, server))

@@ -259,7 +259,8 @@ Optimizer = Union[SGD, Adagrad, Adam, Ftrl]
 
 @dataclass(frozen=True)
 class SparseTable:
-    """``rows`` x ``dim`` float32 rows addressed by int64 id; row r lives on pserver r % n."""
+    """``rows`` x ``dim`` float32 rows addressed by int64 id, spread over the pservers by id
+    (aps/sharding.py)."""
 
     name: str
     rows: int

@@ -1,16 +1,16 @@
 """Checkpoints of hash tables: one file per logical shard, so a load reassigns files.
 
-A hash table's keys belong to one of :data:`~aps.sharding.LOGICAL_SHARDS` logical shards (the
-top bits of their mixed key) and logical shard ``l`` lives on pserver ``l % n``. So each pserver
-writes one file per logical shard it owns, inside its own shard directory::
+A hash table's keys belong to one of :data:`~aps.sharding.LOGICAL_SHARDS` logical shards, each
+held by one pserver (:class:`~aps.sharding.LogicalSharding` says which). So each pserver writes
+one file per logical shard it owns, inside its own shard directory::
 
     shard-00001-of-00002/t0000-emb.l0001.npz   keys, values, optimizer state, show, click,
     shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, last_day, and the admission
     ...                                          counters (pending_keys, pending_counts)
 
 and a load onto ``m`` pservers reads, for each logical shard ``l`` it now owns, the file
-``l`` from the old shard directory ``l % n``: files move whole, no key is rehashed, and no server
-reads a file it will not keep. The manifest entry lists every file with its key count, so a
+``l`` from the shard directory of the old server that held ``l``: files move whole, no key is
+rehashed, and no server reads a file it will not keep. The manifest entry lists every file with its key count, so a
 loader sizes the slab once and refuses a checkpoint that lacks a file or holds a different one.
 
 Save modes (Paddle's CtrCommonAccessor): ``full`` writes every key; ``base`` the keys whose
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ServerError
-from ..sharding import LOGICAL_SHARDS, SparseSharding
+from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
 from ..storage.hash.store import _MIN_ROWS, HashSparseStore, show_click_score
 
@@ -57,7 +57,7 @@ def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
 
 def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(order sorting ``keys`` by logical shard then key, bounds of each logical shard in it)."""
-    logical = SparseSharding.logical(keys)
+    logical = LogicalSharding.logical(keys)
     order = np.lexsort((keys, logical))
     return order, np.searchsorted(logical[order], np.arange(LOGICAL_SHARDS + 1))
 
@@ -83,7 +83,7 @@ def write_hash_table(
     pending_keys, pending_counts = pending_keys[p_order], pending_counts[p_order]
     slab = store.slab_arrays()
     files, counts = {}, {}
-    for shard in range(server, LOGICAL_SHARDS, num_servers):
+    for shard in LogicalSharding(num_servers).logical_shards_of(server):
         lo, hi = bounds[shard], bounds[shard + 1]
         at = rows[lo:hi]
         arrays = {"keys": keys[lo:hi], **{name: arr[at] for name, arr in slab.items()}}
@@ -108,23 +108,23 @@ def load_hash_table(
     """Server ``shard`` of ``num_shards``'s part of a saved hash table.
 
     ``sources``: old server index -> (its shard directory, its manifest entry for the table),
-    for the servers holding the logical shards this one now owns (``l % saved_servers``).
+    for the old servers that held the logical shards this one now owns.
     ``key_limit``: keys a size budget lets this server hold (None: only ``max_keys``)."""
-    mine = range(shard, LOGICAL_SHARDS, num_shards)
-    _check_entries(spec, sources, saved_servers)
-    total = sum(int(sources[l % saved_servers][1]["keys"][str(l)]) for l in mine)
+    saved, now = LogicalSharding(saved_servers), LogicalSharding(num_shards)
+    _check_entries(spec, sources, saved)
+    total = sum(int(sources[saved.server_of(l)][1]["keys"][str(l)]) for l in now.logical_shards_of(shard))
     store = HashSparseStore(spec, max(total, spec.max_keys or _MIN_ROWS), key_limit=key_limit)
     if total > store.key_limit:
         raise ConfigError(
             f"checkpoint: hash table {spec.name!r} has {total} keys for server {shard} of {num_shards}, more than the "
             f"{store.key_limit} it may hold (max_keys per shard, aps-server --max-table-bytes); load onto more pservers"
         )
-    for directory, arrays in _logical_files(store, sources, saved_servers, shard, num_shards):
+    for directory, arrays in _logical_files(store, sources, saved, now, shard):
         try:
             store.restore(arrays["keys"], arrays, (arrays["pending_keys"], arrays["pending_counts"]))
         except ServerError as exc:
             raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
-    _restore_clocks(store, sources, saved_servers, shard, num_shards)
+    _restore_clocks(store, sources, saved, now, shard)
     return store
 
 
@@ -135,9 +135,10 @@ def apply_hash_delta(
     it: each saved key's row replaces the one held (or is added), the admission counters and
     the clocks and counts become the delta's. ``sources`` as for :func:`load_hash_table`. Keys
     the delta does not hold keep their rows (a delta records no deletions)."""
-    _check_entries(store.spec, sources, saved_servers)
+    saved, now = LogicalSharding(saved_servers), LogicalSharding(num_shards)
+    _check_entries(store.spec, sources, saved)
     pending: list[tuple[np.ndarray, np.ndarray]] = []
-    for directory, arrays in _logical_files(store, sources, saved_servers, shard, num_shards):
+    for directory, arrays in _logical_files(store, sources, saved, now, shard):
         rows = store.index.lookup(arrays["keys"])
         held = rows >= 0
         for name, arr in store.slab_arrays().items():
@@ -149,42 +150,45 @@ def apply_hash_delta(
                 raise ConfigError(f"checkpoint {directory}: {exc.message}") from None
         pending.append((arrays["pending_keys"], arrays["pending_counts"]))
     store.replace_pending(np.concatenate([k for k, _ in pending]), np.concatenate([c for _, c in pending]))
-    _restore_clocks(store, sources, saved_servers, shard, num_shards)
+    _restore_clocks(store, sources, saved, now, shard)
 
 
 _NO_KEYS = np.empty(0, np.int64)
 
 
 def _logical_files(
-    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved: LogicalSharding, now: LogicalSharding,
+    shard: int,
 ) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
-    """(directory, checked arrays) of each saved logical shard server ``shard`` now owns."""
+    """(directory, checked arrays) of each logical shard, saved under the ``saved`` sharding,
+    that server ``shard`` owns ``now``."""
     names = {"keys", *store.slab_arrays(), *_PENDING}
-    for l in range(shard, LOGICAL_SHARDS, num_shards):
-        directory, entry = sources[l % saved_servers]
+    for l in now.logical_shards_of(shard):
+        directory, entry = sources[saved.server_of(l)]
         arrays = _read_logical(directory, entry["files"][str(l)], names, int(entry.get("day", 0)))
         _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
         yield directory, arrays
 
 
-def _check_entries(spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int) -> None:
+def _check_entries(spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved: LogicalSharding) -> None:
     """Each saved server's entry lists one file for each logical shard it owned."""
     for index, (directory, entry) in sources.items():
-        owned = {str(l) for l in range(index, LOGICAL_SHARDS, saved_servers)}
+        owned = {str(l) for l in saved.logical_shards_of(index)}
         if entry.get("logical_shards") != LOGICAL_SHARDS or set(entry.get("files", ())) != owned or set(entry.get("keys", ())) != owned:
             raise ConfigError(
                 f"checkpoint {directory}: hash table {spec.name!r} does not list one file for each of the "
-                f"{len(owned)} logical shards (of {LOGICAL_SHARDS}) that server {index} of {saved_servers} owns"
+                f"{len(owned)} logical shards (of {LOGICAL_SHARDS}) that server {index} of {saved.num_servers} owns"
             )
 
 
 def _restore_clocks(
-    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+    store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved: LogicalSharding, now: LogicalSharding,
+    shard: int,
 ) -> None:
     """The saved day, step, push counter and counts (admitted, ...) for server ``shard``."""
     # every pserver counts the same days (each shrink reaches all): the latest, even resharded
     store.day = max(int(e.get("day", 0)) for _, e in sources.values())
-    if saved_servers == num_shards:  # the same server's clocks and counters
+    if saved == now:  # the same server's clocks and counters
         own = sources[shard][1]
         store.step, store.pushes = int(own["step"]), int(own["pushes"])
         for name in _COUNTERS:
@@ -192,11 +196,11 @@ def _restore_clocks(
     else:  # resharded: the latest clocks (as fixed tables' steps)
         store.step = max(int(e["step"]) for _, e in sources.values())
         store.pushes = max(int(e["pushes"]) for _, e in sources.values())
-        # old server i's counters go to new server i % num_shards, whole: summed over the new
-        # servers they are the old totals, none lost or counted twice (sources holds every
-        # old server when the cluster size changes, load_shards)
+        # old server i's counters go whole with its first logical shard, i, to the new server
+        # that holds it: summed over the new servers they are the old totals, none lost or
+        # counted twice (sources holds every old server when the cluster size changes, load_shards)
         for name in _COUNTERS:
-            setattr(store, name, sum(int(e[name]) for i, (_, e) in sources.items() if i % num_shards == shard))
+            setattr(store, name, sum(int(e[name]) for i, (_, e) in sources.items() if now.server_of(i) == shard))
 
 
 def _read_logical(directory: Path, file: str, names: set[str], day: int) -> dict[str, np.ndarray]:
@@ -231,5 +235,5 @@ def _check_logical(
     pk, pc = arrays["pending_keys"], arrays["pending_counts"]
     if pk.dtype != np.int64 or pc.dtype != np.int64 or pk.ndim != 1 or pk.shape != pc.shape:
         raise ConfigError(f"checkpoint {directory}: {file} admission counters are {pk.dtype}{list(pk.shape)} and {pc.dtype}{list(pc.shape)}")
-    if keys.size and not (SparseSharding.logical(keys) == logical).all():
+    if keys.size and not (LogicalSharding.logical(keys) == logical).all():
         raise ConfigError(f"checkpoint {directory}: {file} holds keys of another logical shard than {logical}")

@@ -14,7 +14,7 @@ Why this shape:
   file made durable (one syncfs on Linux, aps/durable.py), the manifest written last, the dir fsync'd, then renamed into place. A crash
   mid-save leaves the previous checkpoint (or nothing), never a half-written shard that loads.
 * No pickle anywhere (``allow_pickle=False`` both ways): a checkpoint is data, not code.
-* Re-sharding on load: sparse rows move by global id (``g = k + N * local``), dense elements by
+* Re-sharding on load: sparse rows move by global id (aps/sharding.py), dense elements by
   flat range, optimizer state with them, reading old files through ``mmap`` so no server reads a
   whole large table it will mostly not keep.
 """
@@ -41,7 +41,7 @@ from ..digests import dir_sha256
 from ..durable import fsync_dir as _fsync_dir
 from ..durable import sync_tree
 from ..errors import ConfigError, ServerError
-from ..sharding import DenseBlock, dense_blocks, sparse_local_rows
+from ..sharding import DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict, spec_to_dict
 from ..storage.hash.store import HashSparseStore, budget_keys
 from ..storage.tables import DenseShard, SparseShard, make_shard
@@ -284,19 +284,20 @@ def _check_consistent(root: Path, old: list[_OldShard]) -> None:
 
 
 def _load_sparse(spec: SparseTable, old: list[_OldShard], shard: int, num_shards: int) -> SparseShard:
-    """Rows with ``global % num_shards == shard``, gathered from the old shards by global id."""
+    """Server ``shard``'s rows, gathered from the old shards by global id."""
     n = len(old)
+    old_layout = ModuloSharding(n)  # the saving cluster's
     new = SparseShard(spec, shard, num_shards, initialise=False)
     targets = new.state_arrays()
     global_ids = new.global_ids()
-    owner = global_ids % n
+    owner = old_layout.owners(global_ids)
     for o in old:
         entry = o.manifest["tables"][spec.name]
-        expected_rows = sparse_local_rows(spec.rows, o.index, n)
+        expected_rows = old_layout.local_row_count(spec.rows, o.index)
         if set(entry["files"]) != set(targets):
             raise ConfigError(f"checkpoint {o.directory}: table {spec.name!r} has arrays {sorted(entry['files'])}, expected {sorted(targets)}")
         pick = np.flatnonzero(owner == o.index)
-        old_local = global_ids[pick] // n
+        old_local = old_layout.local_rows(global_ids[pick])
         for name, target in targets.items():
             saved = o.open(entry["files"][name])
             if saved.shape[0] != expected_rows or saved.shape[1:] != target.shape[1:] or saved.dtype != target.dtype:
@@ -304,7 +305,7 @@ def _load_sparse(spec: SparseTable, old: list[_OldShard], shard: int, num_shards
                     f"checkpoint {o.directory}: {spec.name!r}.{name} is {saved.dtype}{list(saved.shape)}, "
                     f"expected {expected_rows} rows of {target.dtype}{list(target.shape[1:])}"
                 )
-            if n == num_shards and o.index == shard:  # same layout: a straight copy, no gather
+            if old_layout == new.sharding and o.index == shard:  # same layout: a straight copy, no gather
                 target[...] = saved
             elif pick.size:
                 target[pick] = saved[old_local]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..sharding import first_bad_id
+from ..sharding import UNSHARDED
 from ..specs import DenseTable, HashTable, SparseTable
 from ..validate import count, seconds
 
@@ -56,7 +56,7 @@ def sparse_ids(spec: SparseTable | HashTable, ids: Any) -> np.ndarray:
         arr = np.ascontiguousarray(arr.view(np.int64) if arr.dtype == np.uint64 else arr, dtype=np.int64)
     if isinstance(spec, HashTable):
         return arr
-    bad = first_bad_id(arr, spec.rows)
+    bad = UNSHARDED.first_bad_id(arr, spec.rows, 0)  # the whole table: any id in range
     if bad >= 0:
         raise ConfigError(f"table {spec.name!r}: id {int(arr[bad])} not in [0, {spec.rows})")
     return arr

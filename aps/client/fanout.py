@@ -2,7 +2,7 @@
 and how the replies are put back together in the caller's order.
 
 Sparse ids belong to the server their table's :class:`~aps.sharding.SparseSharding` names
-(fixed tables ``id % num_servers``, hash tables by logical shard of the mixed key); the client
+(by id for fixed tables, by logical shard of the mixed key for hash tables); the client
 sends global ids (each server validates and maps them to its rows once, at its edge). Dense tables are split in blocks
 (aps/sharding.py), and anything larger than a frame goes in several chunks. The parts of one
 call run concurrently; the first failure cancels the rest (:func:`gather`).

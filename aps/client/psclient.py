@@ -101,8 +101,8 @@ class PSClient:
         self._specs: dict[str, TableSpec] = {}
         #: per sparse table, the small pulls in flight and those queued behind them
         self._coalescers: dict[str, PullCoalescer] = {}
-        #: who owns which ids: fixed tables by id, hash tables by mixed key (aps/sharding.py)
-        self._shardings = {False: SparseSharding(len(addresses)), True: SparseSharding(len(addresses), hashed=True)}
+        #: who owns which ids (aps/sharding.py), by spec type: built once per kind of table
+        self._shardings: dict[type, SparseSharding] = {}
         self._model_version: int | None = None
 
     @property
@@ -199,7 +199,10 @@ class PSClient:
         return spec
 
     def _sharding(self, spec: Sparse) -> SparseSharding:
-        return self._shardings[type(spec) is HashTable]
+        sharding = self._shardings.get(type(spec))
+        if sharding is None:
+            sharding = self._shardings[type(spec)] = SparseSharding.of(spec, self.num_servers)
+        return sharding
 
     async def _dense_spec(self, name: str) -> DenseTable:
         spec = await self.table_spec(name)

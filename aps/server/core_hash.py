@@ -23,7 +23,7 @@ import structlog
 
 from .. import wire
 from ..errors import ErrorCode, ServerError
-from ..sharding import SparseSharding
+from ..sharding import LogicalSharding
 from ..specs import MAX_DAYS
 from ..storage.hash.store import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
 from .config import ServerConfig
@@ -63,10 +63,10 @@ class HashHandlers:
         if keys.dtype != np.int64 or keys.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"keys must be a 1-d int64 array, got {keys.dtype} {keys.shape}")
         n, k = self.config.num_servers, self.config.server_index
-        bad = SparseSharding(n, hashed=True).first_foreign(keys, k)
+        bad = LogicalSharding(n).first_foreign(keys, k)
         if bad >= 0:
             key = keys[bad : bad + 1]
-            shard = int(SparseSharding.logical(key)[0])
+            shard = int(LogicalSharding.logical(key)[0])
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
                 f"table {store.name!r}: key {int(key[0])} (logical shard {shard}) sent to server {k} of {n}, which does not own it",

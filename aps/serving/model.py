@@ -36,7 +36,7 @@ import numpy as np
 from ..checkpoints.shards import shard_dir_name
 from ..digests import bytes_sha256
 from ..errors import ConfigError
-from ..sharding import sparse_local_rows
+from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
 from ..storage.hash.index import HashIndex
 from ..storage.init_kernels import init_key_rows, table_seed
@@ -289,15 +289,15 @@ class ExportFiles:
 
     def whole(self, name: str, spec: TableSpec) -> Served:
         """A fixed or dense table put together from every shard's part."""
-        n = self.num_shards
         if isinstance(spec, SparseTable):
+            sharding = ModuloSharding(self.num_shards)
             self._fits([f"{shard}/{m['tables'][name]['files']['values']}" for shard, m in self.shards], 4 * spec.rows * spec.dim, f"fixed table {name!r}")
             out = np.empty((spec.rows, spec.dim), np.float32)
             for k, (shard, manifest) in enumerate(self.shards):
                 part = self._array(f"{shard}/{manifest['tables'][name]['files']['values']}")
-                if part.shape != (sparse_local_rows(spec.rows, k, n), spec.dim) or part.dtype != np.float32:
+                if part.shape != (sharding.local_row_count(spec.rows, k), spec.dim) or part.dtype != np.float32:
                     raise ConfigError(f"export {self.directory}: {shard} {name!r} values are {part.dtype}{part.shape}")
-                out[k::n] = part  # global row g = k + n * local
+                out[sharding.rows_of(k)] = part
             return ServedFixed(spec, out)
         if isinstance(spec, DenseTable):
             parts = [f"{shard}/{b['files']['values']}" for shard, m in self.shards for b in m["tables"][name]["blocks"]]

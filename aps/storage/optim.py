@@ -35,6 +35,7 @@ import math
 import numpy as np
 from numba import njit
 
+from ..sharding import row_local, row_owner
 from ..specs import SGD, Adagrad, Adam, Ftrl, Optimizer
 from .prefetch import LINE, prefetch
 
@@ -105,15 +106,16 @@ def scan_ids(ids: np.ndarray, rows: int, num_shards: int, shard: int, local: np.
     Returns ``(bad, order)``: ``bad`` is the index of the first id outside ``[0, rows)`` or not
     owned by ``shard`` (-1: none); ``order`` is 2 when the ids are strictly ascending (unique and
     sorted, what a trainer's accumulator sends), 1 when ascending with repeats, 0 otherwise.
-    With ``num_shards > 1`` the local rows ``id // num_shards`` are written to ``local`` (the
-    caller keeps ``ids`` themselves when there is one shard). Folding the order check into this
-    pass is what lets the optimizer kernels skip theirs (``ordered=True``)."""
+    With ``num_shards > 1`` the local rows are written to ``local`` (the caller keeps ``ids``
+    themselves when there is one shard). Ownership and local rows are the fixed tables' rule
+    (aps/sharding.py, compiled in). Folding the order check into this pass is what lets the
+    optimizer kernels skip theirs (``ordered=True``)."""
     n = ids.shape[0]
     order = 2
     prev = -1
     for j in range(n):
         r = ids[j]
-        if r < 0 or r >= rows or r % num_shards != shard:
+        if r < 0 or r >= rows or row_owner(r, num_shards) != shard:
             return j, 0
         if r < prev:
             order = 0
@@ -121,7 +123,7 @@ def scan_ids(ids: np.ndarray, rows: int, num_shards: int, shard: int, local: np.
             order = 1
         prev = r
         if num_shards > 1:
-            local[j] = r // num_shards
+            local[j] = row_local(r, num_shards)
     return -1, order
 
 

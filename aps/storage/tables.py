@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 
 from ..errors import ErrorCode, ServerError
-from ..sharding import DenseBlock, dense_blocks, first_bad_id, sparse_local_rows
+from ..sharding import UNSHARDED, DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
@@ -34,21 +34,22 @@ def _bad(code: ErrorCode, table: str, message: str) -> ServerError:
     return ServerError(code, f"table {table!r}: {message}")
 
 
-def _check_ids(table: str, ids: object, limit: int, shard: int, num_shards: int) -> np.ndarray:
-    """Local row ids as a contiguous int64[n], all in ``[0, limit)``."""
+def _check_ids(table: str, ids: object, limit: int, shard: int, sharding: ModuloSharding) -> np.ndarray:
+    """Local row ids as a contiguous int64[n], all in ``[0, limit)`` (server ``shard``'s rows of
+    a table sharded by ``sharding``, which the refusal names by global id)."""
     if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
         kind = ids.dtype if isinstance(ids, np.ndarray) else type(ids).__name__
         raise _bad(ErrorCode.BAD_REQUEST, table, f"ids must be an int64 array, got {kind}")
     if ids.ndim != 1:
         raise _bad(ErrorCode.SHAPE_MISMATCH, table, f"ids must be 1-D, got shape {ids.shape}")
     ids = np.ascontiguousarray(ids)
-    at = first_bad_id(ids, limit)  # one compiled pass, cheaper than min + max on small requests
+    at = UNSHARDED.first_bad_id(ids, limit, 0)  # one compiled pass, cheaper than min + max on small requests
     if at >= 0:
         bad = int(ids[at])
         raise _bad(
             ErrorCode.ID_OUT_OF_RANGE, table,
-            f"local id {bad} (global id {shard + num_shards * bad}) is outside [0, {limit}) "
-            f"on shard {shard} of {num_shards}",
+            f"local id {bad} (global id {sharding.global_ids(bad, shard)}) is outside [0, {limit}) "
+            f"on shard {shard} of {sharding.num_servers}",
         )
     return ids
 
@@ -92,7 +93,8 @@ def _load_arrays(table: str, target: dict[str, np.ndarray], arrays: dict[str, np
 
 
 class SparseShard(ChangeTracking):
-    """Rows ``shard, shard + n, shard + 2n, ...`` of a sparse table, plus optimizer state.
+    """Server ``shard``'s rows of a sparse table (:class:`~aps.sharding.ModuloSharding`), plus
+    optimizer state.
 
     ``step`` counts completed optimizer applications on this shard (it drives lr decay).
     Change tracking (GEO): each tracked client has a bitmap, one bit per local row, of rows
@@ -105,8 +107,9 @@ class SparseShard(ChangeTracking):
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         self.spec = spec
         self.shard = shard
-        self.num_shards = num_shards
-        self.local_rows = sparse_local_rows(spec.rows, shard, num_shards)
+        #: which rows are this shard's and where (aps/sharding.py)
+        self.sharding = ModuloSharding(num_shards)
+        self.local_rows = self.sharding.local_row_count(spec.rows, shard)
         if initialise:
             self.values = init_sparse_rows(
                 spec.init, table_seed(spec.name, spec.seed), self.global_ids(), spec.dim
@@ -125,7 +128,7 @@ class SparseShard(ChangeTracking):
         """Global row ids of ``local_ids`` (all local rows by default)."""
         if local_ids is None:
             local_ids = np.arange(self.local_rows, dtype=np.int64)
-        return self.shard + self.num_shards * np.asarray(local_ids, dtype=np.int64)
+        return self.sharding.global_ids(np.asarray(local_ids, dtype=np.int64), self.shard)
 
     # ------------------------------------------------------------ data path
 
@@ -134,7 +137,7 @@ class SparseShard(ChangeTracking):
 
         ``checked``: the ids were validated at the server edge (ServerCore, one compiled pass
         over the global ids) and are a contiguous int64[n] in range; they are not checked again."""
-        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.sharding)
         return self.values.take(ids, axis=0)  # the method: np.take adds ~0.5 us of dispatch
 
     def push_grad(
@@ -155,7 +158,7 @@ class SparseShard(ChangeTracking):
         ``ordered``: the server edge found the ids ascending (only with ``checked``); the
         optimizer kernel then neither checks their order nor sorts them.
         """
-        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.sharding)
         g = _check_values(self.name, grads, (ids.shape[0], self.spec.dim), "grads")
         scale = _check_scale(self.name, scale)
         optim.apply_sparse(self.spec.optimizer, self.values, self.state, ids, g, scale, self.step, checked and ordered)
@@ -174,7 +177,7 @@ class SparseShard(ChangeTracking):
     ) -> None:
         """``param += delta`` per row, duplicates summed; no optimizer, no step (GEO mode);
         ``checked`` and ``ordered``: as for :meth:`push_grad`."""
-        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.num_shards)
+        ids = local_ids if checked else _check_ids(self.name, local_ids, self.local_rows, self.shard, self.sharding)
         d = _check_values(self.name, deltas, (ids.shape[0], self.spec.dim), "deltas")
         optim.add_rows(self.values, ids, d, checked and ordered)
         self._mark(ids, client)
@@ -331,7 +334,7 @@ def shard_nbytes(spec: TableSpec, shard: int, num_shards: int) -> int:
     Computed from the spec alone, so a table can be refused before anything is allocated."""
     arrays = 1 + len(optim.state_names(spec.optimizer))
     if isinstance(spec, SparseTable):
-        rows = sparse_local_rows(spec.rows, shard, num_shards)
+        rows = ModuloSharding(num_shards).local_row_count(spec.rows, shard)
         steps = rows * 8 if optim.row_steps(spec.optimizer) else 0
         return rows * spec.dim * 4 * arrays + steps
     if isinstance(spec, DenseTable):

@@ -13,7 +13,7 @@ from aps import wire
 from aps.client.fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
 from aps.client.lanes import PortPlan
 from aps.errors import CloseReason
-from aps.sharding import SparseSharding
+from aps.sharding import LogicalSharding, ModuloSharding, SparseSharding
 
 
 def test_chunks_cover_every_row_once_and_an_empty_call_still_has_one_piece() -> None:
@@ -26,7 +26,7 @@ def test_chunks_cover_every_row_once_and_an_empty_call_still_has_one_piece() -> 
 @pytest.mark.parametrize("num_servers", [2, 3, 7])
 def test_shares_give_each_server_exactly_its_ids_in_the_callers_order(num_servers: int) -> None:
     ids = np.random.default_rng(1).integers(0, 1000, 500).astype(np.int64)
-    parts = shares(ids, SparseSharding(num_servers))
+    parts = shares(ids, ModuloSharding(num_servers))
     assert [p.server for p in parts] == list(range(num_servers))
     seen = np.concatenate([p.rows for p in parts])  # type: ignore[misc]
     np.testing.assert_array_equal(np.sort(seen), np.arange(len(ids)))  # every row once
@@ -39,7 +39,7 @@ def test_shares_give_each_server_exactly_its_ids_in_the_callers_order(num_server
 
 def test_one_server_share_is_the_callers_array_itself() -> None:
     ids = np.arange(10, dtype=np.int64)
-    [share] = shares(ids, SparseSharding(1))
+    [share] = shares(ids, ModuloSharding(1))
     assert share.server == 0 and share.rows == slice(None) and share.ids is ids
     assert caller_rows(share.rows, slice(2, 5)) == slice(2, 5)
     np.testing.assert_array_equal(caller_rows(np.array([9, 4, 7, 1]), slice(1, 3)), [4, 7])
@@ -116,7 +116,7 @@ def test_group_is_a_stable_sort_by_owner_in_one_pass(num_servers: int, hashed: b
         ids[:4] = [0, -1, -(1 << 63), (1 << 63) - 1]
     else:
         ids = rng.integers(0, 10_000, 5_000, dtype=np.int64)
-    sharding = SparseSharding(num_servers, hashed=hashed)
+    sharding: SparseSharding = LogicalSharding(num_servers) if hashed else ModuloSharding(num_servers)
     order, bounds = sharding.group(ids)
     owner = sharding.owners(ids)
     np.testing.assert_array_equal(order, np.argsort(owner, kind="stable"))

@@ -12,7 +12,7 @@ import pytest
 from aps.checkpoints.shards import load_shards, save_shard, shard_dir_name
 from aps.errors import ApsError, ConfigError
 from aps.checkpoints import shards as checkpoint
-from aps.sharding import split_ids
+from aps.sharding import ModuloSharding
 from aps.specs import SGD, Adagrad, Adam, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
 from aps.storage.tables import DenseShard, SparseShard, make_shard
 
@@ -41,9 +41,11 @@ def train(cluster: Cluster, steps: int, seed: int) -> None:
             if isinstance(spec, SparseTable):
                 ids = rng.integers(0, spec.rows, size=30).astype(np.int64)
                 grads = rng.normal(size=(30, spec.dim)).astype(np.float32)
-                order, local, slices = split_ids(ids, n)
+                sharding = ModuloSharding(n)
+                order, bounds = sharding.group(ids)
                 for k, tables in enumerate(cluster):
-                    tables[spec.name].push_grad(local[slices[k]], grads[order][slices[k]], scale=0.5)
+                    mine = order[bounds[k] : bounds[k + 1]]
+                    tables[spec.name].push_grad(sharding.local_rows(ids[mine]), grads[mine], scale=0.5)
             else:
                 grads = rng.normal(size=spec.size).astype(np.float32)
                 for tables in cluster:

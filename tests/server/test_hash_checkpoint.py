@@ -16,7 +16,7 @@ import pytest
 import aps
 from aps.checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
 from aps.errors import ConfigError, ErrorCode
-from aps.sharding import LOGICAL_SHARDS, SparseSharding
+from aps.sharding import LOGICAL_SHARDS, LogicalSharding
 from aps.storage.hash.store import HashSparseStore, show_click_score
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,7 +119,7 @@ async def test_a_checkpoint_loads_onto_any_number_of_pservers_with_every_key_equ
         assert pending(servers) == counters
         for store in stores(servers):  # each key on the server the sharding says
             keys_k, _ = store.index.items()
-            owners = SparseSharding(loaded, hashed=True).owners(keys_k)
+            owners = LogicalSharding(loaded).owners(keys_k)
             assert (owners == servers[stores(servers).index(store)].core.config.server_index).all()
             assert store.step == max(steps)
         assert (await ps.pull_sparse("emb", keys)).tobytes() == rows.tobytes()
@@ -149,7 +149,7 @@ async def test_a_save_runs_with_hash_and_fixed_tables_and_the_pserver_resumes_it
     # a restarted pserver resumes from its own shard directory alone
     tables, _ = load_own_shard(tmp_path / "ckpt" / shard_dir_name(1, 2), 1, 2)
     store = tables["emb"]
-    assert isinstance(store, HashSparseStore) and len(store) == int(np.sum(SparseSharding(2, hashed=True).owners(keys) == 1))
+    assert isinstance(store, HashSparseStore) and len(store) == int(np.sum(LogicalSharding(2).owners(keys) == 1))
     k1, _ = store.index.items()
     np.testing.assert_array_equal(store.rows_of(np.sort(k1))["values"], before["values"][np.searchsorted(before["keys"], np.sort(k1))])
     one = [load_shards(tmp_path / "ckpt", 0, 1)[0]]
@@ -245,7 +245,7 @@ async def test_save_modes_through_the_client(tmp_path: Path) -> None:
 def test_a_torn_or_mixed_hash_checkpoint_is_refused(tmp_path: Path) -> None:
     keys = random_keys(800, seed=8)
     parts = [HashSparseStore(spec(admit_count=1)) for _ in range(2)]
-    owners = SparseSharding(2, hashed=True).owners(keys)
+    owners = LogicalSharding(2).owners(keys)
     for k, store in enumerate(parts):
         store.push_grad(keys[owners == k], np.ones((int((owners == k).sum()), DIM), np.float32))
     for save_id in ("one", "two"):
@@ -282,7 +282,7 @@ def test_a_torn_or_mixed_hash_checkpoint_is_refused(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_load_refuses_more_keys_than_a_shard_may_hold(tmp_path: Path) -> None:
     keys = random_keys(400, seed=9)
-    owners = SparseSharding(2, hashed=True).owners(keys)
+    owners = LogicalSharding(2).owners(keys)
     for k in range(2):
         store = HashSparseStore(spec(admit_count=1, max_keys=300))
         store.push_grad(keys[owners == k], np.ones((int((owners == k).sum()), DIM), np.float32))

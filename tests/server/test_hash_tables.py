@@ -1,5 +1,5 @@
 """Hash tables (aps.HashTable) through real pservers over TCP on port 0: the client calls, key
-ownership by the one SparseSharding value, replay, byte budgets, SHRINK, and pings answered while
+ownership by the one LogicalSharding value, replay, byte budgets, SHRINK, and pings answered while
 whole-table work (shrink, slab growth, a cap's eviction) runs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import ErrorCode
-from aps.sharding import LOGICAL_SHARDS, SparseSharding
+from aps.sharding import LOGICAL_SHARDS, LogicalSharding
 from aps.storage.hash.store import HashSparseStore, budget_keys, planned_nbytes, row_nbytes
 from aps.storage.init_kernels import init_sparse_rows, table_seed
 from aps.wire.frame import Flag
@@ -105,7 +105,7 @@ async def test_pull_of_unknown_keys_leaves_the_key_count_unchanged() -> None:
 
 async def test_pushes_land_on_the_owner_the_sharding_value_names_and_others_are_refused() -> None:
     keys = np.concatenate([random_keys(4000, seed=9), np.arange(0, 4000, 2, dtype=np.int64)])  # patterned ids too
-    sharding = SparseSharding(2, hashed=True)
+    sharding = LogicalSharding(2)
     owner = sharding.owners(keys)
     assert 0.45 < (owner == 0).mean() < 0.55  # even ids do not pile onto one server (as id % 2 would)
     async with cluster(2) as (servers, ps):
