@@ -148,7 +148,7 @@ async def server_side(shape: str, repeat: int, num_servers: int) -> dict[str, fl
     ids, arrival, grads = ids[ids % num_servers == 0], arrival[arrival % num_servers == 0], grads[: (ids % num_servers == 0).sum()]
     out: dict[str, float] = {"ids": float(len(ids))}
     for opt_name, opt in (("sgd", aps.SGD(lr=0.1)), ("adagrad", aps.Adagrad(lr=0.1))):
-        core = ServerCore(ServerConfig(num_servers=num_servers, server_index=0), lambda: None)
+        core = ServerCore(ServerConfig(num_servers=num_servers, server_index=0))
         spec = aps.SparseTable("t", rows=rows, dim=dim, optimizer=opt)
         await core.handle(1, wire.CreateTable(spec_json=json.dumps(spec_to_dict(spec))), 0)
         for label, order in (("arrival order", arrival), ("ascending", ids)):

@@ -4,7 +4,7 @@ imports only run down or sideways, and no circle closes among the modules.
 Why a test: a lower room that imports a higher one cannot be read, tested or reused without
 it (the telemetry module once reached into the server and the trainer while both imported it;
 the launcher once imported the command line's plot tool). The floors below are the written
-layering of the package; ARCHITECTURE.md's layout names the same order.
+layering of the package; docs/architecture.md describes the same floors and why.
 
 The modules are parsed (ast), never imported, so the test is fast and sees every import:
 module level, inside functions and classes, and under ``if TYPE_CHECKING:``. A type-only
@@ -241,12 +241,19 @@ def test_the_checker_sees_imports_in_functions_relative_and_type_only(tmp_path: 
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-#: the modules that may import the pserver package: the ones that run a pserver (its command, the
-#: fleet role API, aps's public names) and serving, which still borrows the pserver's transport
-#: and core (until the transport stands apart from the services). Storage and checkpoint formats
-#: sit below the server, so the trainer, the models, the client and the launcher reach rows and
-#: checkpoints without loading it.
-SERVER_IMPORTERS = {"aps", "aps.fleet", "aps.cli.server", "aps.cli.serve", "aps.serving.core", "aps.serving.server"}
+#: the modules outside aps.server that may import it, and what of it. Those that run a pserver
+#: (its command, the fleet role API, aps's public names) take it whole; aps-serve composes the
+#: transport (listener, connections, request stats, config) with its own read-only core and
+#: imports nothing of the training core. Storage and checkpoint formats sit below the server, so
+#: the trainer, the models, the client and the launcher reach rows and checkpoints without it.
+SERVER_IMPORTERS = {
+    "aps": ("aps.server",),
+    "aps.fleet": ("aps.server",),
+    "aps.cli.server": ("aps.server",),
+    "aps.cli.serve": ("aps.server.config",),
+    "aps.serving.core": ("aps.server.transport", "aps.server.config", "aps.server.stats"),
+    "aps.serving.server": ("aps.server.transport", "aps.server.config"),
+}
 
 
 def test_only_what_runs_a_pserver_imports_the_server_package() -> None:
@@ -254,6 +261,19 @@ def test_only_what_runs_a_pserver_imports_the_server_package() -> None:
     found = sorted({
         f"{i.source} imports {i.target}"
         for i in imports(modules)
-        if i.target.startswith("aps.server") and not i.source.startswith("aps.server") and i.source not in SERVER_IMPORTERS
+        if i.target.startswith("aps.server") and not i.source.startswith("aps.server")
+        and not any(i.target == a or i.target.startswith(a + ".") for a in SERVER_IMPORTERS.get(i.source, ()))
+    })
+    assert not found, "\n".join(found)
+
+
+def test_the_transport_knows_no_core() -> None:
+    """The listener and connections are typed against the RequestCore protocol
+    (aps/server/transport/service.py), never against the training core or aps-serve's."""
+    modules = all_modules()
+    found = sorted({
+        f"{i.source} imports {i.target}" for i in imports(modules)
+        if i.source.startswith("aps.server.transport") and not i.target.startswith("aps.server.transport")
+        and i.target.startswith(("aps.server", "aps.serving")) and i.target not in ("aps.server.config", "aps.server.stats")
     })
     assert not found, "\n".join(found)

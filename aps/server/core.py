@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,12 +30,14 @@ from .core_hash import HashHandlers
 from .gate import WriteGate
 from .lag import SPARSE, UpdateVersions
 from .liveness import TrainerLeases
-from .replay import ReplayCache
+from .scheduled import ScheduledWork
 from .stats import ServerStats
+from .transport.replay import ReplayCache
+from .transport.reply_size import check_float32_reply
+from .transport.service import AllDone, Reply
 
 log = structlog.get_logger("aps.server")
 
-Reply = wire.Message | Awaitable[wire.Message]
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
 _SORTED = int(wire.Flag.SORTED)
@@ -47,9 +48,10 @@ _HASH_START_ROWS = 1024
 
 
 class ServerCore(HashHandlers):
-    """State and request handlers of one pserver."""
+    """State and request handlers of one pserver: the training service behind the transport
+    (it implements :class:`~aps.server.transport.service.RequestCore`)."""
 
-    def __init__(self, config: ServerConfig, on_all_done: Callable[[], None]) -> None:
+    def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.tables: dict[str, Shard] = {}
         self.specs: dict[str, TableSpec] = {}
@@ -66,7 +68,8 @@ class ServerCore(HashHandlers):
         #: them), with what they are told at their next request
         self.dropped: dict[int, str] = {}
         self._sync_seen = False  # a SYNC push came: this is a sync job, a gone trainer is dropped
-        self._on_all_done = on_all_done
+        #: asks the server to stop once every trainer is done (given by :meth:`start`)
+        self._on_all_done: AllDone | None = None
         self._clients: dict[int, int] = {}  # client id -> its open (handshaken) connections
         self._trainer_of: dict[int, int] = {}  # client id -> the trainer its HELLO named (trainers only)
         self._forget_timers: dict[int, asyncio.TimerHandle] = {}
@@ -81,12 +84,18 @@ class ServerCore(HashHandlers):
         #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
-        self._start_tables()
+        #: periodic checkpoints, scheduled shrinks, leases, warm-up (scheduled.py)
+        self.scheduled = ScheduledWork(config, self.checkpointing.save_own_shard, self.shrink_all, self.leases)
+        self.checkpointing.start()  # the stale saves' clean-up, then init_model or resume
 
-    def _start_tables(self) -> None:
-        """The tables this server starts with, after the stale saves' clean-up (core_checkpoints.py):
-        a hook, so that a core that must write nothing (aps-serve's, aps/serving/core.py) skips both."""
-        self.checkpointing.start()
+    def start(self, on_all_done: AllDone) -> None:
+        """The server listens: start the timers; ``on_all_done(reason)`` once every trainer is done."""
+        self._on_all_done = on_all_done
+        self.scheduled.start(heard_all=self.resumed is not None)
+
+    async def stop(self, checkpoint: bool) -> None:
+        """The requests are drained: stop the timers, then one last checkpoint if ``checkpoint``."""
+        await self.scheduled.stop(checkpoint)
 
     def install(self, shards: dict[str, Shard]) -> None:
         """Serve the tables a load brought instead of those held (core_checkpoints.Tables);
@@ -195,10 +204,12 @@ class ServerCore(HashHandlers):
 
     def _maybe_all_done(self) -> None:
         finished = self.done_trainers | self.leases.gone
-        if len(finished) >= self.config.num_trainers and self.config.exit_when_done:
-            if self.leases.gone:
-                log.warning("every trainer is done or gone", done=sorted(self.done_trainers), gone=sorted(self.leases.gone))
-            asyncio.get_running_loop().call_soon(self._on_all_done)
+        if len(finished) >= self.config.num_trainers and self.config.exit_when_done and self._on_all_done is not None:
+            gone = sorted(self.leases.gone)
+            if gone:
+                log.warning("every trainer is done or gone", done=sorted(self.done_trainers), gone=gone)
+            reason = f"every trainer sent worker_done or is gone (gone: {gone})" if gone else "all trainers sent worker_done"
+            asyncio.get_running_loop().call_soon(self._on_all_done, reason)
 
     def fail_waiters(self, error: BaseException) -> None:
         """The server is stopping: fail every waiting request (and keep nothing for later)."""
@@ -214,7 +225,10 @@ class ServerCore(HashHandlers):
     # ----------------------------------------------------------------- clients coming and going
 
     def client_connected(self, client_id: int, trainer_id: int = -1) -> None:
-        """A connection of ``client_id`` (trainer ``trainer_id``, -1: none) finished its handshake."""
+        """A connection of ``client_id`` (trainer ``trainer_id``, -1: none) made its first request
+        after the handshake: it counts for its client, and for its trainer's lease."""
+        if 0 <= trainer_id < self.config.num_trainers:
+            self.leases.connected(trainer_id)
         self._clients[client_id] = self._clients.get(client_id, 0) + 1
         if trainer_id >= 0:
             self._trainer_of[client_id] = trainer_id
@@ -223,13 +237,15 @@ class ServerCore(HashHandlers):
         if timer is not None:
             timer.cancel()
 
-    def client_disconnected(self, client_id: int) -> None:
-        """A handshaken connection of ``client_id`` closed. When it was the client's last one,
+    def client_disconnected(self, client_id: int, trainer_id: int = -1) -> None:
+        """A handshaken connection of ``client_id`` (trainer ``trainer_id``) closed. When it was the client's last one,
         its barrier arrivals and sync-round chunks are withdrawn at once (they must not count
         toward a barrier or round it is no longer part of; a client that reconnects retries them,
         and they count again), and its change tracking and replay entries are dropped after
         ``client_linger`` seconds unless it comes back (its tracking sooner when the server's
         tracking budget needs the room: gone clients' tracking goes first)."""
+        if 0 <= trainer_id < self.config.num_trainers:
+            self.leases.disconnected(trainer_id)
         left = self._clients.get(client_id, 0) - 1
         if left > 0:
             self._clients[client_id] = left
@@ -267,15 +283,6 @@ class ServerCore(HashHandlers):
         if isinstance(shard, (SparseShard, HashSparseStore)):
             shard.untrack(client_id)
         self.tracking.dropped(client_id, table, over_budget=over_budget)
-
-    def _reply_fits(self, size: int, table: str, what: str) -> None:
-        """Refuse (TOO_LARGE) a request whose reply would not fit in a frame, before building it."""
-        if size > self.config.max_frame:
-            raise ServerError(
-                ErrorCode.TOO_LARGE,
-                f"table {table!r}: the reply ({what}) would be {size} bytes, over the max frame of "
-                f"{self.config.max_frame}; ask for less per request (aps clients split large pulls)",
-            )
 
     # ----------------------------------------------------------------- tables
 
@@ -482,9 +489,7 @@ class ServerCore(HashHandlers):
             shard = self._sparse_or_hash(msg.table)
         if msg.ids.ndim == 1:  # else _local_ids / _hash_keys refuses it
             n, dim = len(msg.ids), shard.spec.dim
-            size = _array_bytes(0, (n, dim), 4)
-            if size > self.config.max_frame:  # the message is built only for the refusal
-                self._reply_fits(size, msg.table, f"{n} rows of {dim} float32")
+            check_float32_reply(self.config.max_frame, (n, dim), msg.table, f"{n} rows of {dim} float32")
         if type(shard) is HashSparseStore:
             return self._pull_hash(shard, msg)
         values = shard.pull(self._local_ids(shard, msg.ids), checked=True)
@@ -575,7 +580,7 @@ class ServerCore(HashHandlers):
         shard = self._dense(msg.table)
         block = shard.blocks.get(msg.block)
         if block is not None and msg.offset + msg.count <= block.size:  # else pull names the bad range
-            self._reply_fits(_array_bytes(0, (msg.count,), 4), msg.table, f"{msg.count} float32")
+            check_float32_reply(self.config.max_frame, (msg.count,), msg.table, f"{msg.count} float32")
         values = shard.pull(msg.block, msg.offset, msg.count)
         return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=self.versions.version(msg.table, msg.block))
 
@@ -707,15 +712,6 @@ _WRITES = frozenset(
 async def _after(done: Awaitable[Any], reply: wire.Message) -> wire.Message:
     await done
     return reply
-
-
-def _array_bytes(offset: int, shape: tuple[int, ...], itemsize: int) -> int:
-    """Encoded size of an ``arr`` field that starts ``offset`` bytes into a payload (see codec.py:
-    8-byte head, u64 per dimension, padding to 8 before and after the data)."""
-    head = 8 + 8 * len(shape)
-    head += -(offset + head) % 8
-    data = math.prod(shape) * itemsize
-    return head + data + (-(offset + head + data) % 8)
 
 
 def _gib(n: int) -> str:

@@ -1,9 +1,11 @@
 """aps-serve's request logic: lookups from the model version it serves; every write refused.
 
-A :class:`ServingCore` is a pserver core (connections, handshake, token, limits, stats and
-metrics are the pserver's own, aps/server/) whose dispatch serves only PULL_SPARSE, PULL_DENSE,
+A :class:`ServingCore` is a request core (:class:`~aps.server.transport.service.RequestCore`)
+that the pserver's transport serves (connections, handshake, token, limits, request stats and
+metrics are the transport's, aps/server/transport/); it answers only PULL_SPARSE, PULL_DENSE,
 TABLE_INFO, STATS and PING, as server 0 of a cluster of 1, so ``aps.connect([address])`` works
-unchanged against it. Anything else (pushes, CREATE_TABLE, SAVE, LOAD, SHRINK, BARRIER, ...) is
+unchanged against it. It holds no tables, timers or trainers of its own: nothing to start, to
+wait for or to save, and nothing on disk is written or deleted. Anything else (pushes, CREATE_TABLE, SAVE, LOAD, SHRINK, BARRIER, ...) is
 refused with ``READ_ONLY``. Replies are read from one :class:`ServedModel`, swapped whole by
 :meth:`install`; a pull with the ``MODEL_VERSION`` flag gets the version in its reply.
 """
@@ -21,7 +23,10 @@ import structlog
 from .. import wire
 from ..errors import ErrorCode, ServerError
 from ..server.config import ServerConfig
-from ..server.core import Reply, ServerCore, _array_bytes
+from ..server.stats import ServerStats
+from ..server.transport.replay import ReplayCache
+from ..server.transport.reply_size import check_float32_reply
+from ..server.transport.service import AllDone, Reply
 from ..specs import spec_to_dict
 from .model import ServedDense, ServedFixed, ServedHash, ServedModel
 
@@ -30,11 +35,14 @@ log = structlog.get_logger("aps.serving")
 _WITH_VERSION = int(wire.Flag.MODEL_VERSION)
 
 
-class ServingCore(ServerCore):
+class ServingCore:
     """The read-only core of aps-serve over the exports in ``root``."""
 
     def __init__(self, config: ServerConfig, root: str) -> None:
-        super().__init__(config, on_all_done=lambda: None)
+        self.config = config
+        self.stats = ServerStats()
+        #: what the transport asks of every core; never filled, as every mutation is refused
+        self.replays = ReplayCache(config.dedup_window)
         self.root = root
         self.model: ServedModel | None = None
         self.installed_at = 0.0
@@ -44,11 +52,21 @@ class ServingCore(ServerCore):
         #: delta version -> why it is not applied: it does not follow the version served (the follower's)
         self.waiting: dict[int, str] = {}
 
-    def _start_tables(self) -> None:
-        """Nothing from disk at start but the exports: no init_model, no resume, and no stale-save
-        clean-up, which would delete the temporary of a save in progress by a pserver whose
-        checkpoint root this is (aps-serve's own is the cwd, its shard name a one-pserver job's).
-        A read-only store writes and deletes nothing."""
+    # the transport's hooks: no trainers, timers or saves, so nothing to count, start or stop
+    def client_connected(self, client_id: int, trainer_id: int) -> None:
+        pass
+
+    def client_disconnected(self, client_id: int, trainer_id: int) -> None:
+        pass
+
+    def start(self, on_all_done: AllDone) -> None:
+        pass
+
+    def fail_waiters(self, error: BaseException) -> None:
+        pass
+
+    async def stop(self, checkpoint: bool) -> None:
+        pass
 
     def install(self, model: ServedModel) -> None:
         """Serve ``model`` from now on (one assignment: lookups never see half of it)."""
@@ -83,7 +101,7 @@ class ServingCore(ServerCore):
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         dim = table.spec.dim
-        self._reply_fits(_array_bytes(0, (len(ids), dim), 4), msg.table, f"{len(ids)} rows of {dim} float32")
+        check_float32_reply(self.config.max_frame, (len(ids), dim), msg.table, f"{len(ids)} rows of {dim} float32")
         if isinstance(table, ServedFixed) and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= table.spec.rows):
             bad = int(ids[(ids < 0) | (ids >= table.spec.rows)][0])
             raise ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {msg.table!r}: id {bad} not in [0, {table.spec.rows})")
@@ -99,7 +117,7 @@ class ServingCore(ServerCore):
                 ErrorCode.ID_OUT_OF_RANGE,
                 f"table {msg.table!r}: block {msg.block} [{msg.offset}, {msg.offset + msg.count}) is outside block 0 [0, {size})",
             )
-        self._reply_fits(_array_bytes(0, (msg.count,), 4), msg.table, f"{msg.count} float32")
+        check_float32_reply(self.config.max_frame, (msg.count,), msg.table, f"{msg.count} float32")
         return _rows(wire.Op.PULL_DENSE, table.values[msg.offset : msg.offset + msg.count], model, flags)
 
     def _serve_table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:
@@ -145,5 +163,5 @@ _READS: dict[type, Callable[..., Reply]] = {
     wire.PullDense: ServingCore._serve_pull_dense,
     wire.TableInfo: ServingCore._serve_table_info,
     wire.Stats: ServingCore._serve_stats,
-    wire.Ping: ServerCore._ping,
+    wire.Ping: lambda core, client_id, msg, flags: wire.Ok(op=wire.Op.PING),
 }

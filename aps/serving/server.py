@@ -1,7 +1,7 @@
 """aps-serve as an embeddable object: a read-only pserver over an export root that follows it.
 
-The server listens as a pserver does (aps/server/pserver.py: handshake, token, TLS, limits,
-graceful shutdown, metrics) with a :class:`ServingCore`; a task looks at the root every
+The server is the pserver's listener (aps/server/transport/listener.py: handshake, token, TLS,
+limits, graceful shutdown, metrics) over a :class:`ServingCore`; a task looks at the root every
 ``poll`` seconds and, when a new export is done, builds the next model in a thread
 (:class:`ExportFollower`) and swaps it in on the loop. The first model is built before the
 server listens, so a server started over an export root that holds one answers from it at once.
@@ -17,7 +17,9 @@ import structlog
 
 from ..errors import ConfigError
 from ..server.config import ServerConfig
-from ..server.pserver import PServer
+from ..server.transport.listener import RequestServer
+from ..server.transport.metrics import RequestCollector
+from ..telemetry import new_registry
 from ..validate import seconds
 from .core import ServingCore
 from .follow import ExportFollower
@@ -39,7 +41,7 @@ class ServingServer:
         self.root = os.fspath(root)
         self.poll = poll
         self.core = ServingCore(config, self.root)
-        self.server = PServer(config, core=self.core)
+        self.server = RequestServer(config, self.core, new_registry(RequestCollector(self.core.stats)))
         self.follower = ExportFollower(self.root)
         self._task: asyncio.Task[None] | None = None
 

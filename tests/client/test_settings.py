@@ -13,7 +13,7 @@ import pytest
 
 import aps
 from aps.errors import ConfigError
-from aps.server.throttle import AuthThrottle
+from aps.server.transport.throttle import AuthThrottle
 from aps.validate import count, seconds
 
 

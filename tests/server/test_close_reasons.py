@@ -14,7 +14,7 @@ import aps
 from aps import wire
 from aps.client.link import Link
 from aps.errors import CloseReason, ConnectionLost
-from aps.server.connection import ConnectionState, ServerConnection
+from aps.server.transport.connection import ConnectionState, ServerConnection
 from aps.wire.frame import encode_header
 from tests.conftest import eventually
 from tests.server.raw import Raw

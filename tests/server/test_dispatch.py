@@ -9,7 +9,7 @@ import pytest
 
 from aps import wire
 from aps.errors import ErrorCode, LocalProtocolError, ServerError
-from aps.server import dispatch
+from aps.server.transport import dispatch
 from aps.server.config import ServerConfig
 
 

@@ -317,7 +317,7 @@ def test_wrong_token_guesses_do_not_lock_out_a_client_with_the_token(tmp_path: P
     right AUTH waited behind an address's failed ones, with 20 wrong AUTHs held open it waited
     7.9 s and with 270 it was never served; every AUTH is now checked as it arrives, only wrong
     ones are answered late, and those beyond the throttle's bounds are left to the handshake
-    deadline (aps/server/throttle.py)."""
+    deadline (aps/server/transport/throttle.py)."""
     (tmp_path / "token").write_text("the-right-token\n")
     server = ServerProcess.start(tmp_path, "--no-exit-when-done", "--token-file", str(tmp_path / "token"),
                                  "--handshake-timeout", "3")

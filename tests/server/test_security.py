@@ -22,7 +22,7 @@ import aps
 from aps import wire
 from aps.cli.common import read_token_file
 from aps.errors import ConfigError, ErrorCode
-from aps.server.throttle import AuthThrottle
+from aps.server.transport.throttle import AuthThrottle
 from aps.wire.auth import auth_mac
 from tests.conftest import BIN, ROOT, Processes, eventually, wait_port_file
 from tests.server.test_bad_input import Raw

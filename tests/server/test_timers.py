@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from aps.server.timers import ConnectionTimers
+from aps.server.transport.timers import ConnectionTimers
 from aps.wire.limits import ConnectionLimits
 from tests.conftest import eventually
 from tests.wire.test_connection_limits import Pools

@@ -1,12 +1,12 @@
 """One client connection on a pserver: bytes in, frames decoded and dispatched, replies out.
 
 The protocol object moves bytes and acts on what small objects decide: the handshake
-(:class:`~aps.wire.handshake.ServerHandshake`, and :class:`~aps.server.greeting.Greeter` for its
+(:class:`~aps.wire.handshake.ServerHandshake`, and :class:`~aps.server.transport.greeting.Greeter` for its
 answers), the limits (:class:`~aps.wire.limits.ConnectionLimits`: bytes held, when to stop
 reading, deadlines), what the connection counts for on its server
-(:class:`~aps.server.lifecycle.Membership`, by its :class:`ConnectionState`), the answer to a
-request (:mod:`aps.server.dispatch`: replays, error mapping; the request logic is
-:class:`~aps.server.core.ServerCore`'s) and the stats (:class:`~aps.server.stats.ServerStats`).
+(:class:`~aps.server.transport.lifecycle.Membership`, by its :class:`ConnectionState`), the answer to a
+request (:mod:`aps.server.transport.dispatch`: replays, error mapping; the request logic is
+the core's, :class:`~aps.server.transport.service.RequestCore`) and the stats (:class:`~aps.server.stats.ServerStats`).
 Why it closes is one :class:`~aps.errors.CloseReason`. A frame over a budget is answered with a
 retriable TOO_LARGE and the connection is closed; while the peer does not read our replies, or
 has too many requests waiting, frames already received are left unparsed until it catches up.
@@ -20,10 +20,10 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from .. import wire
-from ..errors import CloseReason, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
-from ..wire.handshake import HandshakeState, ServerHandshake
-from ..wire.limits import ConnectionLimits
+from ... import wire
+from ...errors import CloseReason, ErrorCode, LocalProtocolError, RemoteProtocolError, ServerError
+from ...wire.handshake import HandshakeState, ServerHandshake
+from ...wire.limits import ConnectionLimits
 from . import dispatch
 from .context import ConnectionContext
 from .greeting import Greeter

@@ -8,15 +8,15 @@ import asyncio
 from typing import Any, Protocol
 
 from .admission import Admission
-from .config import ServerConfig
-from .core import ServerCore
+from ..config import ServerConfig
+from .service import RequestCore
 from .throttle import AuthThrottle
 
 
 class ConnectionContext(Protocol):
-    """The server-wide state every connection shares (PServer provides it)."""
+    """The server-wide state every connection shares (:class:`~aps.server.transport.listener.RequestServer` provides it)."""
 
-    core: ServerCore
+    core: RequestCore
     config: ServerConfig
     #: open connections (each adds itself when made, removes itself when lost)
     connections: set[Any]

@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from .. import wire
-from ..errors import RETRIABLE_CODES, ErrorCode, LocalProtocolError, ServerError
+from ... import wire
+from ...errors import RETRIABLE_CODES, ErrorCode, LocalProtocolError, ServerError
 
 log = structlog.get_logger("aps.server")
 

@@ -14,12 +14,12 @@ from typing import Protocol
 
 import structlog
 
-from .. import wire
-from ..errors import CloseReason, ServerError
-from ..wire.auth import check_mac
-from ..wire.handshake import Action, ServerHandshake, Step
+from ... import wire
+from ...errors import CloseReason, ServerError
+from ...wire.auth import check_mac
+from ...wire.handshake import Action, ServerHandshake, Step
 from . import dispatch
-from .config import ServerConfig
+from ..config import ServerConfig
 from .throttle import AuthThrottle
 
 log = structlog.get_logger("aps.server")

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from ..errors import CloseReason
+from ...errors import CloseReason
 from .context import ConnectionContext
 
 log = structlog.get_logger("aps.server")
@@ -58,7 +58,7 @@ def log_close(reason: CloseReason, detail: str, peer: str, client: int | None) -
 class Membership:
     """What one connection counts for on its server, by its :class:`ConnectionState`: the
     admission caps and the open connections and their stats from ACCEPTED, its client's
-    connections and its trainer's lease from SERVING. Each is counted once, and :meth:`lost`
+    connections from SERVING (the core counts its trainer's lease). Each is counted once, and :meth:`lost`
     gives back exactly what was counted, whichever way the connection ended.
 
     ``owner`` is the connection (what an eviction closes); admission counts this object."""
@@ -105,10 +105,7 @@ class Membership:
         """A request came after the handshake: one more connection of its client (and trainer)."""
         self.state = ConnectionState.SERVING
         self.client_id, self.trainer_id = client_id, trainer_id
-        core = self.server.core
-        core.client_connected(client_id, trainer_id)
-        if 0 <= trainer_id < self.server.config.num_trainers:
-            core.leases.connected(trainer_id)
+        self.server.core.client_connected(client_id, trainer_id)
 
     def lost(self) -> bool:
         """The transport is gone: give back what was counted (a client's last connection
@@ -122,7 +119,5 @@ class Membership:
         server.connections.discard(self.owner)
         server.core.stats.closed()
         if state is ConnectionState.SERVING:
-            server.core.client_disconnected(self.client_id)
-            if 0 <= self.trainer_id < server.config.num_trainers:
-                server.core.leases.disconnected(self.trainer_id)
+            server.core.client_disconnected(self.client_id, self.trainer_id)
         return True

@@ -23,8 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from ..errors import ConfigError
-from ..validate import count, seconds
+from ...errors import ConfigError
+from ...validate import count, seconds
 
 #: ``check()`` says whether the MAC is right, or None when its connection has gone meanwhile
 Check = Callable[[], "bool | None"]

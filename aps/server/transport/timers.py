@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..wire.limits import ConnectionLimits
+from ...wire.limits import ConnectionLimits
 
 
 class ConnectionTimers:
