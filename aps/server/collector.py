@@ -8,13 +8,12 @@ in prometheus-client's thread and only reads (see aps/telemetry.py on threading)
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..storage.hash.store import HashSparseStore
-from ..storage.tables import Shard, SparseShard
 from ..telemetry import new_registry
 from .core import ServerCore
 from .transport.metrics import RequestCollector
@@ -57,17 +56,14 @@ class ServerCollector(Collector):
             "(over_budget: those for a size budget), by this pserver.", labels=["table", "event"]
         )
         for name, shard in sorted(tables.items()):
-            if isinstance(shard, HashSparseStore):
-                held = shard.counts()
+            held = core.kinds.of(shard).gauges(shard)
+            values.add_metric([name], held["values"])
+            if "rows" in held:
+                rows.add_metric([name], held["rows"])
+            if "keys" in held:
                 keys.add_metric([name], held["keys"])
-                values.add_metric([name], held["keys"] * shard.spec.dim)
                 for event in ("admitted", "rejected", "evicted", "over_budget"):
                     admission.add_metric([name, event], held[event])
-            elif isinstance(shard, SparseShard):
-                rows.add_metric([name], shard.local_rows)
-                values.add_metric([name], shard.values.size)
-            else:
-                values.add_metric([name], sum(b.size for b in dict(shard.blocks).values()))
             size = _table_bytes(shard)
             if size is not None:
                 nbytes.add_metric([name], size)
@@ -96,7 +92,7 @@ def _lagged_metrics(core: ServerCore) -> Iterator[Metric]:
         )
 
 
-def _table_bytes(shard: Shard | HashSparseStore) -> int | None:
+def _table_bytes(shard: Any) -> int | None:
     """``shard.nbytes``, which sums over dicts the event loop may grow meanwhile (a geo client
     registering for change tracking): retry the rare "changed size during iteration"."""
     for _ in range(3):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,10 +18,8 @@ import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
-from ..storage.hash.store import HashSparseStore, budget_keys, claim_nbytes, planned_nbytes
-from ..storage.optim import scan_ids
-from ..storage.tables import DenseShard, SparseShard, TablesBudget, make_shard, shard_nbytes
+from ..specs import TableSpec, spec_from_dict, spec_to_dict
+from ..storage.tables import TablesBudget
 from ..storage.tracking import TrackingBudget
 from ..wire.messages import message_op
 from .config import ServerConfig
@@ -28,7 +27,8 @@ from .coordination import Barriers, SyncRounds
 from .core_checkpoints import CheckpointHandlers
 from .core_hash import HashHandlers
 from .gate import WriteGate
-from .lag import SPARSE, UpdateVersions
+from .kinds import DEFAULT_KINDS, TableKind, TableKinds
+from .lag import UpdateVersions
 from .liveness import TrainerLeases
 from .scheduled import ScheduledWork
 from .stats import ServerStats
@@ -40,19 +40,26 @@ log = structlog.get_logger("aps.server")
 
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
-_SORTED = int(wire.Flag.SORTED)
-_STRICTLY_ASCENDING = 2  # scan_ids' order for unique, ascending ids
-Shard = SparseShard | DenseShard | HashSparseStore
-#: slab rows a hash table without max_keys starts with (it doubles as keys come)
-_HASH_START_ROWS = 1024
+#: a shard of any kind (a storage-floor store; its kind says what it is, kinds/)
+Shard = Any
+#: the pushes: whether each addresses rows by ids (else dense blocks), and its reply's opcode
+_PUSHES: dict[type, tuple[bool, wire.Op]] = {
+    wire.PushSparseGrad: (True, wire.Op.PUSH_SPARSE_GRAD),
+    wire.PushSparseDelta: (True, wire.Op.PUSH_SPARSE_DELTA),
+    wire.PushDenseGrad: (False, wire.Op.PUSH_DENSE_GRAD),
+    wire.PushDenseDelta: (False, wire.Op.PUSH_DENSE_DELTA),
+}
+_NO_VALUES = np.empty(0, np.float32)
 
 
 class ServerCore(HashHandlers):
     """State and request handlers of one pserver: the training service behind the transport
     (it implements :class:`~aps.server.transport.service.RequestCore`)."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, kinds: tuple[type[TableKind], ...] = DEFAULT_KINDS) -> None:
         self.config = config
+        #: what this server does with each kind of table (kinds/): the only place that tells them apart
+        self.kinds = TableKinds(config.server_index, config.num_servers, kinds)
         self.tables: dict[str, Shard] = {}
         self.specs: dict[str, TableSpec] = {}
         #: --max-tables-bytes: what the tables take, hash tables' growth included (tables.py)
@@ -105,7 +112,7 @@ class ServerCore(HashHandlers):
         self.specs = {name: shard.spec for name, shard in shards.items()}
         self.budget = TablesBudget(self.config.max_tables_bytes)  # the tables it counted are gone
         for shard in shards.values():
-            self._count_in_budget(shard)
+            self.kinds.of(shard).count_in_budget(shard, self.budget)
 
     @property
     def resumed(self) -> str | None:
@@ -280,7 +287,7 @@ class ServerCore(HashHandlers):
         """Stop tracking ``table``'s changes for ``client_id``; its next read of changes returns
         every row (the drop is remembered in ``self.tracking``), so nothing is missed."""
         shard = self.tables.get(table)
-        if isinstance(shard, (SparseShard, HashSparseStore)):
+        if shard is not None and self.kinds.of(shard).by_ids:
             shard.untrack(client_id)
         self.tracking.dropped(client_id, table, over_budget=over_budget)
 
@@ -291,7 +298,8 @@ class ServerCore(HashHandlers):
             spec = spec_from_dict(json.loads(msg.spec_json))
         except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
-        if not isinstance(spec, (SparseTable, DenseTable, HashTable)):
+        kind = self.kinds.for_spec(spec)
+        if kind is None:
             raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
         existing = self.specs.get(spec.name)
         if existing is not None:
@@ -302,22 +310,18 @@ class ServerCore(HashHandlers):
             self._same_spec(creating[0], spec)
             return _after(asyncio.shield(creating[1]), wire.Ok(op=wire.Op.CREATE_TABLE))
         index, servers = self.config.server_index, self.config.num_servers
-        need = self._table_nbytes(spec)
+        need = kind.new_nbytes(spec)
         limit = self.config.max_table_bytes
         if limit and need > limit:
-            what = (
-                f"{spec.max_keys or _HASH_START_ROWS} keys x (row, optimizer state, statistics and index)" if isinstance(spec, HashTable)
-                else "values and optimizer state"
-            )
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
                 f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
-                f"({what}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
+                f"({kind.holds(spec)}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
             )
-        self._tables_fit(spec, self._claim_nbytes(spec))
+        self._tables_fit(spec, kind.claim_nbytes(spec))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[spec.name] = (spec, done)
-        return self._build_table(spec, need, done)
+        return self._build_table(kind, spec, need, done)
 
     def _tables_fit(self, spec: TableSpec, need: int) -> None:
         """Refuse (BAD_REQUEST) the table that would take this server's tables, with those being
@@ -335,37 +339,10 @@ class ServerCore(HashHandlers):
                 f"for all tables of {limit} bytes ({_gib(limit)}; aps-server --max-tables-bytes)",
             )
 
-    def _table_nbytes(self, spec: TableSpec) -> int:
-        """Bytes a new shard of ``spec`` takes, for the --max-table-bytes budget: a hash table
-        with ``max_keys`` counts that many keys (hash_table.planned_nbytes); one without counts
-        its first slab, and is then held to the keys that fit the budget (:meth:`_new_shard`)."""
-        if isinstance(spec, HashTable):
-            return planned_nbytes(spec, spec.max_keys or _HASH_START_ROWS)
-        return shard_nbytes(spec, self.config.server_index, self.config.num_servers)
-
     def _claim_nbytes(self, spec: TableSpec) -> int:
-        """Bytes a new shard of ``spec`` claims of the --max-tables-bytes budget: a hash table's
-        first slab (all of ``max_keys``) and its index at its peak (hash_table.claim_nbytes); its
-        growth claims more, as it comes."""
-        if isinstance(spec, HashTable):
-            return claim_nbytes(spec, spec.max_keys or _HASH_START_ROWS)
-        return shard_nbytes(spec, self.config.server_index, self.config.num_servers)
-
-    def _count_in_budget(self, shard: Shard) -> None:
-        """Count a shard this server now serves against --max-tables-bytes: a hash shard
-        claims its slab and index and then its growth; another counts its bytes, which never
-        change."""
-        if isinstance(shard, HashSparseStore):
-            shard.share_budget(self.budget)
-        else:
-            self.budget.take(shard.nbytes)
-
-    def _new_shard(self, spec: TableSpec) -> Shard:
-        """This server's part of a new table (run in a thread: a big one takes seconds)."""
-        if isinstance(spec, HashTable):
-            limit = self.config.max_table_bytes
-            return HashSparseStore(spec, key_limit=budget_keys(spec, limit) if limit else None)
-        return make_shard(spec, self.config.server_index, self.config.num_servers)
+        kind = self.kinds.for_spec(spec)
+        assert kind is not None  # refused before it was counted as being created
+        return kind.claim_nbytes(spec)
 
     @staticmethod
     def _same_spec(existing: TableSpec, spec: TableSpec) -> None:
@@ -374,13 +351,13 @@ class ServerCore(HashHandlers):
                 ErrorCode.TABLE_EXISTS, f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}"
             )
 
-    async def _build_table(self, spec: TableSpec, need: int, done: asyncio.Future[None]) -> wire.Message:
+    async def _build_table(self, kind: TableKind, spec: TableSpec, need: int, done: asyncio.Future[None]) -> wire.Message:
         """Allocate and initialise a shard in a thread (a 5 GB one takes seconds): the loop keeps
         serving meanwhile; creates of the same table that arrive in between wait for this one."""
-        index, servers = self.config.server_index, self.config.num_servers
+        index = self.config.server_index
         try:
             try:
-                shard = await asyncio.to_thread(self._new_shard, spec)
+                shard = await asyncio.to_thread(kind.create, spec, self.config.max_table_bytes)
             except MemoryError:
                 raise ServerError(
                     ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
@@ -391,7 +368,7 @@ class ServerCore(HashHandlers):
             else:
                 self.tables[spec.name] = shard
                 self.specs[spec.name] = spec
-                self._count_in_budget(shard)
+                kind.count_in_budget(shard, self.budget)
                 log.info("table created", table=spec.name, kind=spec.kind, bytes=shard.nbytes)
         except BaseException as exc:
             done.set_exception(exc if isinstance(exc, ServerError) else ServerError(ErrorCode.INTERNAL, f"create failed: {exc!r}"))
@@ -407,7 +384,8 @@ class ServerCore(HashHandlers):
         spec = self._spec(msg.table)
         body: dict[str, Any] = spec_to_dict(spec)
         if msg.detail:
-            body = {"spec": body, **_contents(self.tables[msg.table])}
+            shard = self.tables[msg.table]
+            body = {"spec": body, **self.kinds.of(shard).contents(shard)}
         return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(body).encode())
 
     def _spec(self, name: str) -> TableSpec:
@@ -416,128 +394,81 @@ class ServerCore(HashHandlers):
             raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
         return spec
 
-    def _sparse_or_hash(self, name: str) -> SparseShard | HashSparseStore:
-        return self._shard(name, (SparseShard, HashSparseStore), "is dense, not sparse")  # type: ignore[no-any-return]
-
-    def _dense(self, name: str) -> DenseShard:
-        return self._shard(name, DenseShard, "is sparse, not dense")  # type: ignore[no-any-return]
-
-    def _shard(self, name: str, kinds: type | tuple[type, ...], refusal: str) -> Any:
-        """Table ``name``'s shard, refused (UNKNOWN_TABLE) when there is none and (BAD_REQUEST,
-        "table 'name' <refusal>") when it is not of ``kinds``."""
+    def _table(self, name: str, by_ids: bool) -> tuple[Shard, TableKind]:
+        """Table ``name``'s shard and kind, refused (UNKNOWN_TABLE) when there is none and
+        (BAD_REQUEST) when the request addresses it the other way (by ids or by dense blocks)."""
         shard = self.tables.get(name)
         if shard is None:
             raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
-        if not isinstance(shard, kinds):
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} {refusal}")
-        return shard
+        kind = self.kinds.of(shard)
+        if kind.by_ids != by_ids:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is {'dense, not sparse' if by_ids else 'sparse, not dense'}")
+        return shard, kind
 
-    def _local_ids(self, shard: SparseShard, ids: np.ndarray) -> np.ndarray:
-        """Global ids -> this server's local rows, refusing ids that are not ours or out of range.
-
-        The one validation of a request's ids (the server edge): the shard is told they are
-        checked and does not look at them again."""
-        return self._scan(shard, ids)[0]
-
-    def _scan(self, shard: SparseShard, ids: np.ndarray) -> tuple[np.ndarray, int]:
-        """(local rows, order) of a request's global ids, in one compiled pass (:func:`scan_ids`),
-        or the refusal of the first id that is out of range or not this server's."""
-        if ids.dtype != np.int64 or ids.ndim != 1:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
-        n, k = self.config.num_servers, self.config.server_index
-        local = np.empty(len(ids), np.int64) if n > 1 else ids
-        bad, order = scan_ids(ids, shard.spec.rows, n, k, local)
-        if bad >= 0:
-            raise self._bad_id(shard, int(ids[bad]))
-        return local, order
-
-    def _bad_id(self, shard: SparseShard, r: int) -> ServerError:
-        """The refusal of id ``r``, which is out of the table or not owned by this server."""
-        n, k = self.config.num_servers, self.config.server_index
-        if not 0 <= r < shard.spec.rows:
-            return ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {shard.spec.name!r}: id {r} not in [0, {shard.spec.rows})")
-        return ServerError(ErrorCode.BAD_REQUEST, f"id {r} sent to server {k} of {n}, which does not own it")
-
-    def _push_ids(self, shard: SparseShard, ids: np.ndarray, flags: int) -> tuple[np.ndarray, bool]:
-        """A push's global ids -> (local rows, whether they are ascending), in one compiled pass.
-
-        The same refusals as :meth:`_local_ids`; besides, a push flagged ``SORTED`` whose ids
-        are not unique and ascending is refused (BAD_REQUEST) before anything is applied, so a
-        client that lies cannot make the optimizer kernel skip a sort it needed. Ascending ids
-        (flagged or not) go to the kernel as ``ordered``: no second check, no sort."""
-        local, order = self._scan(shard, ids)
-        if flags & _SORTED and order != _STRICTLY_ASCENDING:
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"table {shard.spec.name!r}: push flagged SORTED but its ids are not unique and ascending",
-            )
-        return local, order > 0
-
-    def _check_rows(self, shard: SparseShard, ids: np.ndarray, values: np.ndarray) -> None:
-        if values.dtype != np.float32 or values.shape != (len(ids), shard.spec.dim):
-            raise ServerError(
-                ErrorCode.SHAPE_MISMATCH,
-                f"table {shard.spec.name!r}: values must be float32 [{len(ids)}, {shard.spec.dim}], "
-                f"got {values.dtype} {list(values.shape)}",
-            )
+    def _keyed(self, name: str) -> tuple[Shard, TableKind]:
+        """Hash table ``name``'s shard and kind (SHRINK), refused unless it is one."""
+        shard, kind = self._table(name, by_ids=True)
+        if not kind.keyed:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is not a hash table")
+        return shard, kind
 
     # ----------------------------------------------------------------- sparse
 
     def _pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
-        shard = self.tables.get(msg.table)
-        if type(shard) is not SparseShard:
-            shard = self._sparse_or_hash(msg.table)
-        if msg.ids.ndim == 1:  # else _local_ids / _hash_keys refuses it
+        shard, kind = self._table(msg.table, by_ids=True)
+        if msg.ids.ndim == 1:  # else the kind refuses them
             n, dim = len(msg.ids), shard.spec.dim
             check_float32_reply(self.config.max_frame, (n, dim), msg.table, f"{n} rows of {dim} float32")
-        if type(shard) is HashSparseStore:
-            return self._pull_hash(shard, msg)
-        values = shard.pull(self._local_ids(shard, msg.ids), checked=True)
+        values = kind.pull_rows(shard, msg.ids)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
-    def _push_sparse_grad(self, client_id: int, msg: wire.PushSparseGrad, flags: int) -> Reply:
-        shard = self.tables.get(msg.table)
-        if type(shard) is not SparseShard:
-            hashed = self._sparse_or_hash(msg.table)
-            if type(hashed) is HashSparseStore:
-                return self._push_hash(client_id, hashed, msg, flags)
-            shard = hashed
-        if msg.shows is not None or msg.clicks is not None:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r}: shows and clicks are for hash tables only")
-        local, ordered = self._push_ids(shard, msg.ids, flags)
-        self._check_rows(shard, msg.ids, msg.values)
+    # ----------------------------------------------------------------- the one push pipeline
+
+    def _push_grad(self, client_id: int, msg: wire.PushSparseGrad | wire.PushDenseGrad, flags: int) -> Reply:
+        """A gradient push of any kind: the kind accepts it (every check, once), then it joins
+        its sync round (``SYNC``: applied once every trainer's part is in, averaged), is dropped
+        as lagged (computed from parameters too old: counted), or is applied now. The last chunk
+        of a push (``FINAL``) counts one more update of the table or dense block."""
+        by_ids, op = _PUSHES[type(msg)]
+        shard, kind = self._table(msg.table, by_ids)
+        push = kind.accept(shard, msg, flags)
         final = bool(flags & _FINAL)
         if flags & _SYNC:
             scale = 1.0 / self.config.num_trainers
+            kept = replace(push, ids=None, values=_NO_VALUES)  # the round keeps its own copy of the values
 
-            def apply(ids: np.ndarray | None, values: np.ndarray) -> None:
-                assert ids is not None
-                shard.push_grad(ids, values, scale=scale, advance_step=True, client=None, checked=True)
-                self.versions.applied(shard.spec.name)
+            def apply(ids: Any, rows: Any) -> None:
+                if kind.apply_round(shard, ids, rows, kept, scale, final):
+                    self.versions.applied(msg.table, kept.part)
+                if kind.keyed:
+                    self._hash_upkeep(shard)
 
             # the future itself is the reply (and what the replay cache keeps), so a withdrawn
             # chunk can be found and forgotten by identity
             return self.sync_rounds.add(
-                (msg.table,), client_id, local, msg.values, final, apply, result=wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+                push.round_key, client_id, push.ids, kind.round_rows(push), kind.round_final(push, final), apply,
+                result=wire.Ok(op=op),
             )
-        if self.versions.lagged(msg.table, SPARSE, msg.based_on):
-            return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)  # dropped (counted): computed from parameters too old
-        shard.push_grad(local, msg.values, advance_step=final, client=client_id, checked=True, ordered=ordered)
+        if self.versions.lagged(msg.table, push.part, msg.based_on):
+            return wire.Ok(op=op)  # dropped (counted): computed from parameters too old
+        kind.apply_grad(shard, push, final, client_id)
         if final:
-            self.versions.applied(msg.table)
-        return wire.Ok(op=wire.Op.PUSH_SPARSE_GRAD)
+            self.versions.applied(msg.table, push.part)
+        if kind.keyed:
+            self._hash_upkeep(shard)
+        return wire.Ok(op=op)
 
-    def _push_sparse_delta(self, client_id: int, msg: wire.PushSparseDelta, flags: int) -> wire.Message:
-        shard = self._sparse_or_hash(msg.table)
-        if type(shard) is HashSparseStore:
-            return self._push_hash_delta(client_id, shard, msg, flags)
-        local, ordered = self._push_ids(shard, msg.ids, flags)
-        self._check_rows(shard, msg.ids, msg.values)
-        shard.push_delta(local, msg.values, client=client_id, checked=True, ordered=ordered)
-        return wire.Ok(op=wire.Op.PUSH_SPARSE_DELTA)
+    def _push_delta(self, client_id: int, msg: wire.PushSparseDelta | wire.PushDenseDelta, flags: int) -> wire.Message:
+        """GEO's delta push of any kind: accepted by its kind, then ``param += delta``."""
+        by_ids, op = _PUSHES[type(msg)]
+        shard, kind = self._table(msg.table, by_ids)
+        kind.apply_delta(shard, kind.accept(shard, msg, flags), bool(flags & _FINAL), client_id)
+        if kind.keyed:
+            self._hash_upkeep(shard)
+        return wire.Ok(op=op)
 
     def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:
-        shard = self._sparse_or_hash(msg.table)  # local: a fixed table's local rows, a hash table's slab rows
+        shard, _ = self._table(msg.table, by_ids=True)  # local: a fixed table's local rows, a hash table's slab rows
         new_client = not shard.is_tracked(client_id)
         local = shard.changed(client_id)
         if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.resumed is not None):
@@ -564,7 +495,7 @@ class ServerCore(HashHandlers):
         ids, values = shard.changed_rows(local)
         return wire.ChangedReply(ids=ids, values=values, more=int(more))
 
-    def _charge_tracking(self, client_id: int, shard: SparseShard | HashSparseStore) -> None:
+    def _charge_tracking(self, client_id: int, shard: Shard) -> None:
         """Charge ``client_id``'s bitmap on ``shard`` to the tracking budget (once; a read makes
         it the most recently used) and drop the tracking the budget says to."""
         victims = self.tracking.read(client_id, shard.name, shard.tracking_bytes)
@@ -577,49 +508,9 @@ class ServerCore(HashHandlers):
     # ----------------------------------------------------------------- dense
 
     def _pull_dense(self, client_id: int, msg: wire.PullDense, flags: int) -> wire.Message:
-        shard = self._dense(msg.table)
-        block = shard.blocks.get(msg.block)
-        if block is not None and msg.offset + msg.count <= block.size:  # else pull names the bad range
-            check_float32_reply(self.config.max_frame, (msg.count,), msg.table, f"{msg.count} float32")
-        values = shard.pull(msg.block, msg.offset, msg.count)
+        shard, kind = self._table(msg.table, by_ids=False)
+        values = kind.pull_block(shard, msg.block, msg.offset, msg.count, self.config.max_frame)
         return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=self.versions.version(msg.table, msg.block))
-
-    def _check_dense_values(self, msg: wire.PushDenseGrad | wire.PushDenseDelta) -> None:
-        if msg.values.dtype != np.float32 or msg.values.ndim != 1:
-            raise ServerError(
-                ErrorCode.SHAPE_MISMATCH, f"dense values must be a 1-d float32 array, got {msg.values.dtype} {msg.values.shape}"
-            )
-
-    def _push_dense_grad(self, client_id: int, msg: wire.PushDenseGrad, flags: int) -> Reply:
-        shard = self._dense(msg.table)
-        self._check_dense_values(msg)
-        final = bool(flags & _FINAL)
-        if flags & _SYNC:
-            shard.pull(msg.block, msg.offset, len(msg.values))  # validates the range before waiting
-            scale = 1.0 / self.config.num_trainers
-
-            block, offset = msg.block, msg.offset  # not msg: the round keeps its own copy of the values
-
-            def apply(_: np.ndarray | None, values: np.ndarray) -> None:
-                shard.push_grad(block, offset, values, scale=scale, advance_step=final)
-                if final:
-                    self.versions.applied(shard.spec.name, block)
-
-            key = (msg.table, msg.block, msg.offset)
-            return self.sync_rounds.add(key, client_id, None, msg.values, True, apply, result=wire.Ok(op=wire.Op.PUSH_DENSE_GRAD))
-        if self.versions.lagged(msg.table, msg.block, msg.based_on):
-            shard.pull(msg.block, msg.offset, len(msg.values))  # a bad range is refused, dropped or not
-            return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)  # dropped (counted): computed from parameters too old
-        shard.push_grad(msg.block, msg.offset, msg.values, advance_step=final)
-        if final:
-            self.versions.applied(msg.table, msg.block)
-        return wire.Ok(op=wire.Op.PUSH_DENSE_GRAD)
-
-    def _push_dense_delta(self, client_id: int, msg: wire.PushDenseDelta, flags: int) -> wire.Message:
-        shard = self._dense(msg.table)
-        self._check_dense_values(msg)
-        shard.push_delta(msg.block, msg.offset, msg.values)
-        return wire.Ok(op=wire.Op.PUSH_DENSE_DELTA)
 
     # ----------------------------------------------------------------- coordination
 
@@ -666,14 +557,17 @@ class ServerCore(HashHandlers):
             # where SAVE and LOAD paths must lie: a trainer checks its save path at start
             "checkpoint_root": self.checkpointing.root,
             "tables": {
-                name: {"kind": spec.kind, "bytes": self.tables[name].nbytes, **_size(spec), **_hash_counts(self.tables[name])}
-                for name, spec in self.specs.items()
+                name: self._table_stats(spec, self.tables[name]) for name, spec in self.specs.items()
             },
             **self.stats.as_dict(),
             "lagged_grads": self.versions.as_dict(),
             "tables_budget": {"limit": self.budget.limit, "taken": self.budget.taken},
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
+
+    def _table_stats(self, spec: TableSpec, shard: Shard) -> dict[str, Any]:
+        kind = self.kinds.of(shard)
+        return {"kind": spec.kind, "bytes": shard.nbytes, **kind.size(spec), **kind.counts(shard)}
 
     def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
         return self.checkpointing.save(msg)
@@ -685,12 +579,12 @@ class ServerCore(HashHandlers):
         wire.CreateTable: _create_table,
         wire.TableInfo: _table_info,
         wire.PullSparse: _pull_sparse,
-        wire.PushSparseGrad: _push_sparse_grad,
-        wire.PushSparseDelta: _push_sparse_delta,
+        wire.PushSparseGrad: _push_grad,
+        wire.PushSparseDelta: _push_delta,
         wire.PullSparseChanged: _pull_sparse_changed,
         wire.PullDense: _pull_dense,
-        wire.PushDenseGrad: _push_dense_grad,
-        wire.PushDenseDelta: _push_dense_delta,
+        wire.PushDenseGrad: _push_grad,
+        wire.PushDenseDelta: _push_delta,
         wire.Barrier: _barrier,
         wire.Ping: _ping,
         wire.Stats: _stats,
@@ -716,29 +610,3 @@ async def _after(done: Awaitable[Any], reply: wire.Message) -> wire.Message:
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.3g} GiB"
-
-
-def _size(spec: TableSpec) -> dict[str, Any]:
-    if isinstance(spec, SparseTable):
-        return {"rows": spec.rows, "dim": spec.dim}
-    if isinstance(spec, HashTable):
-        return {"dim": spec.dim, "max_keys": spec.max_keys}
-    return {"shape": list(spec.shape), "size": spec.size}
-
-
-def _hash_counts(shard: Shard) -> dict[str, int]:
-    """A hash table shard's keys held, admitted, rejected (over_budget: of them, for a size
-    budget) and evicted (STATS); nothing for others."""
-    if isinstance(shard, HashSparseStore):
-        return {k: v for k, v in shard.counts().items() if k != "bytes"}
-    return {}
-
-
-def _contents(shard: Shard) -> dict[str, int]:
-    """What a detailed TABLE_INFO reports of a shard beside its spec: ``keys`` (rows held, for
-    a fixed table; dense tables: values held), ``bytes``, and for hash tables ``admitted``,
-    ``rejected`` (``over_budget``: those for a size budget) and ``evicted``."""
-    if isinstance(shard, HashSparseStore):
-        return shard.counts()
-    keys = shard.local_rows if isinstance(shard, SparseShard) else sum(b.size for b in shard.blocks.values())
-    return {"keys": keys, "bytes": shard.nbytes, "admitted": 0, "rejected": 0, "evicted": 0, "over_budget": 0}

@@ -12,6 +12,7 @@ from .config import ServerConfig
 from .core import ServerCore
 from .transport.listener import RequestServer
 
+
 class PServer(RequestServer):
     """One parameter server: owns a shard of every table and serves it over TCP (the listener
     over the training core)."""

@@ -28,7 +28,7 @@ from ..server.transport.replay import ReplayCache
 from ..server.transport.reply_size import check_float32_reply
 from ..server.transport.service import AllDone, Reply
 from ..specs import spec_to_dict
-from .model import ServedDense, ServedFixed, ServedHash, ServedModel
+from .model import ServedDense, ServedFixed, ServedModel
 
 log = structlog.get_logger("aps.serving")
 

@@ -267,6 +267,11 @@ class DenseShard:
 
     # ------------------------------------------------------------ data path
 
+    def check_range(self, block_index: int, offset: int, count: int) -> None:
+        """Refuse a range that is not inside a block this shard holds (what :meth:`pull` and
+        the pushes refuse), without touching the values."""
+        self._block(block_index, int(offset), int(count))
+
     def pull(self, block_index: int, offset: int, count: int) -> np.ndarray:
         """A copy of elements ``[offset, offset + count)`` of a block, float32[count]."""
         offset, count = int(offset), int(count)

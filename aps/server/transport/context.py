@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from .admission import Admission
 from ..config import ServerConfig
+from .admission import Admission
 from .service import RequestCore
 from .throttle import AuthThrottle
 

@@ -18,8 +18,8 @@ from ... import wire
 from ...errors import CloseReason, ServerError
 from ...wire.auth import check_mac
 from ...wire.handshake import Action, ServerHandshake, Step
-from . import dispatch
 from ..config import ServerConfig
+from . import dispatch
 from .throttle import AuthThrottle
 
 log = structlog.get_logger("aps.server")

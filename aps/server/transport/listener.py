@@ -20,7 +20,6 @@ import threading
 from typing import Any, Self
 
 import structlog
-
 from prometheus_client import CollectorRegistry
 
 from ... import wire
