@@ -10,7 +10,6 @@ from ..telemetry import check_metrics_options
 from ..validate import count, seconds
 from ..wire import DEFAULT_MAX_FRAME, HEADER_SIZE
 
-
 #: the share of this machine's memory that all tables of one pserver may take by default
 TABLES_SHARE_OF_MEMORY = 0.75
 

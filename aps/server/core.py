@@ -1,15 +1,18 @@
 """The pserver's request logic: validate a message, run it against the tables, build the reply.
 
-No sockets here (connection.py moves the bytes). Handlers are plain methods returning the reply,
+No sockets here (transport/ moves the bytes). Handlers are plain methods returning the reply,
 or an awaitable when the request has to wait (a coroutine for barriers, the round's future for
-sync pushes), so the common pull/push path runs without creating a task.
+sync pushes), so the common pull/push path runs without creating a task. What differs between
+kinds of tables is the kind's (kinds/), so a push of any kind runs one pipeline here; the
+tables themselves are the table set's (table_set.py), GEO's changed-row reads the change
+reads' (changes.py), saves and loads the checkpoint handlers' (core_checkpoints.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -18,10 +21,10 @@ import structlog
 
 from .. import wire
 from ..errors import ConfigError, ErrorCode, ServerError
-from ..specs import TableSpec, spec_from_dict, spec_to_dict
+from ..specs import TableSpec, spec_from_dict
 from ..storage.tables import TablesBudget
-from ..storage.tracking import TrackingBudget
 from ..wire.messages import message_op
+from .changes import ChangeReads
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
 from .core_checkpoints import CheckpointHandlers
@@ -32,6 +35,7 @@ from .lag import UpdateVersions
 from .liveness import TrainerLeases
 from .scheduled import ScheduledWork
 from .stats import ServerStats
+from .table_set import Shard, TableSet
 from .transport.replay import ReplayCache
 from .transport.reply_size import check_float32_reply
 from .transport.service import AllDone, Reply
@@ -40,8 +44,6 @@ log = structlog.get_logger("aps.server")
 
 _FINAL = int(wire.Flag.FINAL)
 _SYNC = int(wire.Flag.SYNC)
-#: a shard of any kind (a storage-floor store; its kind says what it is, kinds/)
-Shard = Any
 #: the pushes: whether each addresses rows by ids (else dense blocks), and its reply's opcode
 _PUSHES: dict[type, tuple[bool, wire.Op]] = {
     wire.PushSparseGrad: (True, wire.Op.PUSH_SPARSE_GRAD),
@@ -58,12 +60,8 @@ class ServerCore(HashHandlers):
 
     def __init__(self, config: ServerConfig, kinds: tuple[type[TableKind], ...] = DEFAULT_KINDS) -> None:
         self.config = config
-        #: what this server does with each kind of table (kinds/): the only place that tells them apart
-        self.kinds = TableKinds(config.server_index, config.num_servers, kinds)
-        self.tables: dict[str, Shard] = {}
-        self.specs: dict[str, TableSpec] = {}
-        #: --max-tables-bytes: what the tables take, hash tables' growth included (tables.py)
-        self.budget = TablesBudget(config.max_tables_bytes)
+        #: the shards, their specs and kinds, their budget, and creating new ones (table_set.py)
+        self.table_set = TableSet(config, TableKinds(config.server_index, config.num_servers, kinds))
         self.stats = ServerStats()
         #: gradient updates applied per table shard / dense block, and lagged pushes dropped
         self.versions = UpdateVersions(config.lag_limit)
@@ -80,14 +78,13 @@ class ServerCore(HashHandlers):
         self._clients: dict[int, int] = {}  # client id -> its open (handshaken) connections
         self._trainer_of: dict[int, int] = {}  # client id -> the trainer its HELLO named (trainers only)
         self._forget_timers: dict[int, asyncio.TimerHandle] = {}
-        #: change tracking over all sparse tables, bounded by max_tracking_bytes (tracking.py)
-        self.tracking = TrackingBudget(config.max_tracking_bytes)
+        #: GEO's reads of changed rows and the tracking behind them (changes.py)
+        self.changes = ChangeReads(config, self.table_set, lambda: self.resumed is not None)
         self._stopping = False
         #: pushes, creates, saves and loads wait here while a save or load runs off the loop
         self.gate = WriteGate()
         #: SAVE, LOAD, init_model and resume, over this core's tables (core_checkpoints.py)
         self.checkpointing = CheckpointHandlers(config, self, self.gate, self.stats)
-        self._creating: dict[str, tuple[TableSpec, asyncio.Future[None]]] = {}
         #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
@@ -107,12 +104,25 @@ class ServerCore(HashHandlers):
     def install(self, shards: dict[str, Shard]) -> None:
         """Serve the tables a load brought instead of those held (core_checkpoints.Tables);
         geo clients' next reads return every row, since all may have changed."""
-        self.tracking.drop_all()
-        self.tables = shards
-        self.specs = {name: shard.spec for name, shard in shards.items()}
-        self.budget = TablesBudget(self.config.max_tables_bytes)  # the tables it counted are gone
-        for shard in shards.values():
-            self.kinds.of(shard).count_in_budget(shard, self.budget)
+        self.changes.tracking.drop_all()
+        self.table_set.install(shards)
+
+    # the table set's parts, by the names the checkpoints, the collector and the tests read
+    @property
+    def tables(self) -> dict[str, Shard]:
+        return self.table_set.tables
+
+    @property
+    def specs(self) -> dict[str, TableSpec]:
+        return self.table_set.specs
+
+    @property
+    def budget(self) -> TablesBudget:
+        return self.table_set.budget
+
+    @property
+    def kinds(self) -> TableKinds:
+        return self.table_set.kinds
 
     @property
     def resumed(self) -> str | None:
@@ -239,7 +249,7 @@ class ServerCore(HashHandlers):
         self._clients[client_id] = self._clients.get(client_id, 0) + 1
         if trainer_id >= 0:
             self._trainer_of[client_id] = trainer_id
-        self.tracking.back(client_id)
+        self.changes.tracking.back(client_id)
         timer = self._forget_timers.pop(client_id, None)
         if timer is not None:
             timer.cancel()
@@ -259,7 +269,7 @@ class ServerCore(HashHandlers):
             return
         self._clients.pop(client_id, None)
         self._trainer_of.pop(client_id, None)
-        self.tracking.gone(client_id)
+        self.changes.tracking.gone(client_id)
         error = ServerError(
             ErrorCode.BAD_REQUEST, "withdrawn: the client disconnected before the barrier or sync round completed", True
         )
@@ -280,16 +290,7 @@ class ServerCore(HashHandlers):
         if client_id in self._clients:
             return
         self.replays.forget(client_id)
-        for table in self.tracking.tables_of(client_id):
-            self._drop_tracking(client_id, table, over_budget=False)
-
-    def _drop_tracking(self, client_id: int, table: str, *, over_budget: bool) -> None:
-        """Stop tracking ``table``'s changes for ``client_id``; its next read of changes returns
-        every row (the drop is remembered in ``self.tracking``), so nothing is missed."""
-        shard = self.tables.get(table)
-        if shard is not None and self.kinds.of(shard).by_ids:
-            shard.untrack(client_id)
-        self.tracking.dropped(client_id, table, over_budget=over_budget)
+        self.changes.forget(client_id)
 
     # ----------------------------------------------------------------- tables
 
@@ -298,127 +299,18 @@ class ServerCore(HashHandlers):
             spec = spec_from_dict(json.loads(msg.spec_json))
         except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
-        kind = self.kinds.for_spec(spec)
-        if kind is None:
-            raise ServerError(ErrorCode.BAD_REQUEST, "spec is not a table")
-        existing = self.specs.get(spec.name)
-        if existing is not None:
-            self._same_spec(existing, spec)
-            return wire.Ok(op=wire.Op.CREATE_TABLE)
-        creating = self._creating.get(spec.name)
-        if creating is not None:  # another client's create of it is running: share its outcome
-            self._same_spec(creating[0], spec)
-            return _after(asyncio.shield(creating[1]), wire.Ok(op=wire.Op.CREATE_TABLE))
-        index, servers = self.config.server_index, self.config.num_servers
-        need = kind.new_nbytes(spec)
-        limit = self.config.max_table_bytes
-        if limit and need > limit:
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {index} of {servers} "
-                f"({kind.holds(spec)}), over this server's limit of {limit} bytes ({_gib(limit)}; aps-server --max-table-bytes)",
-            )
-        self._tables_fit(spec, kind.claim_nbytes(spec))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._creating[spec.name] = (spec, done)
-        return self._build_table(kind, spec, need, done)
-
-    def _tables_fit(self, spec: TableSpec, need: int) -> None:
-        """Refuse (BAD_REQUEST) the table that would take this server's tables, with those being
-        created, past --max-tables-bytes: a limit per table alone let one client create many.
-        ``need``, and what the tables hold, as the budget counts them (:meth:`_claim_nbytes`)."""
-        limit = self.config.max_tables_bytes
-        if not limit:
-            return
-        held = self.budget.taken + sum(self._claim_nbytes(other) for other, _ in self._creating.values())
-        if held + need > limit:
-            raise ServerError(
-                ErrorCode.BAD_REQUEST,
-                f"table {spec.name!r} would take {need} bytes ({_gib(need)}) on server {self.config.server_index}, "
-                f"whose {len(self.tables) + len(self._creating)} tables hold {held} ({_gib(held)}): over its limit "
-                f"for all tables of {limit} bytes ({_gib(limit)}; aps-server --max-tables-bytes)",
-            )
-
-    def _claim_nbytes(self, spec: TableSpec) -> int:
-        kind = self.kinds.for_spec(spec)
-        assert kind is not None  # refused before it was counted as being created
-        return kind.claim_nbytes(spec)
-
-    @staticmethod
-    def _same_spec(existing: TableSpec, spec: TableSpec) -> None:
-        if existing != spec:
-            raise ServerError(
-                ErrorCode.TABLE_EXISTS, f"table {spec.name!r} exists with a different spec: {spec_to_dict(existing)}"
-            )
-
-    async def _build_table(self, kind: TableKind, spec: TableSpec, need: int, done: asyncio.Future[None]) -> wire.Message:
-        """Allocate and initialise a shard in a thread (a 5 GB one takes seconds): the loop keeps
-        serving meanwhile; creates of the same table that arrive in between wait for this one."""
-        index = self.config.server_index
-        try:
-            try:
-                shard = await asyncio.to_thread(kind.create, spec, self.config.max_table_bytes)
-            except MemoryError:
-                raise ServerError(
-                    ErrorCode.BAD_REQUEST, f"table {spec.name!r}: cannot allocate {need} bytes ({_gib(need)}) on server {index}"
-                ) from None
-            existing = self.specs.get(spec.name)
-            if existing is not None:  # a LOAD that ran meanwhile brought a table of this name
-                self._same_spec(existing, spec)
-            else:
-                self.tables[spec.name] = shard
-                self.specs[spec.name] = spec
-                kind.count_in_budget(shard, self.budget)
-                log.info("table created", table=spec.name, kind=spec.kind, bytes=shard.nbytes)
-        except BaseException as exc:
-            done.set_exception(exc if isinstance(exc, ServerError) else ServerError(ErrorCode.INTERNAL, f"create failed: {exc!r}"))
-            done.exception()  # read: nobody may be waiting, and that is not an error
-            raise
-        else:
-            done.set_result(None)
-        finally:
-            self._creating.pop(spec.name, None)
-        return wire.Ok(op=wire.Op.CREATE_TABLE)
+        return self.table_set.create(spec)
 
     def _table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:
-        spec = self._spec(msg.table)
-        body: dict[str, Any] = spec_to_dict(spec)
-        if msg.detail:
-            shard = self.tables[msg.table]
-            body = {"spec": body, **self.kinds.of(shard).contents(shard)}
-        return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(body).encode())
-
-    def _spec(self, name: str) -> TableSpec:
-        spec = self.specs.get(name)
-        if spec is None:
-            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
-        return spec
-
-    def _table(self, name: str, by_ids: bool) -> tuple[Shard, TableKind]:
-        """Table ``name``'s shard and kind, refused (UNKNOWN_TABLE) when there is none and
-        (BAD_REQUEST) when the request addresses it the other way (by ids or by dense blocks)."""
-        shard = self.tables.get(name)
-        if shard is None:
-            raise ServerError(ErrorCode.UNKNOWN_TABLE, f"no table named {name!r} on this server")
-        kind = self.kinds.of(shard)
-        if kind.by_ids != by_ids:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is {'dense, not sparse' if by_ids else 'sparse, not dense'}")
-        return shard, kind
-
-    def _keyed(self, name: str) -> tuple[Shard, TableKind]:
-        """Hash table ``name``'s shard and kind (SHRINK), refused unless it is one."""
-        shard, kind = self._table(name, by_ids=True)
-        if not kind.keyed:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {name!r} is not a hash table")
-        return shard, kind
+        return wire.TextReply(op=wire.Op.TABLE_INFO, text=json.dumps(self.table_set.info(msg.table, msg.detail)).encode())
 
     # ----------------------------------------------------------------- sparse
 
     def _pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
-        shard, kind = self._table(msg.table, by_ids=True)
+        shard, kind = self.table_set.get(msg.table, by_ids=True)
         if msg.ids.ndim == 1:  # else the kind refuses them
             n, dim = len(msg.ids), shard.spec.dim
-            check_float32_reply(self.config.max_frame, (n, dim), msg.table, f"{n} rows of {dim} float32")
+            check_float32_reply(self.config.max_frame, (n, dim), msg.table)
         values = kind.pull_rows(shard, msg.ids)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
 
@@ -430,7 +322,7 @@ class ServerCore(HashHandlers):
         as lagged (computed from parameters too old: counted), or is applied now. The last chunk
         of a push (``FINAL``) counts one more update of the table or dense block."""
         by_ids, op = _PUSHES[type(msg)]
-        shard, kind = self._table(msg.table, by_ids)
+        shard, kind = self.table_set.get(msg.table, by_ids)
         push = kind.accept(shard, msg, flags)
         final = bool(flags & _FINAL)
         if flags & _SYNC:
@@ -461,54 +353,16 @@ class ServerCore(HashHandlers):
     def _push_delta(self, client_id: int, msg: wire.PushSparseDelta | wire.PushDenseDelta, flags: int) -> wire.Message:
         """GEO's delta push of any kind: accepted by its kind, then ``param += delta``."""
         by_ids, op = _PUSHES[type(msg)]
-        shard, kind = self._table(msg.table, by_ids)
+        shard, kind = self.table_set.get(msg.table, by_ids)
         kind.apply_delta(shard, kind.accept(shard, msg, flags), bool(flags & _FINAL), client_id)
         if kind.keyed:
             self._hash_upkeep(shard)
         return wire.Ok(op=op)
 
-    def _pull_sparse_changed(self, client_id: int, msg: wire.PullSparseChanged, flags: int) -> wire.Message:
-        shard, _ = self._table(msg.table, by_ids=True)  # local: a fixed table's local rows, a hash table's slab rows
-        new_client = not shard.is_tracked(client_id)
-        local = shard.changed(client_id)
-        if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.resumed is not None):
-            # its change tracking was dropped (it was away too long, or over the tracking budget),
-            # or this shard was rolled back to a checkpoint under it (a resumed server): any row
-            # may have changed
-            local = shard.all_rows()
-        # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more":
-        # marked again in the client's own bitmap, so its next read sends them (with newer changes)
-        fit = max(0, (self.config.max_frame - 64) // (8 + 4 * shard.spec.dim))
-        limit = min(msg.max_rows or len(local), fit)
-        more = len(local) > limit
-        if more:
-            shard.mark_for(client_id, local[limit:])
-        self._charge_tracking(client_id, shard)
-        if more:
-            if not limit:  # not even one row fits: refuse, keeping the rows for a later call
-                raise ServerError(
-                    ErrorCode.TOO_LARGE,
-                    f"table {msg.table!r}: one row of {shard.spec.dim} float32 does not fit in the max frame of "
-                    f"{self.config.max_frame}",
-                )
-            local = local[:limit]
-        ids, values = shard.changed_rows(local)
-        return wire.ChangedReply(ids=ids, values=values, more=int(more))
-
-    def _charge_tracking(self, client_id: int, shard: Shard) -> None:
-        """Charge ``client_id``'s bitmap on ``shard`` to the tracking budget (once; a read makes
-        it the most recently used) and drop the tracking the budget says to."""
-        victims = self.tracking.read(client_id, shard.name, shard.tracking_bytes)
-        for victim in victims:
-            self._drop_tracking(*victim, over_budget=True)
-        if victims:
-            log.info("change tracking dropped over the tracking budget (those clients get every row next time)",
-                     pairs=len(victims), budget=self.config.max_tracking_bytes, held=self.tracking.bytes)
-
     # ----------------------------------------------------------------- dense
 
     def _pull_dense(self, client_id: int, msg: wire.PullDense, flags: int) -> wire.Message:
-        shard, kind = self._table(msg.table, by_ids=False)
+        shard, kind = self.table_set.get(msg.table, by_ids=False)
         values = kind.pull_block(shard, msg.block, msg.offset, msg.count, self.config.max_frame)
         return wire.ArrayReply(op=wire.Op.PULL_DENSE, values=values, version=self.versions.version(msg.table, msg.block))
 
@@ -556,18 +410,12 @@ class ServerCore(HashHandlers):
             "num_servers": self.config.num_servers,
             # where SAVE and LOAD paths must lie: a trainer checks its save path at start
             "checkpoint_root": self.checkpointing.root,
-            "tables": {
-                name: self._table_stats(spec, self.tables[name]) for name, spec in self.specs.items()
-            },
+            "tables": self.table_set.stats(),
             **self.stats.as_dict(),
             "lagged_grads": self.versions.as_dict(),
             "tables_budget": {"limit": self.budget.limit, "taken": self.budget.taken},
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
-
-    def _table_stats(self, spec: TableSpec, shard: Shard) -> dict[str, Any]:
-        kind = self.kinds.of(shard)
-        return {"kind": spec.kind, "bytes": shard.nbytes, **kind.size(spec), **kind.counts(shard)}
 
     def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
         return self.checkpointing.save(msg)
@@ -581,7 +429,7 @@ class ServerCore(HashHandlers):
         wire.PullSparse: _pull_sparse,
         wire.PushSparseGrad: _push_grad,
         wire.PushSparseDelta: _push_delta,
-        wire.PullSparseChanged: _pull_sparse_changed,
+        wire.PullSparseChanged: lambda self, client_id, msg, flags: self.changes.read(client_id, msg),
         wire.PullDense: _pull_dense,
         wire.PushDenseGrad: _push_grad,
         wire.PushDenseDelta: _push_delta,
@@ -601,12 +449,3 @@ _WRITES = frozenset(
         wire.Save, wire.Load, wire.Shrink,
     }
 )
-
-
-async def _after(done: Awaitable[Any], reply: wire.Message) -> wire.Message:
-    await done
-    return reply
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.3g} GiB"

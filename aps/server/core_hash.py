@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import structlog
@@ -27,8 +25,8 @@ from ..errors import ErrorCode, ServerError
 from ..specs import MAX_DAYS
 from ..storage.hash.store import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
 from .gate import WriteGate
-from .kinds import TableKinds
 from .stats import ServerStats
+from .table_set import TableSet
 from .transport.service import Reply
 
 log = structlog.get_logger("aps.server")
@@ -40,18 +38,15 @@ DELETE_SLICE = 1 << 16
 class HashHandlers:
     """Shrink and upkeep of hash table shards; the state is the core's."""
 
-    tables: dict[str, Any]
-    kinds: TableKinds
+    table_set: TableSet
     gate: WriteGate
     stats: ServerStats
     _upkeep: dict[str, asyncio.Task[None]]
-    #: ServerCore._keyed: a hash table's shard and kind, refused unless it is one
-    _keyed: Callable[[str], tuple[Any, Any]]
 
     # ----------------------------------------------------------------- shrink and upkeep
 
     def _shrink(self, client_id: int, msg: wire.Shrink, flags: int) -> Reply:
-        store, _ = self._keyed(msg.table)
+        store, _ = self.table_set.keyed(msg.table)
         days = msg.days or 0
         if not (0.0 < msg.decay <= 1.0) or not math.isfinite(msg.threshold) or msg.ttl < -1 or days > MAX_DAYS:
             raise ServerError(
@@ -77,7 +72,7 @@ class HashHandlers:
         time behind the write gate, off the loop (``aps-server --shrink-every``); returns the
         keys deleted in all."""
         evicted = 0
-        stores = [t for t in self.tables.values() if self.kinds.of(t).keyed]
+        stores = [t for t in self.table_set.tables.values() if self.table_set.kinds.of(t).keyed]
         for store in stores:
             reply = await self.gate.hold(lambda store=store: self._shrink_off_loop(store, SHOW_CLICK_DECAY, DELETE_THRESHOLD, None))
             evicted += reply.evicted

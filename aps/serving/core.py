@@ -101,7 +101,7 @@ class ServingCore:
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         dim = table.spec.dim
-        check_float32_reply(self.config.max_frame, (len(ids), dim), msg.table, f"{len(ids)} rows of {dim} float32")
+        check_float32_reply(self.config.max_frame, (len(ids), dim), msg.table)
         if isinstance(table, ServedFixed) and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= table.spec.rows):
             bad = int(ids[(ids < 0) | (ids >= table.spec.rows)][0])
             raise ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {msg.table!r}: id {bad} not in [0, {table.spec.rows})")
@@ -117,7 +117,7 @@ class ServingCore:
                 ErrorCode.ID_OUT_OF_RANGE,
                 f"table {msg.table!r}: block {msg.block} [{msg.offset}, {msg.offset + msg.count}) is outside block 0 [0, {size})",
             )
-        check_float32_reply(self.config.max_frame, (msg.count,), msg.table, f"{msg.count} float32")
+        check_float32_reply(self.config.max_frame, (msg.count,), msg.table)
         return _rows(wire.Op.PULL_DENSE, table.values[msg.offset : msg.offset + msg.count], model, flags)
 
     def _serve_table_info(self, client_id: int, msg: wire.TableInfo, flags: int) -> wire.Message:

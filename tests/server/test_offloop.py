@@ -23,7 +23,7 @@ async def test_ping_and_pull_answered_while_a_big_table_is_created_and_saved(tmp
     try:
         async with aps.connect([f"127.0.0.1:{srv.port}"]) as a, aps.connect([f"127.0.0.1:{srv.port}"]) as b:
             create = asyncio.ensure_future(a.create_table(BIG, timeout=None))
-            await eventually(lambda: "big" in srv.core._creating)
+            await eventually(lambda: "big" in srv.core.table_set.creating)
             await b.ping()
             assert not create.done(), "the create finished before a ping: the table is too small to show anything"
             await create

@@ -137,7 +137,7 @@ async def test_over_the_budget_a_gone_client_is_dropped_first_and_gets_every_row
         assert len((await read_changes(link4, 10))[0]) == 0
         shard = srv.core.tables["g"]
         # over the budget: the gone client's tracking went, not a connected one's
-        assert sorted(shard._dirty) == [2, 3, 4] and srv.core.tracking.bytes == 3 * ENTRY
+        assert sorted(shard._dirty) == [2, 3, 4] and srv.core.changes.tracking.bytes == 3 * ENTRY
         await ps.push_sparse_delta("g", [3, 4], np.ones((2, 2), np.float32))
         everything = await ps.pull_sparse("g", np.arange(ROWS))
         ids, values = await read_changes(links[2], 20)
@@ -147,7 +147,7 @@ async def test_over_the_budget_a_gone_client_is_dropped_first_and_gets_every_row
         np.testing.assert_array_equal(ids, np.arange(ROWS))  # dropped: every row, never a miss
         np.testing.assert_array_equal(values, everything)
         assert len((await read_changes(back, 30))[0]) == 0  # tracked again from here
-        assert srv.core.tracking.bytes <= 3 * ENTRY and len(srv.core.tracking) == 3
+        assert srv.core.changes.tracking.bytes <= 3 * ENTRY and len(srv.core.changes.tracking) == 3
         for link in (links[2], links[3], link4, back):
             link.close()
 
@@ -166,7 +166,7 @@ async def test_a_load_makes_every_tracking_client_read_every_row(tmp_path: Path)
         np.testing.assert_array_equal(ids, np.arange(ROWS))
         np.testing.assert_array_equal(values, await ps.pull_sparse("g", np.arange(ROWS)))
         assert values[6].tolist() == [0.0, 0.0] and values[5].tolist() == [2.0, 2.0]
-        assert len((await read_changes(geo, 40))[0]) == 0 and srv.core.tracking.bytes == ENTRY
+        assert len((await read_changes(geo, 40))[0]) == 0 and srv.core.changes.tracking.bytes == ENTRY
         geo.close()
 
 
@@ -198,8 +198,8 @@ async def test_clients_never_miss_a_change_under_a_tight_budget() -> None:
             full_reads += int(len(changed) == ROWS)
             replicas[client][changed] = values
             np.testing.assert_array_equal(replicas[client], await ps.pull_sparse("g", np.arange(ROWS)))
-            assert srv.core.tracking.bytes <= 3 * ENTRY
-        assert srv.core.tracking.dropped_over_budget > 0 and full_reads > 0  # the budget did bite
+            assert srv.core.changes.tracking.bytes <= 3 * ENTRY
+        assert srv.core.changes.tracking.dropped_over_budget > 0 and full_reads > 0  # the budget did bite
         for link in links.values():
             if link is not None:
                 link.close()

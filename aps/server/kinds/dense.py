@@ -29,7 +29,7 @@ class DenseKind(TableKind):
     def pull_block(self, store: DenseShard, block: int, offset: int, count: int, max_frame: int) -> np.ndarray:
         held = store.blocks.get(block)
         if held is not None and offset + count <= held.size:  # else pull names the bad range
-            check_float32_reply(max_frame, (count,), store.name, f"{count} float32")
+            check_float32_reply(max_frame, (count,), store.name)
         return store.pull(block, offset, count)
 
     def accept(self, store: DenseShard, msg: Push, flags: int) -> Accepted:
