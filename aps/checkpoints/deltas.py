@@ -20,20 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
-from ..storage.hash.store import HashSparseStore
-from .hash_files import apply_hash_delta
-from .shards import Shard, _check_consistent, _find_shards, _load_dense, _load_sparse, load_shards
+from ..specs import spec_from_dict
+from .kinds import DEFAULT_FORMATS, TableFormats
+from .shards import Shard, _check_consistent, _find_shards, load_shards
 
 
 def load_with_deltas(
-    path: str | os.PathLike[str], deltas: list[str], shard: int, num_shards: int, max_table_bytes: int = 0
+    path: str | os.PathLike[str], deltas: list[str], shard: int, num_shards: int, max_table_bytes: int = 0,
+    formats: TableFormats = DEFAULT_FORMATS,
 ) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from base save ``path`` with ``deltas``
     applied in order; returns ``(tables by name, extra)``, the extra of the last delta. The
     chain is checked from the manifests before any table file is read."""
     chain = _delta_chain(Path(path), deltas) if deltas else []
-    tables, extra = load_shards(path, shard, num_shards, max_table_bytes)
+    tables, extra = load_shards(path, shard, num_shards, max_table_bytes, formats=formats)
     for root, n, old in chain:
         manifest = old[0].manifest
         if sorted(manifest["tables"]) != sorted(tables):
@@ -42,13 +42,7 @@ def load_with_deltas(
             spec = spec_from_dict(entry["spec"])
             if spec != tables[name].spec:
                 raise ConfigError(f"delta {root}: table {name!r} has another spec than in its base")
-            current = tables[name]
-            if isinstance(spec, HashTable) and isinstance(current, HashSparseStore):
-                apply_hash_delta(current, {o.index: (o.directory, o.manifest["tables"][name]) for o in old}, n, shard, num_shards)
-            elif isinstance(spec, SparseTable):  # fixed and dense tables are saved whole in a delta
-                tables[name] = _load_sparse(spec, old, shard, num_shards)
-            elif isinstance(spec, DenseTable):
-                tables[name] = _load_dense(spec, old, shard, num_shards)
+            tables[name] = formats.of(tables[name]).apply_delta(tables[name], spec, old, shard, num_shards)
         extra = manifest.get("extra", {})
     return tables, extra
 

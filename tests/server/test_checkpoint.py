@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aps.checkpoints import kinds as checkpoint_kinds
+from aps.checkpoints import shards as checkpoint
 from aps.checkpoints.shards import load_shards, save_shard, shard_dir_name
 from aps.errors import ApsError, ConfigError
-from aps.checkpoints import shards as checkpoint
 from aps.sharding import ModuloSharding
 from aps.specs import SGD, Adagrad, Adam, DenseTable, ExponentialDecay, Normal, SparseTable, Uniform
 from aps.storage.tables import DenseShard, SparseShard, make_shard
@@ -191,7 +192,7 @@ def test_failed_save_leaves_no_partial_dir(tmp_path: Path, monkeypatch: pytest.M
     good = gather(load_cluster(tmp_path, 1))
     train(cluster, steps=1, seed=5)
 
-    real = checkpoint._write_array
+    real = checkpoint_kinds.write_array
     calls = {"n": 0}
 
     def failing(path: Path, array: np.ndarray) -> None:
@@ -200,13 +201,13 @@ def test_failed_save_leaves_no_partial_dir(tmp_path: Path, monkeypatch: pytest.M
             raise OSError(28, "No space left on device")
         real(path, array)
 
-    monkeypatch.setattr(checkpoint, "_write_array", failing)
+    monkeypatch.setattr(checkpoint_kinds, "write_array", failing)
     with pytest.raises(OSError, match="No space"):
         save_shard(tmp_path, cluster[0], 0, 1, {"global_step": 3})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-00000-of-00001"]
     assert_same(gather(load_cluster(tmp_path, 1)), good)  # previous checkpoint intact
 
-    monkeypatch.setattr(checkpoint, "_write_array", real)
+    monkeypatch.setattr(checkpoint_kinds, "write_array", real)
     save_shard(tmp_path, cluster[0], 0, 1, {"global_step": 3})  # a later save replaces it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-00000-of-00001"]
     assert_same(gather(load_cluster(tmp_path, 1)), gather(cluster))
@@ -216,7 +217,7 @@ def test_failed_first_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     def boom(path: Path, array: np.ndarray) -> None:
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(checkpoint, "_write_array", boom)
+    monkeypatch.setattr(checkpoint_kinds, "write_array", boom)
     with pytest.raises(OSError):
         save_shard(tmp_path, make_cluster(1)[0], 0, 1, {})
     assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.checkpoints import shards as checkpoint
+from aps.checkpoints import kinds as checkpoint_kinds
 from tests.conftest import Processes, wait_port_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,13 +34,13 @@ async def test_aps_serve_started_in_a_pservers_checkpoint_root_deletes_nothing_o
     job = tmp_path / "job"  # the pserver's checkpoint root, and aps-serve's working directory
     job.mkdir()
     release, writing = threading.Event(), threading.Event()
-    write_table = checkpoint._write_table
+    write_array = checkpoint_kinds.write_array
 
     def held_write(*args: Any, **kwargs: Any) -> Any:
         """The save's thread stops after making its temporary, until the test releases it."""
         writing.set()
         assert release.wait(60)
-        return write_table(*args, **kwargs)
+        return write_array(*args, **kwargs)
 
     server = await aps.serve(checkpoint_root=str(job))
     try:
@@ -49,7 +49,7 @@ async def test_aps_serve_started_in_a_pservers_checkpoint_root_deletes_nothing_o
             await ps.create_table(FC)
             await ps.push_sparse_grad("emb", np.array([1, 2], np.int64), np.ones((2, 4), np.float32))
             await ps.export("ex", kind="base")
-            monkeypatch.setattr(checkpoint, "_write_table", held_write)
+            monkeypatch.setattr(checkpoint_kinds, "write_array", held_write)
             save = asyncio.create_task(ps.save("ckpt"))
             try:
                 assert await asyncio.to_thread(writing.wait, 60)
