@@ -4,7 +4,7 @@ limits, without and with a token, while a well-behaved client pings it and is ch
     .venv/bin/python bench/fuzz_protocol.py                    # 100k frames per mode, ~3-4 minutes
     .venv/bin/python bench/fuzz_protocol.py --frames 10000 --client-linger 1   # smoke run, ~30 s
 
-The attack is bench/hostile.py (the same one tests/server/test_fuzz.py runs at CI size): random
+The attack is bench/hostile.py (the same one tests/server/transport/test_fuzz.py runs at CI size): random
 bytes, header and payload mutations of real requests of every opcode, frames cut short, headers
 declaring bodies of up to 4 GiB, requests before the handshake, wrong AUTHs, from many loopback
 source addresses. Reported per mode: frames, sessions (connections), the server's replies by

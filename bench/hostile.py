@@ -1,4 +1,4 @@
-"""Hostile traffic against a live pserver, shared by tests/server/test_fuzz.py (CI size) and
+"""Hostile traffic against a live pserver, shared by tests/server/transport/test_fuzz.py (CI size) and
 bench/fuzz_protocol.py (100k+ frames).
 
 A *session* is one TCP connection: maybe a handshake (HELLO, a good or bad AUTH, or a HELLO

@@ -2,7 +2,7 @@
 loopback): a handshake that never came, a client closed while it connected, a pserver that
 never listened (the probe, fleet's launch barrier), and a pserver that stayed away past the
 client's deadline. The link's own reasons (closed, peer closed, reset, connect failed) are
-tests/server/test_close_reasons.py's."""
+tests/server/transport/test_close_reasons.py's."""
 
 from __future__ import annotations
 

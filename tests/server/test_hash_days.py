@@ -12,7 +12,7 @@ import pytest
 import aps
 from aps.errors import ConfigError
 from aps.storage.hash.store import HashSparseStore
-from tests.server.test_hash_checkpoint import cluster, stores
+from tests.checkpoints.test_hash_checkpoint import cluster, stores
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -87,7 +87,7 @@ async def test_the_calls_of_the_issue_over_one_and_two_pservers(n: int, tmp_path
         assert (await ps.table_info("emb")).evicted == len(keys)
         np.testing.assert_array_equal(await ps.pull_sparse("emb", keys), initial)  # re-admitted keys start over
 
-        await ps.save("ckpt", mode="full")  # tests/server/test_hash_checkpoint.py: what it holds
+        await ps.save("ckpt", mode="full")  # tests/checkpoints/test_hash_checkpoint.py: what it holds
         assert len(list((tmp_path / "ckpt").glob("shard-*/*.npz"))) == LOGICAL_SHARDS  # one file per logical shard
 
 

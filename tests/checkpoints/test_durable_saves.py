@@ -11,7 +11,7 @@ import pytest
 
 import aps
 from aps import durable
-from tests.server.test_hash_checkpoint import DIM, cluster, spec
+from tests.checkpoints.test_hash_checkpoint import DIM, cluster, spec
 
 
 def _count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -10,7 +10,7 @@ import pytest
 
 import aps
 from aps.errors import ServerError
-from tests.server.test_hash_checkpoint import DIM, cluster, held, pending, random_keys, spec
+from tests.checkpoints.test_hash_checkpoint import DIM, cluster, held, pending, random_keys, spec
 
 pytestmark = pytest.mark.timeout(60)
 
