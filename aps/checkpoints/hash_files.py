@@ -36,23 +36,16 @@ import numpy as np
 from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
-from ..storage.hash.store import _MIN_ROWS, HashSparseStore, show_click_score
+from ..storage.hash.store import _MIN_ROWS, HashSparseStore
 
-SAVE_MODES = ("full", "base", "delta")
 #: what the manifest keeps of a store's counters besides its keys
 _COUNTERS = ("admitted", "rejected", "evicted", "pending_resets")
 _PENDING = ("pending_keys", "pending_counts")
 
 
 def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
-    """Which of the held ``rows`` a save in ``mode`` writes (a boolean mask)."""
-    if mode == "full":
-        return np.ones(rows.shape[0], np.bool_)
-    if mode == "base":
-        return show_click_score(store.show[rows], store.click[rows]) >= store.spec.base_threshold
-    if mode == "delta":
-        return store.delta_score[rows] >= np.float32(store.spec.delta_threshold)
-    raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+    """Which of the held ``rows`` a save in ``mode`` writes (a boolean mask; the table's accessor rules)."""
+    return store.accessor.saved(store.show[rows], store.click[rows], store.delta_score[rows], mode)
 
 
 def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

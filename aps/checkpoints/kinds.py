@@ -205,10 +205,7 @@ class HashFormat(TableFormat):
         if mode == "full":
             return entry, None
 
-        def reset() -> None:  # in place: what it wrote starts a new delta
-            store.delta_score[rows] = 0.0
-
-        return entry, reset
+        return entry, lambda: store.accessor.after_save(store.delta_score, rows)
 
     def load(self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int) -> HashSparseStore:
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}

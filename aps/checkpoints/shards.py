@@ -40,9 +40,9 @@ from ..durable import fsync_dir as _fsync_dir
 from ..durable import sync_tree
 from ..errors import ConfigError
 from ..specs import spec_from_dict
+from ..storage.hash.accessor import SAVE_MODES
 from ..storage.hash.store import HashSparseStore
 from ..storage.tables import DenseShard, SparseShard
-from .hash_files import SAVE_MODES
 from .kinds import DEFAULT_FORMATS, AfterSave, SavedShard, TableFormat, TableFormats
 from .stale import remove_stale_saves
 

@@ -32,6 +32,7 @@ from .. import wire
 from ..errors import ConfigError, RequestTimeout
 from ..sharding import SparseSharding
 from ..specs import MAX_DAYS, DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..storage.hash.accessor import SAVE_MODES
 from ..tls import client_context
 from ..validate import seconds
 from .args import addresses_of, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
@@ -47,7 +48,6 @@ from .retry import DEFAULT_DEADLINE, DEFAULT_HEARTBEAT, RetryPolicy, Timeout, ca
 T = TypeVar("T")
 Sparse = SparseTable | HashTable
 #: save modes a client may name; only "full" is written so far
-SAVE_MODES = ("full", "base", "delta")
 #: sends one request: (server, message, flags, lane, deadline, limit) -> reply (LinkPool.call)
 Call = Callable[..., Awaitable[wire.Message]]
 #: pulls ask for the model version (aps-serve answers with it; pservers ignore the bit)

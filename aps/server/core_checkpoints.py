@@ -21,11 +21,11 @@ import structlog
 
 from .. import wire
 from ..checkpoints.deltas import load_with_deltas
-from ..checkpoints.hash_files import SAVE_MODES
 from ..checkpoints.latest import latest_checkpoint
 from ..checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
 from ..checkpoints.stale import remove_stale_saves
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
+from ..storage.hash.accessor import SAVE_MODES
 from ..storage.tables import Shard
 from .config import ServerConfig
 from .gate import WriteGate

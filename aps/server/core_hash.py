@@ -23,7 +23,7 @@ import structlog
 from .. import wire
 from ..errors import ErrorCode, ServerError
 from ..specs import MAX_DAYS
-from ..storage.hash.store import DELETE_THRESHOLD, SHOW_CLICK_DECAY, HashSparseStore
+from ..storage.hash.store import HashSparseStore
 from .gate import WriteGate
 from .stats import ServerStats
 from .table_set import TableSet
@@ -58,7 +58,7 @@ class HashHandlers:
         return self.gate.hold(lambda: self._shrink_off_loop(store, msg.decay, msg.threshold, ttl, days))
 
     async def _shrink_off_loop(
-        self, store: HashSparseStore, decay: float, threshold: float, ttl: int | None, days: int = 0
+        self, store: HashSparseStore, decay: float | None, threshold: float | None, ttl: int | None, days: int = 0
     ) -> wire.Message:
         dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl, days)
         evicted = await _delete_in_slices(store, dead)
@@ -74,7 +74,7 @@ class HashHandlers:
         evicted = 0
         stores = [t for t in self.table_set.tables.values() if self.table_set.kinds.of(t).keyed]
         for store in stores:
-            reply = await self.gate.hold(lambda store=store: self._shrink_off_loop(store, SHOW_CLICK_DECAY, DELETE_THRESHOLD, None))
+            reply = await self.gate.hold(lambda store=store: self._shrink_off_loop(store, None, None, None))
             evicted += reply.evicted
         log.info("scheduled shrink", tables=len(stores), evicted=evicted)
         return evicted

@@ -17,7 +17,8 @@ import aps
 from aps.checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
 from aps.errors import ConfigError, ErrorCode
 from aps.sharding import LOGICAL_SHARDS, LogicalSharding
-from aps.storage.hash.store import HashSparseStore, show_click_score
+from aps.storage.hash.accessor import show_click_score
+from aps.storage.hash.store import HashSparseStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,9 @@ import pytest
 
 from aps.errors import ErrorCode, ServerError
 from aps.specs import SGD, Adagrad, Adam, ExponentialDecay, HashTable, Normal, SparseTable, Uniform
+from aps.storage.hash.accessor import show_click_score
 from aps.storage.hash.index import index_nbytes
-from aps.storage.hash.store import HashSparseStore, show_click_score
+from aps.storage.hash.store import HashSparseStore
 from aps.storage.init_kernels import init_sparse_rows, table_seed
 from aps.storage.tables import SparseShard
 

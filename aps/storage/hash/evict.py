@@ -21,7 +21,7 @@ from ..init_kernels import key_uniform
 @njit(cache=True, nogil=True, inline="always")
 def row_score(show, click, r, nonclk, clk):
     """Row ``r``'s ``nonclk * (show - click) + clk * click`` in float64 (Paddle's CTR accessor;
-    :func:`aps.storage.hash.store.show_click_score` is the same over arrays)."""
+    :meth:`aps.storage.hash.accessor.CtrAccessor.score` is the same over arrays)."""
     s = np.float64(show[r])
     c = np.float64(click[r])
     return nonclk * (s - c) + clk * c

@@ -63,15 +63,11 @@ from ..init_kernels import init_key_rows, key_uniform, mix64, table_seed
 from ..pages import fault_in_zeros
 from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
+from .accessor import CtrAccessor
 from .evict import mark_victims, row_score
 from .index import MAX_ROWS, HashIndex, index_nbytes
 from .tracking import HashChangeTracking
 
-#: Paddle's CtrCommonAccessor defaults
-NONCLK_COEFF = 0.1
-CLICK_COEFF = 1.0
-SHOW_CLICK_DECAY = 0.98
-DELETE_THRESHOLD = 0.8
 #: a max_keys cap evicts this share of the cap at once
 EVICT_SHARE = 1 / 16
 _MIN_ROWS = 1024
@@ -121,7 +117,7 @@ def _admit_draws(seed: np.uint64, keys: np.ndarray, counts: np.ndarray, counter:
 def _decay_and_judge(show, click, last_step, last_day, used, rows, decay, threshold, ttl, step, ttl_days, day, nonclk, clk, dead):
     """A shrink's pass over the statistics, in place and without the GIL: decay the first
     ``used`` rows' show and click by ``decay`` (in float64, stored as float32), then ``dead[i]``:
-    row ``rows[i]`` scores under ``threshold`` (:func:`show_click_score`), or was last pushed more
+    row ``rows[i]`` scores under ``threshold`` (:meth:`CtrAccessor.score`), or was last pushed more
     than ``ttl`` steps / ``ttl_days`` days ago (negative: no such rule). One pass and no
     temporaries: numpy's version of it allocated ~30 bytes a key, half a gigabyte at 10M keys."""
     for r in range(used):
@@ -140,13 +136,6 @@ def _decay_and_judge(show, click, last_step, last_day, used, rows, decay, thresh
 def _stat_view(field: str, doc: str) -> property:
     """A store attribute reading one field of its :data:`STATS` records (a strided view)."""
     return property(lambda store: store.stats[field], doc=f"{doc} A view of ``stats``.")
-
-
-def show_click_score(show: np.ndarray, click: np.ndarray) -> np.ndarray:
-    """Paddle's ``(show - click) * nonclk_coeff + click * click_coeff`` in float64."""
-    show = show.astype(np.float64)
-    click = click.astype(np.float64)
-    return NONCLK_COEFF * (show - click) + CLICK_COEFF * click
 
 
 def _check_keys(table: str, keys: object) -> np.ndarray:
@@ -223,6 +212,8 @@ class HashSparseStore(HashChangeTracking):
 
     def __init__(self, spec: HashTable, rows: int | None = None, *, key_limit: int | None = None) -> None:
         self.spec = spec
+        #: what shows and clicks mean: scores, save selection, shrink defaults (accessor.py)
+        self.accessor = CtrAccessor.of(spec)
         self.key_limit = min(MAX_ROWS, spec.max_keys or MAX_ROWS, MAX_ROWS if key_limit is None else key_limit)
         capacity = min(int(rows or spec.max_keys or _MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
@@ -357,8 +348,9 @@ class HashSparseStore(HashChangeTracking):
 
     def _pushed(self, rows: np.ndarray, new: np.ndarray, shows: np.ndarray, clicks: np.ndarray, advance_step: bool, client: int | None) -> None:
         """After a push's update: add the statistics, mark the rows changed, advance the step."""
+        rules = self.accessor
         _add_stats(self.show, self.click, self.delta_score, self.last_step, self.last_day, rows, shows, clicks,
-                   self.step, self.day, NONCLK_COEFF, CLICK_COEFF)
+                   self.step, self.day, rules.nonclk_coeff, rules.click_coeff)
         self._recent_new = max(int(new.size), self._recent_new - self._recent_new // 8)
         self._mark_pushed(rows, new, client)
         if advance_step:
@@ -479,7 +471,7 @@ class HashSparseStore(HashChangeTracking):
         if guard.size:
             guard[protected_rows] = True
         k = mark_victims(marked, guard, self.show, self.click, int(count), np.uint64(self._seed),
-                          np.uint64(self.evicted), NONCLK_COEFF, CLICK_COEFF)
+                          np.uint64(self.evicted), self.accessor.nonclk_coeff, self.accessor.click_coeff)
         return self.index.keys_of(marked, k)
 
     @property
@@ -605,10 +597,11 @@ class HashSparseStore(HashChangeTracking):
     # ------------------------------------------------------------ eviction
 
     def shrink(
-        self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None, days: int = 0
+        self, decay: float | None = None, threshold: float | None = None, ttl: int | None = None, days: int = 0
     ) -> int:
         """Advance the day by ``days``, decay every key's show and click by ``decay``, then
-        delete the keys whose score is under ``threshold``, that no push reached in more than
+        delete the keys whose score is under ``threshold`` (None: the accessor's
+        ``show_click_decay`` and ``delete_threshold``), that no push reached in more than
         ``ttl`` steps (None: no TTL), or unseen for more than the table's ``ttl_days`` days.
 
         Returns how many keys were deleted. O(keys held): :meth:`shrink_plan` then
@@ -616,7 +609,7 @@ class HashSparseStore(HashChangeTracking):
         return self.delete_keys(self.shrink_plan(decay, threshold, ttl, days))
 
     def shrink_plan(
-        self, decay: float = SHOW_CLICK_DECAY, threshold: float = DELETE_THRESHOLD, ttl: int | None = None, days: int = 0
+        self, decay: float | None = None, threshold: float | None = None, ttl: int | None = None, days: int = 0
     ) -> np.ndarray:
         """Advance the day, decay every key's show and click, and return the keys :meth:`shrink`
         deletes. Writes only the statistics and the day (which pulls never read), so it may run
@@ -624,11 +617,15 @@ class HashSparseStore(HashChangeTracking):
         if not 0 <= days <= MAX_DAYS or self.day + days > np.iinfo(np.int32).max:
             raise _bad(ErrorCode.BAD_REQUEST, self.name, f"a shrink advances the day by 0 to {MAX_DAYS} days, got {days}")
         self.day += days
+        rules = self.accessor
+        decay = rules.show_click_decay if decay is None else decay
+        threshold = rules.delete_threshold if threshold is None else threshold
         keys, rows = self.index.items()
         dead = np.empty(keys.shape[0], np.bool_)
         _decay_and_judge(self.show, self.click, self.last_step, self.last_day, self.index.rows_used, rows, float(decay),
                          float(threshold), -1 if ttl is None else int(ttl), self.step,
-                         -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), self.day, NONCLK_COEFF, CLICK_COEFF, dead)
+                         -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), self.day, rules.nonclk_coeff,
+                         rules.click_coeff, dead)
         return keys[dead]
 
     # ------------------------------------------------------------ bookkeeping
