@@ -20,9 +20,9 @@ import numpy as np
 from ...specs import SGD, HashTable, TableSpec
 from .. import local_cache
 from ..ipc import Kind, Record
-from ..kernels import geo_apply, geo_delta
 from ..local_cache import CacheCounts
 from ..model import Model
+from ..replica import FixedReplica, GeoReplica
 from ..shared import STAT
 from ..strategy import Strategy
 from .base import Link, Mode
@@ -67,7 +67,8 @@ class GeoExchange(Mode):
     def __init__(self, link: Link) -> None:
         super().__init__(link)
         self.hashes = HashReplicas(link)
-        self._old_sparse: dict[str, np.ndarray] = {}
+        #: every sparse table's replica (fixed: the whole table; hash: its cache), one interface
+        self.replicas: dict[str, GeoReplica] = {}
         self._old_dense: dict[str, np.ndarray] = {}
         self._last_steps = 0
         self._lock = asyncio.Lock()
@@ -78,7 +79,11 @@ class GeoExchange(Mode):
         for t in link.sparse_tables:
             await link.ps.pull_sparse_changed(t.name)  # registers us for change tracking
         await link.pull_all_sparse()
-        self._old_sparse = {t.name: link.shared.params[t.name].copy() for t in link.sparse_tables if t.name not in self.hashes.caches}
+        caches = self.hashes.caches
+        self.replicas = {
+            t.name: caches[t.name] if t.name in caches else FixedReplica(link.shared.params[t.name], link.shared.dirty[t.name])
+            for t in link.sparse_tables
+        }
         await link.pull_dense()
         self._old_dense = {t.name: link.shared.params[t.name].copy() for t in link.dense_tables}
         self._task = asyncio.ensure_future(self._loop())
@@ -127,23 +132,16 @@ class GeoExchange(Mode):
         async with self._lock:
             self._last_steps = self.trainer_steps()
             scale = 1.0 / link.num_trainers
-            for t in link.sparse_tables:
-                if t.name in self.hashes.caches:
-                    await self.hashes.exchange(t.name, scale)
-                    continue
-                dirty = link.shared.dirty[t.name]
-                # workers keep setting flags meanwhile: scan a snapshot. A row written after the
-                # snapshot keeps (or gets again) its flag, because workers write rows first and
-                # set flags after, and deltas are read only after the clear below.
-                ids = np.flatnonzero(dirty.copy()).astype(np.int64)
-                dirty[ids] = 0
-                if len(ids):
-                    delta = np.empty((len(ids), t.dim), dtype=np.float32)
-                    geo_delta(link.shared.params[t.name], self._old_sparse[t.name], ids, scale, delta)
-                    await link.ps.push_sparse_delta(t.name, ids, delta, sorted_unique=True, timeout=timeout)
-                changed, rows = await link.ps.pull_sparse_changed(t.name, timeout=timeout)
+            for name, replica in self.replicas.items():
+                keys, deltas, counts = replica.take_changes(scale)
+                if len(keys):
+                    if counts is None:  # a fixed table: its ids come unique and ascending
+                        await link.ps.push_sparse_delta(name, keys, deltas, sorted_unique=True, timeout=timeout)
+                    else:  # a hash table's keys, with their shows and clicks (in flight: geo_hash.py)
+                        await self.hashes.push(name, keys, deltas, counts)
+                changed, rows = await link.ps.pull_sparse_changed(name, timeout=timeout)
                 if len(changed):
-                    geo_apply(link.shared.params[t.name], self._old_sparse[t.name], changed, rows)
+                    replica.apply_server(changed, rows)
             for t in link.dense_tables:
                 local, old = link.shared.params[t.name], self._old_dense[t.name]
                 delta = (local - old) * np.float32(scale)

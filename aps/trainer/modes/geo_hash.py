@@ -68,7 +68,7 @@ class HashReplicas:
             hits = loading[rows]
             waits += [self._loads[int(k)] for k in np.unique(hits[hits != 0]) if int(k) in self._loads]
             if len(evicted.keys):
-                work.append(self._push(t.name, evicted.keys, evicted.deltas, evicted.counts))
+                work.append(self.push(t.name, evicted.keys, evicted.deltas, evicted.counts))
             if missing.size:
                 self._tickets += 1
                 ticket = self._tickets
@@ -114,22 +114,9 @@ class HashReplicas:
             for cache, rows in steps.pop(s):
                 cache.release(rows)
 
-    # ------------------------------------------------------------ the exchange
+    # ------------------------------------------------------------ the exchange's pushes
 
-    async def exchange(self, name: str, scale: float) -> None:
-        """Send ``(local - old) * scale`` of the rows written since the last exchange (with
-        their shows and clicks), then take in what other trainers changed of the keys this
-        trainer holds."""
-        cache = self.caches[name]
-        timeout = self.link.strategy.rpc_timeout
-        keys, deltas, counts = cache.take_changes(scale)
-        if len(keys):
-            await self._push(name, keys, deltas, counts)
-        changed, rows = await self.link.ps.pull_sparse_changed(name, timeout=timeout)
-        if len(changed):
-            cache.apply_server(changed, rows)
-
-    def _push(self, name: str, keys: np.ndarray, deltas: np.ndarray, counts: np.ndarray) -> asyncio.Future[None]:
+    def push(self, name: str, keys: np.ndarray, deltas: np.ndarray, counts: np.ndarray) -> asyncio.Future[None]:
         """Push deltas with their shows and clicks (keys unique), remembered while in flight
         (see the module)."""
         order = np.argsort(keys)
