@@ -104,7 +104,7 @@ class FixedFormat(TableFormat):
 
     def load(self, spec: SparseTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int) -> SparseShard:
         old_layout = ModuloSharding(len(saved))  # the saving cluster's
-        new = SparseShard(spec, shard, num_shards, initialise=False)
+        new = self.store_type(spec, shard, num_shards, initialise=False)
         targets = new.state_arrays()
         global_ids = new.global_ids()
         owner = old_layout.owners(global_ids)
@@ -131,7 +131,7 @@ class FixedFormat(TableFormat):
 
     def load_own(self, spec: SparseTable, own: SavedShard, num_shards: int, max_table_bytes: int) -> SparseShard:
         entry = own.manifest["tables"][spec.name]
-        table = SparseShard(spec, own.index, num_shards, initialise=False)
+        table = self.store_type(spec, own.index, num_shards, initialise=False)
         _load_state(own, lambda: table.load_state({key: own.open(file) for key, file in entry["files"].items()}, int(entry["step"])))
         return table
 

@@ -20,6 +20,7 @@ import numpy as np
 import structlog
 
 from .. import wire
+from ..checkpoints.kinds import DEFAULT_FORMATS, TableFormats
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..specs import TableSpec, spec_from_dict
 from ..storage.tables import TablesBudget
@@ -58,7 +59,11 @@ class ServerCore(HashHandlers):
     """State and request handlers of one pserver: the training service behind the transport
     (it implements :class:`~aps.server.transport.service.RequestCore`)."""
 
-    def __init__(self, config: ServerConfig, kinds: tuple[type[TableKind], ...] = DEFAULT_KINDS) -> None:
+    def __init__(
+        self, config: ServerConfig, kinds: tuple[type[TableKind], ...] = DEFAULT_KINDS, formats: TableFormats = DEFAULT_FORMATS,
+    ) -> None:
+        """``kinds``: the table kinds this server serves; ``formats``: how their checkpoints are
+        written and read (a new kind brings one of each)."""
         self.config = config
         #: the shards, their specs and kinds, their budget, and creating new ones (table_set.py)
         self.table_set = TableSet(config, TableKinds(config.server_index, config.num_servers, kinds))
@@ -84,7 +89,7 @@ class ServerCore(HashHandlers):
         #: pushes, creates, saves and loads wait here while a save or load runs off the loop
         self.gate = WriteGate()
         #: SAVE, LOAD, init_model and resume, over this core's tables (core_checkpoints.py)
-        self.checkpointing = CheckpointHandlers(config, self, self.gate, self.stats)
+        self.checkpointing = CheckpointHandlers(config, self, self.gate, self.stats, formats)
         #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
         self._upkeep: dict[str, asyncio.Task[None]] = {}
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)

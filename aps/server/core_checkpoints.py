@@ -21,6 +21,7 @@ import structlog
 
 from .. import wire
 from ..checkpoints.deltas import load_with_deltas
+from ..checkpoints.kinds import DEFAULT_FORMATS, TableFormats
 from ..checkpoints.latest import latest_checkpoint
 from ..checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
 from ..checkpoints.stale import remove_stale_saves
@@ -46,8 +47,12 @@ class Tables(Protocol):
 class CheckpointHandlers:
     """Save, load, resume of one server's shard; the tables are the core's (:class:`Tables`)."""
 
-    def __init__(self, config: ServerConfig, held: Tables, gate: WriteGate, stats: ServerStats) -> None:
+    def __init__(
+        self, config: ServerConfig, held: Tables, gate: WriteGate, stats: ServerStats, formats: TableFormats = DEFAULT_FORMATS,
+    ) -> None:
         self.config = config
+        #: how each kind of table is written and read (checkpoints/kinds.py)
+        self.formats = formats
         self.held = held
         self.gate = gate
         self.stats = stats
@@ -126,7 +131,7 @@ class CheckpointHandlers:
         try:
             await asyncio.to_thread(
                 save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id,
-                previous_save_id=self.previous_save_id,
+                previous_save_id=self.previous_save_id, formats=self.formats,
             )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
@@ -148,7 +153,9 @@ class CheckpointHandlers:
     async def _load_off_loop(self, path: str, shown: str, deltas: list[str]) -> wire.Message:
         index, servers = self.config.server_index, self.config.num_servers
         try:
-            shards, extra = await asyncio.to_thread(load_with_deltas, path, deltas, index, servers, self.config.max_table_bytes)
+            shards, extra = await asyncio.to_thread(
+                load_with_deltas, path, deltas, index, servers, self.config.max_table_bytes, formats=self.formats
+            )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
         except ApsError as exc:
@@ -158,7 +165,9 @@ class CheckpointHandlers:
 
     def _load_at_start(self, path: str) -> None:
         """Load at start (``init_model``), before anything is served."""
-        shards, extra = load_shards(path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes)
+        shards, extra = load_shards(
+            path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes, formats=self.formats
+        )
         self._install(path, shards, extra)
 
     def _resume(self, directory: str) -> None:
@@ -171,7 +180,7 @@ class CheckpointHandlers:
                 "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
             )
         path, manifest = found
-        shards, extra = load_own_shard(path, index, servers, self.config.max_table_bytes)
+        shards, extra = load_own_shard(path, index, servers, self.config.max_table_bytes, formats=self.formats)
         self._install(str(path), shards, extra)
         self.resumed = str(path)
         log.warning(

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..checkpoints.kinds import DEFAULT_FORMATS, TableFormats
 from .autosave import AutoCheckpoints
 from .collector import server_registry
 from .config import ServerConfig
 from .core import ServerCore
+from .kinds import DEFAULT_KINDS, TableKind
 from .transport.listener import RequestServer
 
 
@@ -17,8 +19,12 @@ class PServer(RequestServer):
     """One parameter server: owns a shard of every table and serves it over TCP (the listener
     over the training core)."""
 
-    def __init__(self, config: ServerConfig) -> None:
-        core = ServerCore(config)
+    def __init__(
+        self, config: ServerConfig, kinds: tuple[type[TableKind], ...] = DEFAULT_KINDS, formats: TableFormats = DEFAULT_FORMATS,
+    ) -> None:
+        """``kinds`` and ``formats``: the table kinds it serves and their checkpoints (server/kinds/,
+        checkpoints/kinds.py); a new kind of table is one of each, added to the defaults."""
+        core = ServerCore(config, kinds, formats)
         super().__init__(config, core, server_registry(core))
         self.core: ServerCore = core
 

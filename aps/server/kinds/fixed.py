@@ -11,7 +11,7 @@ from ... import wire
 from ...errors import ErrorCode, ServerError
 from ...specs import SparseTable
 from ...storage.optim import scan_ids
-from ...storage.tables import SparseShard, make_shard, shard_nbytes
+from ...storage.tables import SparseShard, shard_nbytes
 from .base import SPARSE, Accepted, Push, TableKind, check_rows, refuse_unsorted
 
 _STRICTLY_ASCENDING = 2  # scan_ids' order for unique, ascending ids
@@ -26,7 +26,7 @@ class FixedKind(TableKind):
         return shard_nbytes(spec, self.index, self.servers)
 
     def create(self, spec: SparseTable, max_table_bytes: int) -> SparseShard:
-        return make_shard(spec, self.index, self.servers)  # type: ignore[return-value]
+        return self.store_type(spec, self.index, self.servers)  # type: ignore[no-any-return]
 
     def local_ids(self, store: SparseShard, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """(local rows, order) of a request's global ids, in one compiled pass (:func:`scan_ids`):
