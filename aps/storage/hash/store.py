@@ -59,11 +59,12 @@ from numba import njit
 from ...errors import ErrorCode
 from ...specs import MAX_DAYS, HashTable
 from .. import optim
-from ..init_kernels import init_key_rows, key_uniform, mix64, table_seed
+from ..init_kernels import init_key_rows, table_seed
 from ..pages import fault_in_zeros
 from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
+from .admission import KeyAdmission
 from .evict import mark_victims, row_score
 from .index import MAX_ROWS, HashIndex, index_nbytes
 from .tracking import HashChangeTracking
@@ -77,7 +78,6 @@ _INDEX_META_NBYTES = 48
 #: (:meth:`HashSparseStore.reserve`), and the most bytes of rows that may be
 MAP_AHEAD_PUSHES = 2
 MAP_AHEAD_BYTES = 64 << 20
-_ADMIT_SALT = np.uint64(0x5851F42D4C957F2D)
 #: rows ahead whose statistics :func:`_add_stats` asks for (aps/storage/prefetch.py)
 _STATS_AHEAD = 16
 #: a row's statistics side by side: a push writes all five, and in five arrays of millions of
@@ -103,14 +103,6 @@ def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, da
         delta[r] += nonclk * (s - c) + clk * c
         last[r] = step
         last_day[r] = day
-
-
-@njit(cache=True, nogil=True)
-def _admit_draws(seed: np.uint64, keys: np.ndarray, counts: np.ndarray, counter: np.uint64, p: float, out: np.ndarray) -> None:
-    """``out[i]``: key i wins its draw, with probability ``1 - (1 - p)^counts[i]``."""
-    miss = 1.0 - p
-    for i in range(keys.shape[0]):
-        out[i] = key_uniform(seed, keys[i], counter) < 1.0 - miss ** counts[i]
 
 
 @njit(cache=True, nogil=True)
@@ -233,12 +225,10 @@ class HashSparseStore(HashChangeTracking):
         self._claimed = 0  # bytes claimed of it
         self._refused_at = -1  # the budget's version when it last had no room for more rows
         self._pending_claim = _pending_claim(spec)
-        self.pending_resets = 0
         self._wanted = 0  # keys the last push wanted admitted (eviction_due keeps room for as many)
         self._seed = table_seed(spec.name, spec.seed)
-        self._admit_seed = np.uint64(mix64(np.uint64(self._seed) ^ _ADMIT_SALT))
-        self._pending = HashIndex(spec.pending_keys) if spec.admit_count > 1 else None
-        self._pending_counts = np.zeros(spec.pending_keys if self._pending is not None else 0, np.int64)
+        #: which unseen keys are admitted: counts and draws (admission.py)
+        self.admission = KeyAdmission(spec, self._seed)
         self._init_hash_tracking(capacity)
 
     @property
@@ -362,21 +352,13 @@ class HashSparseStore(HashChangeTracking):
         """Insert the unknown keys that pass admission and write their rows into ``rows``;
         returns the rows they took."""
         cand, inverse, counts = np.unique(keys[absent], return_inverse=True, return_counts=True)
-        ok = np.ones(cand.shape[0], np.bool_)
-        if self._pending is not None:
-            ok &= self._count(cand, counts) >= self.spec.admit_count
-        if self.spec.admit_probability < 1.0:
-            draws = np.empty(cand.shape[0], np.bool_)
-            _admit_draws(self._admit_seed, cand, counts, np.uint64(self.pushes), self.spec.admit_probability, draws)
-            ok &= draws
-        chosen = np.flatnonzero(ok)
+        chosen = np.flatnonzero(self.admission.passes(cand, counts, self.pushes))
         self._wanted = int(chosen.size)
         under_cap, fit = self._make_room(chosen.size, rows[rows >= 0])
         if fit < under_cap:
             self._over_budget(int(counts[chosen[fit:under_cap]].sum()))
         chosen = chosen[:fit]
-        if self._pending is not None and chosen.size:
-            self._pending_counts[self._pending.delete(cand[chosen])] = 0
+        self.admission.admitted(cand[chosen])
         if not chosen.size:
             return _NO_ROWS
         cand_rows = np.full(cand.shape[0], -1, np.int64)
@@ -384,21 +366,6 @@ class HashSparseStore(HashChangeTracking):
         rows[absent] = cand_rows[inverse]
         self.admitted += chosen.size
         return new
-
-    def _count(self, cand: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Add this push's occurrences to each pending key's counter; the counts so far."""
-        pending = self._pending
-        assert pending is not None
-        if int((pending.lookup(cand) < 0).sum()) > pending.free_rows:
-            self._pending = pending = HashIndex(pending.row_capacity)
-            self._pending_counts[:] = 0
-            self.pending_resets += 1
-        fit = min(cand.shape[0], pending.free_rows)  # more new keys than the bound: count a prefix
-        totals = counts.astype(np.int64)
-        at = pending.insert(cand[:fit])
-        np.add.at(self._pending_counts, at, counts[:fit])
-        totals[:fit] = self._pending_counts[at]
-        return totals
 
     def _make_room(self, wanted: int, protected_rows: np.ndarray) -> tuple[int, int]:
         """Evict low-score keys so ``wanted`` new keys fit under ``max_keys`` (never a row in
@@ -635,7 +602,7 @@ class HashSparseStore(HashChangeTracking):
         """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
         slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
         stats = self.stats.nbytes
-        pending = self._pending.nbytes + self._pending_counts.nbytes if self._pending is not None else 0
+        pending = self.admission.nbytes
         tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
         return int(slab + stats + self.index.nbytes + pending + tracking)
 
@@ -668,21 +635,23 @@ class HashSparseStore(HashChangeTracking):
 
     # ------------------------------------------------------------ checkpoints
 
+    @property
+    def pending_resets(self) -> int:
+        """Times the admission's pending counter was full and started over (checkpoints keep it)."""
+        return self.admission.resets
+
+    @pending_resets.setter
+    def pending_resets(self, value: int) -> None:
+        self.admission.resets = value
+
     def pending_items(self) -> tuple[np.ndarray, np.ndarray]:
         """The keys not admitted yet that ``admit_count`` is counting, and their counts (empty
         without ``admit_count``): a checkpoint keeps them, so a load does not start them over."""
-        if self._pending is None:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        keys, at = self._pending.items()
-        return keys, self._pending_counts[at]
+        return self.admission.items()
 
     def replace_pending(self, keys: np.ndarray, counts: np.ndarray) -> None:
         """Count exactly these not-admitted keys (a delta's counters replace a base's)."""
-        if self._pending is not None:
-            self._pending = HashIndex(self._pending.row_capacity)
-            self._pending_counts[:] = 0
-            fit = min(keys.shape[0], self._pending.free_rows)
-            self._pending_counts[self._pending.insert(keys[:fit])] = counts[:fit]
+        self.admission.replace(keys, counts)
 
     def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
         """Put saved keys back with their rows (:meth:`slab_arrays` by name, one row per key)
@@ -698,7 +667,5 @@ class HashSparseStore(HashChangeTracking):
         self._note_keys(keys, rows)
         for name, arr in self.slab_arrays().items():
             arr[rows] = arrays[name]
-        if self._pending is not None:  # a bounded counter: what does not fit starts over
-            fit = min(pending[0].shape[0], self._pending.free_rows)
-            self._pending_counts[self._pending.insert(pending[0][:fit])] = pending[1][:fit]
+        self.admission.restore(*pending)
 
