@@ -28,7 +28,7 @@ from ..server.transport.replay import ReplayCache
 from ..server.transport.reply_size import check_float32_reply
 from ..server.transport.service import AllDone, Reply
 from ..specs import spec_to_dict
-from .model import ServedDense, ServedFixed, ServedModel
+from .model import ServedModel
 
 log = structlog.get_logger("aps.serving")
 
@@ -96,20 +96,18 @@ class ServingCore:
     def _serve_pull_sparse(self, client_id: int, msg: wire.PullSparse, flags: int) -> wire.Message:
         model, table = self._served(msg.table)
         ids = msg.ids
-        if isinstance(table, ServedDense):
+        if not table.by_ids:
             raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r} is dense, not sparse")
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise ServerError(ErrorCode.BAD_REQUEST, f"ids must be a 1-d int64 array, got {ids.dtype} {ids.shape}")
         dim = table.spec.dim
         check_float32_reply(self.config.max_frame, (len(ids), dim), msg.table)
-        if isinstance(table, ServedFixed) and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= table.spec.rows):
-            bad = int(ids[(ids < 0) | (ids >= table.spec.rows)][0])
-            raise ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {msg.table!r}: id {bad} not in [0, {table.spec.rows})")
+        table.check_ids(ids)
         return _rows(wire.Op.PULL_SPARSE, table.pull(ids), model, flags)
 
     def _serve_pull_dense(self, client_id: int, msg: wire.PullDense, flags: int) -> wire.Message:
         model, table = self._served(msg.table)
-        if not isinstance(table, ServedDense):
+        if table.by_ids:
             raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r} is sparse, not dense")
         size = table.spec.size
         if msg.block != 0 or msg.offset + msg.count > size:

@@ -29,13 +29,13 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..checkpoints.shards import shard_dir_name
 from ..digests import bytes_sha256
-from ..errors import ConfigError
+from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
 from ..storage.hash.index import HashIndex
@@ -44,6 +44,9 @@ from ..storage.init_kernels import init_key_rows, table_seed
 
 class ServedHash:
     """A hash table's exported keys and their rows, for lookups."""
+
+    #: looked up by ids (PULL_SPARSE), not by dense blocks; any key is in range
+    by_ids: ClassVar[bool] = True
 
     def __init__(self, spec: HashTable, capacity: int = 1024) -> None:
         self.spec = spec
@@ -58,6 +61,9 @@ class ServedHash:
     @property
     def nbytes(self) -> int:
         return int(self.values.nbytes + self.index.nbytes)
+
+    def check_ids(self, keys: np.ndarray) -> None:
+        """Any int64 is a key (an unknown one reads its initial row)."""
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys``; an unknown key reads its initial row (as on a pserver)."""
@@ -111,6 +117,14 @@ class ServedFixed(_Whole):
     """A fixed table's rows, ``values[id]``."""
 
     spec: SparseTable
+    by_ids: ClassVar[bool] = True
+
+    def check_ids(self, ids: np.ndarray) -> None:
+        """Refuse (ID_OUT_OF_RANGE) an id outside the table."""
+        rows = self.spec.rows
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+            bad = int(ids[(ids < 0) | (ids >= rows)][0])
+            raise ServerError(ErrorCode.ID_OUT_OF_RANGE, f"table {self.spec.name!r}: id {bad} not in [0, {rows})")
 
     def __len__(self) -> int:
         return int(self.spec.rows)
@@ -123,6 +137,8 @@ class ServedDense(_Whole):
     """A dense table's values, flat (one block: aps-serve is a cluster of one server)."""
 
     spec: DenseTable
+    #: looked up by element ranges (PULL_DENSE)
+    by_ids: ClassVar[bool] = False
 
     def __len__(self) -> int:
         return int(self.spec.size)
