@@ -78,6 +78,21 @@ class TableFormat(ABC):
     def load_own(self, spec: Any, own: SavedShard, num_shards: int, max_table_bytes: int) -> Any:
         """Server ``own.index``'s part of a table from its own saved shard alone (same cluster size)."""
 
+    # a whole table read back as one shard (reader.py): what each kind can answer
+    def as_array(self, store: Any) -> np.ndarray | None:
+        """The table as one array (a fixed table's rows in id order, a dense table in its
+        shape), or None when its rows have no positions (hash)."""
+        return None
+
+    def rows(self, store: Any, ids: np.ndarray) -> np.ndarray | None:
+        """Rows of ``ids`` (int64), as a pull from the saving pserver answers; None for a kind
+        not addressed by ids (dense)."""
+        return None
+
+    def keys(self, store: Any) -> np.ndarray | None:
+        """The keys held, sorted; None for a kind without keys (fixed, dense)."""
+        return None
+
     def apply_delta(self, current: Any, spec: Any, saved: list[SavedShard], shard: int, num_shards: int) -> Any:
         """``current`` with a delta save's part of the table put over it (deltas.py); returns the
         table to hold. A kind that a delta saves whole (fixed rows, dense blocks) is loaded anew."""
@@ -129,6 +144,12 @@ class FixedFormat(TableFormat):
         new.step = max(int(o.manifest["tables"][spec.name]["step"]) for o in saved)
         return new
 
+    def as_array(self, store: SparseShard) -> np.ndarray:
+        return np.asarray(store.values)
+
+    def rows(self, store: SparseShard, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(store.values)[ids]
+
     def load_own(self, spec: SparseTable, own: SavedShard, num_shards: int, max_table_bytes: int) -> SparseShard:
         entry = own.manifest["tables"][spec.name]
         table = self.store_type(spec, own.index, num_shards, initialise=False)
@@ -178,6 +199,12 @@ class DenseFormat(TableFormat):
                     target[lo - block.start : hi - block.start] = array[lo - old_block.start : hi - old_block.start]
         return new
 
+    def as_array(self, store: DenseShard) -> np.ndarray:
+        flat = np.empty(store.spec.size, np.float32)
+        for index, block in store.blocks.items():
+            flat[block.start : block.stop] = store.values[index]
+        return flat.reshape(store.spec.shape)
+
     def load_own(self, spec: DenseTable, own: SavedShard, num_shards: int, max_table_bytes: int) -> DenseShard:
         entry = own.manifest["tables"][spec.name]
         table = DenseShard(spec, [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == own.index], initialise=False)
@@ -210,6 +237,13 @@ class HashFormat(TableFormat):
     def load(self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int) -> HashSparseStore:
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
         return load_hash_table(spec, sources, len(saved), shard, num_shards, _key_limit(spec, max_table_bytes))
+
+    def rows(self, store: HashSparseStore, ids: np.ndarray) -> np.ndarray:
+        return store.pull(ids)  # a key it lacks reads its initial row
+
+    def keys(self, store: HashSparseStore) -> np.ndarray:
+        keys, _ = store.index.items()
+        return np.sort(keys)
 
     def load_own(self, spec: HashTable, own: SavedShard, num_shards: int, max_table_bytes: int) -> HashSparseStore:
         sources = {own.index: (own.directory, own.manifest["tables"][spec.name])}

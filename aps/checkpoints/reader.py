@@ -18,16 +18,16 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..specs import DenseTable, HashTable, SparseTable
-from ..storage.hash.store import HashSparseStore
-from ..storage.tables import DenseShard, SparseShard
+from .kinds import DEFAULT_FORMATS, TableFormats
 from .shards import Shard, load_shards
 
 
 class Checkpoint:
     """The tables of one checkpoint, by name; see the module docstring."""
 
-    def __init__(self, path: Path, shards: dict[str, Shard], extra: dict[str, Any]) -> None:
+    def __init__(self, path: Path, shards: dict[str, Shard], extra: dict[str, Any], formats: TableFormats = DEFAULT_FORMATS) -> None:
         self.path = path
+        self._formats = formats
         #: what the saving client passed as ``extra`` (e.g. a trainer's progress)
         self.extra = extra
         self._shards = shards
@@ -44,36 +44,32 @@ class Checkpoint:
     def array(self, name: str) -> np.ndarray:
         """A sparse table's rows ``[rows, dim]`` in id order, or a dense table in its shape."""
         shard = self._shard(name)
-        if isinstance(shard, SparseShard):
-            return np.asarray(shard.values)
-        if isinstance(shard, DenseShard):
-            flat = np.empty(shard.spec.size, np.float32)
-            for index, block in shard.blocks.items():
-                flat[block.start : block.stop] = shard.values[index]
-            return flat.reshape(shard.spec.shape)
+        array = self._formats.of(shard).as_array(shard)
+        if array is not None:
+            return array
         raise ConfigError(f"checkpoint {self.path}: {name!r} is a hash table, with no rows by position: use pull(name, keys)")
 
     def arrays(self) -> dict[str, np.ndarray]:
         """:meth:`array` of every sparse and dense table, by name."""
-        return {name: self.array(name) for name, shard in self._shards.items() if not isinstance(shard, HashSparseStore)}
+        whole = {name: self._formats.of(shard).as_array(shard) for name, shard in self._shards.items()}
+        return {name: array for name, array in whole.items() if array is not None}
 
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows of ``ids`` (float32 ``[n, dim]``) of a sparse or hash table; an id a hash table
         does not hold reads its initial row, as a pull from the pserver that saved it would."""
         shard = self._shard(name)
-        if isinstance(shard, HashSparseStore):
-            return shard.pull(np.asarray(ids, np.int64))
-        if isinstance(shard, SparseShard):
-            return np.asarray(shard.values)[np.asarray(ids, np.int64)]
+        rows = self._formats.of(shard).rows(shard, np.asarray(ids, np.int64))
+        if rows is not None:
+            return rows
         raise ConfigError(f"checkpoint {self.path}: {name!r} is a dense table, read it with array(name)")
 
     def keys(self, name: str) -> np.ndarray:
         """The keys a hash table holds, sorted (int64)."""
         shard = self._shard(name)
-        if not isinstance(shard, HashSparseStore):
+        keys = self._formats.of(shard).keys(shard)
+        if keys is None:
             raise ConfigError(f"checkpoint {self.path}: {name!r} is not a hash table")
-        keys, _ = shard.index.items()
-        return np.sort(keys)
+        return keys
 
     def _shard(self, name: str) -> Shard:
         shard = self._shards.get(name)
@@ -82,10 +78,12 @@ class Checkpoint:
         return shard
 
 
-def read_checkpoint(path: str | os.PathLike[str], tables: Collection[str] | None = None) -> Checkpoint:
+def read_checkpoint(
+    path: str | os.PathLike[str], tables: Collection[str] | None = None, formats: TableFormats = DEFAULT_FORMATS
+) -> Checkpoint:
     """Read a checkpoint saved by any number of pservers; ``tables``: only these (the others'
     files are not read). ConfigError for a directory that is not a complete checkpoint, or that
     lacks one of ``tables``."""
     root = Path(path)
-    shards, extra = load_shards(root, shard=0, num_shards=1, only=None if tables is None else set(tables))
-    return Checkpoint(root, shards, extra)
+    shards, extra = load_shards(root, shard=0, num_shards=1, only=None if tables is None else set(tables), formats=formats)
+    return Checkpoint(root, shards, extra, formats)
