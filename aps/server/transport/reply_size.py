@@ -24,11 +24,6 @@ def array_bytes(offset: int, shape: tuple[int, ...], itemsize: int) -> int:
 def check_float32_reply(max_frame: int, shape: tuple[int, ...], table: str) -> None:
     """Refuse (TOO_LARGE) a reply of float32 values of ``shape`` (rows x dim, or a count) that
     would not fit in a frame. On every pull: the refusal's text is built only for a refusal."""
-    data = 4
-    for n in shape:
-        data *= n
-    if data + 40 + 8 * len(shape) <= max_frame:  # head and padding take at most that much
-        return
     size = array_bytes(0, shape, 4)
     if size > max_frame:
         what = f"{shape[0]} rows of {shape[1]} float32" if len(shape) == 2 else f"{shape[0]} float32"
