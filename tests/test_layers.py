@@ -28,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("aps.errors",),
     # small leaves with no aps dependency but errors
     ("aps.specs", "aps.mixer", "aps.validate", "aps.log", "aps.digests", "aps.durable", "aps.tls", "aps.procs",
-     "aps.metrics", "aps.cluster", "aps.records", "aps.telemetry"),
+     "aps.metrics", "aps.cluster", "aps.records", "aps.telemetry", "aps.npyio"),
     # values built on the leaves: the one sharding rule of client and server
     ("aps.sharding",),
     # where rows live and how they change: stores, indexes, initialisers, optimizer kernels (numpy/numba)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import npyio
 from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
@@ -200,10 +201,10 @@ def _read_logical(directory: Path, file: str, names: set[str], day: int) -> dict
     """One logical shard's arrays by name. A file written before keys kept their last day has no
     ``last_day``: its keys count as seen on the saved ``day`` (the manifest's, 0 when absent)."""
     try:
-        with np.load(directory / file, allow_pickle=False) as saved:
+        with npyio.load(directory / file) as saved:
             if set(saved.files) not in (names, names - {"last_day"}):
                 raise ConfigError(f"checkpoint {directory}: {file} holds arrays {sorted(saved.files)}, expected {sorted(names)}")
-            arrays = {name: saved[name] for name in saved.files}
+            arrays = npyio.members(saved, saved.files)
             if "last_day" not in arrays:
                 arrays["last_day"] = np.full(arrays["keys"].shape, day, np.int32)
             return arrays

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from .. import npyio
 from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_to_dict
@@ -37,7 +38,7 @@ class SavedShard:
     def open(self, file: str) -> np.ndarray:
         """Memory-map one saved array (read-only; only the pages we index are read)."""
         try:
-            return np.load(self.directory / file, mmap_mode="r", allow_pickle=False)
+            return npyio.load(self.directory / file, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise ConfigError(f"checkpoint {self.directory}: cannot read {file}: {exc}") from exc
 

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import npyio
 from ..checkpoints.shards import shard_dir_name
 from ..digests import bytes_sha256
 from ..errors import ConfigError, ErrorCode, ServerError
@@ -281,10 +282,11 @@ class ExportFiles:
     def _array(self, relative: str, npz_names: tuple[str, ...] = ()) -> Any:
         data = self._read(relative)
         try:
-            loaded = np.load(io.BytesIO(data), allow_pickle=False)
+            loaded = npyio.load(io.BytesIO(data))
             if npz_names:
                 with loaded:
-                    return [loaded[n] for n in npz_names]
+                    found = npyio.members(loaded, npz_names)
+                    return [found[n] for n in npz_names]
             return loaded
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise ConfigError(f"export {self.directory}: cannot parse {relative}: {exc}") from exc
