@@ -31,6 +31,11 @@ TABLE_KINDS = ("fixed", "hash")
 #: 32 in online passes, where a pass of a few thousand lines at 1000 is a handful of steps
 #: (docs/concepts.md, "The CTR models' optimizers, measured on real data")
 OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
+#: the optimizer of the tables indexed by slot ids in online passes when neither ``optimizer``
+#: nor ``sparse_optimizer`` is given: Adagrad's first step on a new id is ``lr`` whatever the
+#: gradient's scale, Adam's is its ``lr`` of 0.001, and online every pass brings new ids
+#: (docs/concepts.md, "The CTR models' optimizers, measured on real data")
+ONLINE_SPARSE_OPTIMIZER, ONLINE_SPARSE_LR = "adagrad", 0.02
 
 
 def batch_size_arg(model: str, value: Any) -> int | None:
@@ -87,7 +92,9 @@ class CriteoModel(Model):
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
     ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``:
     the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense layers
-    in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule).
+    in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule). Unset, it
+    is ``same`` offline and Adagrad at 0.02 in online passes (:meth:`begin_online`), unless
+    ``optimizer`` is given: a chosen optimizer trains every table in both.
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -102,7 +109,7 @@ class CriteoModel(Model):
         self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float, optimizer: str,
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
-        sparse_optimizer: str = "same", sparse_lr: float | None = None,
+        sparse_optimizer: str | None = None, sparse_lr: float | None = None,
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -114,7 +121,9 @@ class CriteoModel(Model):
         self.batch_size_arg = batch_size_arg(self.name, batch_size)
         self.batch_size = OFFLINE_BATCH if self.batch_size_arg is None else self.batch_size_arg
         self.lr = positive_float(self.name, "lr", lr)
-        self.optimizer = str(optimizer)
+        #: whether the user chose ``optimizer``: then it is every table's, online too (begin_online)
+        self.optimizer_given = optimizer not in (None, "None", "none")
+        self.optimizer = str(optimizer) if self.optimizer_given else "adam"
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self.bias_correction = str(bias_correction)
@@ -126,14 +135,19 @@ class CriteoModel(Model):
             "admit_probability": admit_probability, "admit_count": admit_count,
             "max_keys": None if max_keys in (None, "None", "none") else max_keys,
         }
-        if sparse_optimizer not in SPARSE_OPTIMIZERS:
+        self.sparse_optimizer_given = sparse_optimizer not in (None, "None", "none")
+        if self.sparse_optimizer_given and sparse_optimizer not in SPARSE_OPTIMIZERS:
             raise ConfigError(f"{self.name} sparse_optimizer must be one of {', '.join(SPARSE_OPTIMIZERS)}, got {sparse_optimizer!r}")
-        self.sparse_optimizer = str(sparse_optimizer)
-        self.sparse_lr = self.lr if sparse_lr in (None, "None", "none") else positive_float(self.name, "sparse_lr", sparse_lr)
+        self.sparse_optimizer = str(sparse_optimizer) if self.sparse_optimizer_given else "same"
+        self.sparse_lr_given = sparse_lr not in (None, "None", "none")
+        self.sparse_lr = positive_float(self.name, "sparse_lr", sparse_lr) if self.sparse_lr_given else self.lr
+        self._tables = self._make_tables()
+
+    def _make_tables(self) -> list[TableSpec]:
         dense = make_optimizer(self.name, self.optimizer, self.lr, self.bias_correction, self.l2)
         sparse = dense if self.sparse_optimizer == "same" else make_optimizer(
             self.name, self.sparse_optimizer, self.sparse_lr, self.bias_correction, self.l2)
-        self._tables = self._build_tables(dense, sparse)
+        return self._build_tables(dense, sparse)
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:
         """The model's tables: ``sparse_optimizer`` for those indexed by slot ids, ``optimizer``
@@ -155,9 +169,22 @@ class CriteoModel(Model):
         return list(self._tables)
 
     def begin_online(self) -> None:
-        """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was given."""
+        """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was
+        given, and the tables indexed by slot ids with :data:`ONLINE_SPARSE_OPTIMIZER` (at
+        ``sparse_lr`` if given, else :data:`ONLINE_SPARSE_LR`) unless ``optimizer`` or
+        ``sparse_optimizer`` was given; a subclass with more online defaults adds them in
+        :meth:`_online_defaults`."""
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
+        if not (self.optimizer_given or self.sparse_optimizer_given):
+            self.sparse_optimizer = ONLINE_SPARSE_OPTIMIZER
+            self.sparse_lr = self.sparse_lr if self.sparse_lr_given else ONLINE_SPARSE_LR
+        self._online_defaults()
+        self._tables = self._make_tables()
+
+    def _online_defaults(self) -> None:
+        """More settings that online passes change when the user left them unset (wide&deep's
+        wide part); called by :meth:`begin_online` before the tables are made again."""
 
     def max_batch_ids(self, table: str) -> int:
         if self.table_kind == "hash":

@@ -66,8 +66,13 @@ def test_wide_optimizer_arguments() -> None:
     assert {o for n, o in opts.items() if n not in WIDE} == {aps.Adam(lr=0.001, l2=0.001)}
     assert model.describe() | {"wide_optimizer": "ftrl", "ftrl_alpha": 0.1, "l2": 0.001} == model.describe()
     assert {t.optimizer for t in WideDeep().tables()} == {aps.Adam(lr=0.001)}  # the default: Adam everywhere, no decay
-    with pytest.raises(aps.ConfigError, match="wide_deep wide_optimizer must be one of same, ftrl, got 'adam'"):
+    with pytest.raises(aps.ConfigError, match="wide_deep wide_optimizer must be one of same, ftrl, adagrad, got 'adam'"):
         WideDeep(wide_optimizer="adam")
+    adagrad = build_model("wide_deep", ["wide_optimizer=adagrad", "wide_lr=0.1", "l2=0.001"])
+    assert {t.optimizer for t in adagrad.tables() if t.name in WIDE} == {aps.Adagrad(lr=0.1, l2=0.001)}
+    assert adagrad.describe() | {"wide_optimizer": "adagrad", "wide_lr": 0.1} == adagrad.describe()
+    with pytest.raises(aps.ConfigError, match="wide_deep wide_lr must be a positive number, got -1"):
+        WideDeep(wide_optimizer="adagrad", wide_lr=-1)
     with pytest.raises(aps.ConfigError, match="wide_deep Ftrl: alpha must be a positive finite number"):
         WideDeep(wide_optimizer="ftrl", ftrl_alpha=0)
     with pytest.raises(aps.ConfigError, match="wide_deep l2 must be a number >= 0, got -1"):

@@ -55,7 +55,7 @@ class CtrDnn(CriteoModel):
         hidden: str = "400,400,400",
         batch_size: int | None = None,
         lr: float = 0.001,
-        optimizer: str = "adam",
+        optimizer: str | None = None,
         init_range: float = 0.05,
         meta: str | None = None,
         seed: int = 0,
@@ -65,7 +65,7 @@ class CtrDnn(CriteoModel):
         admit_count: int = 1,
         max_keys: int | None = None,
         l2: float = 0.0,
-        sparse_optimizer: str = "same",
+        sparse_optimizer: str | None = None,
         sparse_lr: float | None = None,
     ) -> None:
         super().__init__(

@@ -1,0 +1,95 @@
+"""The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
+measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
+lines at the offline 1000 is a handful of steps), Adagrad on the tables indexed by slot ids and
+on wide&deep's wide part unless an optimizer is given (new ids must learn within the passes that
+bring them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import aps
+from aps.cluster import ClusterSpec
+from aps.models.ctr_dnn.model import EMBEDDING, CtrDnn
+from aps.models.wide_deep.model import DEEP_EMB, WIDE_BIAS, WIDE_DENSE, WIDE_SLOT, WideDeep
+from aps.trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
+from tests.models.test_ctr_step_equality import make_lines, write_meta
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize("cls", [WideDeep, CtrDnn])
+def test_the_default_batch_is_1000_offline_and_32_online_and_a_given_one_holds_in_both(cls, tmp_path: Path) -> None:
+    meta = write_meta(tmp_path / "meta.json")
+    default, given = cls(meta=meta), cls(meta=meta, batch_size=256)
+    assert (default.batch_size, given.batch_size) == (1000, 256)
+    default.begin_online()
+    given.begin_online()
+    assert (default.batch_size, given.batch_size) == (32, 256)
+    assert default.describe()["batch_size"] == 32
+
+
+ADAM, SPARSE, WIDE = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02), aps.Adagrad(lr=0.1)
+
+
+def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
+    if online:
+        model.begin_online()
+    return {t.name: t.optimizer for t in model.tables()}
+
+
+def test_online_passes_train_the_slot_tables_and_the_wide_part_with_adagrad_and_the_rest_with_adam(tmp_path: Path) -> None:
+    meta = write_meta(tmp_path / "meta.json")
+    assert set(optimizers(WideDeep(meta=meta), online=False).values()) == {ADAM}
+    assert set(optimizers(CtrDnn(meta=meta), online=False).values()) == {ADAM}
+    wide_deep = optimizers(WideDeep(meta=meta), online=True)
+    assert {n: o for n, o in wide_deep.items() if o != ADAM} == {
+        WIDE_SLOT: WIDE, WIDE_DENSE: WIDE, WIDE_BIAS: WIDE, DEEP_EMB: SPARSE}
+    ctr_dnn = optimizers(CtrDnn(meta=meta), online=True)
+    assert {n: o for n, o in ctr_dnn.items() if o != ADAM} == {EMBEDDING: SPARSE}
+    model = WideDeep(meta=meta)
+    model.begin_online()
+    assert model.describe() | {"sparse_optimizer": "adagrad", "sparse_lr": 0.02, "wide_optimizer": "adagrad",
+                               "wide_lr": 0.1} == model.describe()
+
+
+def test_an_optimizer_the_user_gives_holds_online() -> None:
+    # the model's optimizer: every table's, online too (geo mode needs SGD on every table)
+    assert set(optimizers(WideDeep(optimizer="sgd", lr=0.1), online=True).values()) == {aps.SGD(lr=0.1)}
+    assert set(optimizers(CtrDnn(optimizer="adam"), online=True).values()) == {ADAM}
+    # one part given: the other still takes its online default
+    same_sparse = optimizers(WideDeep(sparse_optimizer="same"), online=True)
+    assert same_sparse[DEEP_EMB] == ADAM and same_sparse[WIDE_SLOT] == WIDE
+    same_wide = optimizers(WideDeep(wide_optimizer="same", wide_lr=0.3), online=True)
+    # the wide part as offline: its slot weights with the other slot table, the rest with the model's
+    assert (same_wide[DEEP_EMB], same_wide[WIDE_SLOT], same_wide[WIDE_DENSE], same_wide[WIDE_BIAS]) == (SPARSE, SPARSE, ADAM, ADAM)
+    rates = optimizers(WideDeep(sparse_lr=0.01, wide_lr=0.2), online=True)
+    assert (rates[DEEP_EMB], rates[WIDE_BIAS]) == (aps.Adagrad(lr=0.01), aps.Adagrad(lr=0.2))
+    ftrl = optimizers(WideDeep(wide_optimizer="ftrl"), online=True)
+    assert ftrl[WIDE_SLOT] == aps.Ftrl(alpha=1.0, beta=1.0) and ftrl[DEEP_EMB] == SPARSE
+
+
+@pytest.mark.parametrize("batch_size, steps", [(None, 5), (40, 4)])
+async def test_an_online_pass_of_160_lines_takes_the_steps_of_its_batch(batch_size: int | None, steps: int,
+                                                                        tmp_path: Path) -> None:
+    data = tmp_path / "passes"
+    (data / "20261127" / "0001").mkdir(parents=True)
+    (data / "20261127" / "0001" / "part-00000").write_text("\n".join(make_lines(4)) + "\n")
+    (data / "20261127" / "0001" / "_SUCCESS").write_text("")
+    (data / "_SUCCESS").write_text("")
+    metrics = tmp_path / "metrics.jsonl"
+    args = {} if batch_size is None else {"batch_size": batch_size}
+    model = WideDeep(meta=write_meta(tmp_path / "meta.json"), table="hash", **args)
+    server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
+    try:
+        options = TrainOptions(save_dir=None, print_period=0, live_line=False, metrics_path=str(metrics))
+        trainer = Trainer(model, Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions())
+    finally:
+        await server.aclose()
+    assert [p["examples"] for p in result.passes] == [160]
+    epochs = [json.loads(line) for line in metrics.read_text().splitlines() if json.loads(line)["event"] == "epoch"]
+    assert [e["steps"] for e in epochs] == [steps]
