@@ -38,10 +38,16 @@ OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
 ONLINE_SPARSE_OPTIMIZER, ONLINE_SPARSE_LR = "adagrad", 0.02
 
 
+def given(value: Any) -> bool:
+    """Whether a model argument was given: None, or ``None`` / ``none`` as text
+    (``--model-arg x=none``), leaves it to the run's default."""
+    return value not in (None, "None", "none")
+
+
 def batch_size_arg(model: str, value: Any) -> int | None:
     """``batch_size``: None (the default: :data:`OFFLINE_BATCH`, or :data:`ONLINE_BATCH` in online
     passes) or a positive integer, used everywhere."""
-    return None if value in (None, "None", "none") else positive_int(model, "batch_size", value)
+    return positive_int(model, "batch_size", value) if given(value) else None
 
 
 def positive_int(model: str, name: str, value: Any, low: int = 1) -> int:
@@ -122,7 +128,7 @@ class CriteoModel(Model):
         self.batch_size = OFFLINE_BATCH if self.batch_size_arg is None else self.batch_size_arg
         self.lr = positive_float(self.name, "lr", lr)
         #: whether the user chose ``optimizer``: then it is every table's, online too (begin_online)
-        self.optimizer_given = optimizer not in (None, "None", "none")
+        self.optimizer_given = given(optimizer)
         self.optimizer = str(optimizer) if self.optimizer_given else "adam"
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
@@ -133,13 +139,13 @@ class CriteoModel(Model):
         self.table_kind = str(table)
         self.admission = {
             "admit_probability": admit_probability, "admit_count": admit_count,
-            "max_keys": None if max_keys in (None, "None", "none") else max_keys,
+            "max_keys": max_keys if given(max_keys) else None,
         }
-        self.sparse_optimizer_given = sparse_optimizer not in (None, "None", "none")
+        self.sparse_optimizer_given = given(sparse_optimizer)
         if self.sparse_optimizer_given and sparse_optimizer not in SPARSE_OPTIMIZERS:
             raise ConfigError(f"{self.name} sparse_optimizer must be one of {', '.join(SPARSE_OPTIMIZERS)}, got {sparse_optimizer!r}")
         self.sparse_optimizer = str(sparse_optimizer) if self.sparse_optimizer_given else "same"
-        self.sparse_lr_given = sparse_lr not in (None, "None", "none")
+        self.sparse_lr_given = given(sparse_lr)
         self.sparse_lr = positive_float(self.name, "sparse_lr", sparse_lr) if self.sparse_lr_given else self.lr
         self._tables = self._make_tables()
 

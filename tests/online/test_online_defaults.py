@@ -48,6 +48,8 @@ def test_online_passes_train_the_slot_tables_and_the_wide_part_with_adagrad_and_
     wide_deep = optimizers(WideDeep(meta=meta), online=True)
     assert {n: o for n, o in wide_deep.items() if o != ADAM} == {
         WIDE_SLOT: WIDE, WIDE_DENSE: WIDE, WIDE_BIAS: WIDE, DEEP_EMB: SPARSE}
+    # "none" as text (--model-arg optimizer=none) leaves a setting unset too
+    assert optimizers(WideDeep(meta=meta, optimizer="none", sparse_optimizer="None", wide_optimizer="none"), online=True) == wide_deep
     ctr_dnn = optimizers(CtrDnn(meta=meta), online=True)
     assert {n: o for n, o in ctr_dnn.items() if o != ADAM} == {EMBEDDING: SPARSE}
     model = WideDeep(meta=meta)

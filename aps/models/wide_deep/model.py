@@ -22,7 +22,7 @@ import numpy as np
 from ...specs import Constant, DenseTable, Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
-from ..ctr_model import CriteoModel
+from ..ctr_model import CriteoModel, given
 from ..layers import gather_slots, scatter_slots, scatter_sum_slots, sigmoid_xent, stack, sum_slots
 from .wide import wide_optimizer
 
@@ -71,7 +71,7 @@ class WideDeep(CriteoModel):
         wide_lr: float = 0.1,
     ) -> None:
         #: whether the user chose ``wide_optimizer`` (unset: ``same`` offline, Adagrad online)
-        self.wide_given = wide_optimizer not in (None, "None", "none")
+        self.wide_given = given(wide_optimizer)
         self.wide = (str(wide_optimizer) if self.wide_given else "same", ftrl_alpha, ftrl_beta, ftrl_l1, wide_lr)
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
