@@ -73,6 +73,8 @@ def test_wide_optimizer_arguments() -> None:
     assert adagrad.describe() | {"wide_optimizer": "adagrad", "wide_lr": 0.1} == adagrad.describe()
     with pytest.raises(aps.ConfigError, match="wide_deep wide_lr must be a positive number, got -1"):
         WideDeep(wide_optimizer="adagrad", wide_lr=-1)
+    with pytest.raises(aps.ConfigError, match="wide_deep wide_lr must be a number, got 'x'"):
+        WideDeep(wide_lr="x")  # refused offline too, where the default wide part does not use it
     with pytest.raises(aps.ConfigError, match="wide_deep Ftrl: alpha must be a positive finite number"):
         WideDeep(wide_optimizer="ftrl", ftrl_alpha=0)
     with pytest.raises(aps.ConfigError, match="wide_deep l2 must be a number >= 0, got -1"):

@@ -22,7 +22,7 @@ import numpy as np
 from ...specs import Constant, DenseTable, Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
-from ..ctr_model import CriteoModel, given
+from ..ctr_model import CriteoModel, given, positive_float
 from ..layers import gather_slots, scatter_slots, scatter_sum_slots, sigmoid_xent, stack, sum_slots
 from .wide import wide_optimizer
 
@@ -72,6 +72,8 @@ class WideDeep(CriteoModel):
     ) -> None:
         #: whether the user chose ``wide_optimizer`` (unset: ``same`` offline, Adagrad online)
         self.wide_given = given(wide_optimizer)
+        # checked here, not when an online run first uses it: a bad value fails before any work
+        wide_lr = positive_float(self.name, "wide_lr", wide_lr)
         self.wide = (str(wide_optimizer) if self.wide_given else "same", ftrl_alpha, ftrl_beta, ftrl_l1, wide_lr)
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
