@@ -178,19 +178,13 @@ class CriteoModel(Model):
         """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was
         given, and the tables indexed by slot ids with :data:`ONLINE_SPARSE_OPTIMIZER` (at
         ``sparse_lr`` if given, else :data:`ONLINE_SPARSE_LR`) unless ``optimizer`` or
-        ``sparse_optimizer`` was given; a subclass with more online defaults adds them in
-        :meth:`_online_defaults`."""
+        ``sparse_optimizer`` was given."""
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
         if not (self.optimizer_given or self.sparse_optimizer_given):
             self.sparse_optimizer = ONLINE_SPARSE_OPTIMIZER
             self.sparse_lr = self.sparse_lr if self.sparse_lr_given else ONLINE_SPARSE_LR
-        self._online_defaults()
         self._tables = self._make_tables()
-
-    def _online_defaults(self) -> None:
-        """More settings that online passes change when the user left them unset (wide&deep's
-        wide part); called by :meth:`begin_online` before the tables are made again."""
 
     def max_batch_ids(self, table: str) -> int:
         if self.table_kind == "hash":

@@ -1,8 +1,7 @@
 """The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
 measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
-lines at the offline 1000 is a handful of steps), Adagrad on the tables indexed by slot ids and
-on wide&deep's wide part unless an optimizer is given (new ids must learn within the passes that
-bring them)."""
+lines at the offline 1000 is a handful of steps), Adagrad on the tables indexed by slot ids
+unless an optimizer is given (new ids must learn within the passes that bring them)."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ def test_the_default_batch_is_1000_offline_and_32_online_and_a_given_one_holds_i
     assert default.describe()["batch_size"] == 32
 
 
-ADAM, SPARSE, WIDE = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02), aps.Adagrad(lr=0.1)
+ADAM, SPARSE = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02)
 
 
 def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
@@ -41,35 +40,32 @@ def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
     return {t.name: t.optimizer for t in model.tables()}
 
 
-def test_online_passes_train_the_slot_tables_and_the_wide_part_with_adagrad_and_the_rest_with_adam(tmp_path: Path) -> None:
+def test_online_passes_train_the_slot_tables_with_adagrad_and_the_rest_with_adam(tmp_path: Path) -> None:
     meta = write_meta(tmp_path / "meta.json")
     assert set(optimizers(WideDeep(meta=meta), online=False).values()) == {ADAM}
     assert set(optimizers(CtrDnn(meta=meta), online=False).values()) == {ADAM}
     wide_deep = optimizers(WideDeep(meta=meta), online=True)
-    assert {n: o for n, o in wide_deep.items() if o != ADAM} == {
-        WIDE_SLOT: WIDE, WIDE_DENSE: WIDE, WIDE_BIAS: WIDE, DEEP_EMB: SPARSE}
+    # wide&deep's wide slot weights are a slot table too; its dense term and bias keep Adam
+    assert {n: o for n, o in wide_deep.items() if o != ADAM} == {WIDE_SLOT: SPARSE, DEEP_EMB: SPARSE}
+    assert wide_deep[WIDE_DENSE] == wide_deep[WIDE_BIAS] == ADAM
     # "none" as text (--model-arg optimizer=none) leaves a setting unset too
-    assert optimizers(WideDeep(meta=meta, optimizer="none", sparse_optimizer="None", wide_optimizer="none"), online=True) == wide_deep
+    assert optimizers(WideDeep(meta=meta, optimizer="none", sparse_optimizer="None"), online=True) == wide_deep
     ctr_dnn = optimizers(CtrDnn(meta=meta), online=True)
     assert {n: o for n, o in ctr_dnn.items() if o != ADAM} == {EMBEDDING: SPARSE}
-    model = WideDeep(meta=meta)
+    model = CtrDnn(meta=meta)
     model.begin_online()
-    assert model.describe() | {"sparse_optimizer": "adagrad", "sparse_lr": 0.02, "wide_optimizer": "adagrad",
-                               "wide_lr": 0.1} == model.describe()
+    assert model.describe() | {"sparse_optimizer": "adagrad", "sparse_lr": 0.02, "batch_size": 32} == model.describe()
 
 
 def test_an_optimizer_the_user_gives_holds_online() -> None:
     # the model's optimizer: every table's, online too (geo mode needs SGD on every table)
     assert set(optimizers(WideDeep(optimizer="sgd", lr=0.1), online=True).values()) == {aps.SGD(lr=0.1)}
     assert set(optimizers(CtrDnn(optimizer="adam"), online=True).values()) == {ADAM}
-    # one part given: the other still takes its online default
-    same_sparse = optimizers(WideDeep(sparse_optimizer="same"), online=True)
-    assert same_sparse[DEEP_EMB] == ADAM and same_sparse[WIDE_SLOT] == WIDE
-    same_wide = optimizers(WideDeep(wide_optimizer="same", wide_lr=0.3), online=True)
-    # the wide part as offline: its slot weights with the other slot table, the rest with the model's
-    assert (same_wide[DEEP_EMB], same_wide[WIDE_SLOT], same_wide[WIDE_DENSE], same_wide[WIDE_BIAS]) == (SPARSE, SPARSE, ADAM, ADAM)
-    rates = optimizers(WideDeep(sparse_lr=0.01, wide_lr=0.2), online=True)
-    assert (rates[DEEP_EMB], rates[WIDE_BIAS]) == (aps.Adagrad(lr=0.01), aps.Adagrad(lr=0.2))
+    assert set(optimizers(CtrDnn(sparse_optimizer="same"), online=True).values()) == {ADAM}
+    # a given rate or wide part holds, the slot tables still taking Adagrad
+    assert optimizers(CtrDnn(sparse_lr=0.01), online=True)[EMBEDDING] == aps.Adagrad(lr=0.01)
+    wide = optimizers(WideDeep(wide_optimizer="adagrad", wide_lr=0.2), online=True)
+    assert (wide[DEEP_EMB], wide[WIDE_SLOT], wide[WIDE_BIAS]) == (SPARSE, aps.Adagrad(lr=0.2), aps.Adagrad(lr=0.2))
     ftrl = optimizers(WideDeep(wide_optimizer="ftrl"), online=True)
     assert ftrl[WIDE_SLOT] == aps.Ftrl(alpha=1.0, beta=1.0) and ftrl[DEEP_EMB] == SPARSE
 

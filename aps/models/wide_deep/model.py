@@ -4,8 +4,9 @@
   slots, plus a linear term over the dense features (``wide.dense``, ``wide.b``);
 * **deep**: per-slot embeddings (``deep.emb``, dim 8) concatenated with the dense features ->
   FC 400 ReLU -> FC 400 ReLU -> FC 400 ReLU -> FC 1 (``deep1.w`` ... ``deep4.b``);
-* logit = wide + deep; sigmoid cross-entropy; Adam on the pservers for every table, or FTRL or
-  Adagrad for the wide part (``wide_optimizer``, :mod:`.wide`; Adagrad in online passes).
+* logit = wide + deep; sigmoid cross-entropy; Adam on the pservers for every table (Adagrad on
+  the slot tables in online passes, :class:`~aps.models.ctr_model.CriteoModel`), or FTRL or
+  Adagrad for the wide part (``wide_optimizer``, :mod:`.wide`).
 
 Gradients are of the batch *mean* loss; ``compute`` returns the summed loss (see
 :mod:`aps.models.ctr_dnn.model`, which this file follows line for line where it can). Data are
@@ -22,7 +23,7 @@ import numpy as np
 from ...specs import Constant, DenseTable, Optimizer, TableSpec, Uniform
 from ...trainer.model import Batch, Grads, Params
 from ..ctr_batches import CtrBatch
-from ..ctr_model import CriteoModel, given, positive_float
+from ..ctr_model import CriteoModel, positive_float
 from ..layers import gather_slots, scatter_slots, scatter_sum_slots, sigmoid_xent, stack, sum_slots
 from .wide import wide_optimizer
 
@@ -40,8 +41,9 @@ class WideDeep(CriteoModel):
     (``ftrl_alpha``, ``ftrl_beta``, ``ftrl_l1``; its l2 is ``l2``). ``ftrl_alpha`` is 1, not
     per-example FTRL's usual 0.05: the gradients are of the batch mean, and 1 gave the better test
     AUC on every data set measured (bench/README.md, "ctr_ablation.py"). ``wide_optimizer=adagrad``
-    trains it with Adagrad at ``wide_lr``; unset, the wide part takes the model's optimizer
-    offline and Adagrad online (:meth:`_online_defaults`), ``same`` keeps the model's in both."""
+    trains it with Adagrad at ``wide_lr``. With ``same`` (the default) its slot weights are
+    trained as the embeddings (``sparse_optimizer``: Adagrad in online passes) and the rest with
+    the model's optimizer."""
 
     name = "wide_deep"
     slot_tables = (WIDE_SLOT, DEEP_EMB)
@@ -62,19 +64,17 @@ class WideDeep(CriteoModel):
         admit_count: int = 1,
         max_keys: int | None = None,
         l2: float = 0.0,
-        wide_optimizer: str | None = None,
+        wide_optimizer: str = "same",
         ftrl_alpha: float = 1.0,
         ftrl_beta: float = 1.0,
         ftrl_l1: float = 0.0,
         sparse_optimizer: str | None = None,
         sparse_lr: float | None = None,
-        wide_lr: float = 0.1,
+        wide_lr: float = 0.05,
     ) -> None:
-        #: whether the user chose ``wide_optimizer`` (unset: ``same`` offline, Adagrad online)
-        self.wide_given = given(wide_optimizer)
-        # checked here, not when an online run first uses it: a bad value fails before any work
+        # checked here, not when the wide part is made: a bad value fails whatever wide_optimizer is
         wide_lr = positive_float(self.name, "wide_lr", wide_lr)
-        self.wide = (str(wide_optimizer) if self.wide_given else "same", ftrl_alpha, ftrl_beta, ftrl_l1, wide_lr)
+        self.wide = (str(wide_optimizer), ftrl_alpha, ftrl_beta, ftrl_l1, wide_lr)
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
@@ -96,14 +96,6 @@ class WideDeep(CriteoModel):
         for layer in self.layers:
             tables.extend(layer.tables(optimizer, self.seed))
         return tables
-
-    def _online_defaults(self) -> None:
-        """Online, the wide part learns with Adagrad at ``wide_lr`` unless ``optimizer`` or
-        ``wide_optimizer`` was given (docs/concepts.md, "The CTR models' optimizers, measured on
-        real data"): a user's or film's weight must move far within the passes that first
-        bring it, which Adam's steps of ``lr`` do not."""
-        if not (self.optimizer_given or self.wide_given):
-            self.wide = ("adagrad", *self.wide[1:])
 
     def describe(self) -> dict[str, Any]:
         name, alpha, beta, l1, lr = self.wide
