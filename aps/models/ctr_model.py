@@ -31,11 +31,12 @@ TABLE_KINDS = ("fixed", "hash")
 #: 32 in online passes, where a pass of a few thousand lines at 1000 is a handful of steps
 #: (docs/concepts.md, "The CTR models' optimizers, measured on real data")
 OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
-#: the optimizer of the tables indexed by slot ids in online passes when neither ``optimizer``
-#: nor ``sparse_optimizer`` is given: Adagrad's first step on a new id is ``lr`` whatever the
-#: gradient's scale, Adam's is its ``lr`` of 0.001, and online every pass brings new ids
-#: (docs/concepts.md, "The CTR models' optimizers, measured on real data")
-ONLINE_SPARSE_OPTIMIZER, ONLINE_SPARSE_LR = "adagrad", 0.02
+#: the optimizer and rate of every table offline, and in online passes when neither ``optimizer``
+#: nor ``lr`` is given: online, Adagrad's first step on a new id is its ``lr``
+#: whatever the gradient's scale, Adam's about its ``lr`` of 0.001, and every pass brings new
+#: ids (docs/concepts.md, "The CTR models' optimizers, measured on real data")
+OFFLINE_OPTIMIZER, OFFLINE_LR = "adam", 0.001
+ONLINE_OPTIMIZER, ONLINE_LR = "adagrad", 0.02
 
 
 def given(value: Any) -> bool:
@@ -96,11 +97,12 @@ class CriteoModel(Model):
     :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
     pserver; None: unbounded); shows and clicks go with the gradients.
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
-    ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``:
-    the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense layers
-    in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule). Unset, it
-    is ``same`` offline and Adagrad at 0.02 in online passes (:meth:`begin_online`), unless
-    ``optimizer`` is given: a chosen optimizer trains every table in both.
+    ``optimizer`` / ``lr``: unset, Adam at 0.001 offline and Adagrad at 0.02 in online passes
+    (:meth:`begin_online`); either given, both hold in both (``lr`` default 0.001, ``optimizer``
+    default Adam: a rate alone was chosen for Adam).
+    ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``,
+    the default: the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense
+    layers in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule).
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -112,10 +114,10 @@ class CriteoModel(Model):
     slot_tables: tuple[str, ...] = ()
 
     def __init__(
-        self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float, optimizer: str,
+        self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float | None, optimizer: str | None,
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
-        sparse_optimizer: str | None = None, sparse_lr: float | None = None,
+        sparse_optimizer: str = "same", sparse_lr: float | None = None,
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -126,10 +128,10 @@ class CriteoModel(Model):
         #: the user's batch_size, None when not given (then it depends on the run: begin_online)
         self.batch_size_arg = batch_size_arg(self.name, batch_size)
         self.batch_size = OFFLINE_BATCH if self.batch_size_arg is None else self.batch_size_arg
-        self.lr = positive_float(self.name, "lr", lr)
-        #: whether the user chose ``optimizer``: then it is every table's, online too (begin_online)
-        self.optimizer_given = given(optimizer)
-        self.optimizer = str(optimizer) if self.optimizer_given else "adam"
+        #: whether the user chose ``optimizer`` and ``lr``: then they hold online too (begin_online)
+        self.optimizer_given, self.lr_given = given(optimizer), given(lr)
+        self.lr = positive_float(self.name, "lr", lr) if self.lr_given else OFFLINE_LR
+        self.optimizer = str(optimizer) if self.optimizer_given else OFFLINE_OPTIMIZER
         self.init_range = positive_float(self.name, "init_range", init_range)
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self.bias_correction = str(bias_correction)
@@ -141,10 +143,9 @@ class CriteoModel(Model):
             "admit_probability": admit_probability, "admit_count": admit_count,
             "max_keys": max_keys if given(max_keys) else None,
         }
-        self.sparse_optimizer_given = given(sparse_optimizer)
-        if self.sparse_optimizer_given and sparse_optimizer not in SPARSE_OPTIMIZERS:
+        if sparse_optimizer not in SPARSE_OPTIMIZERS:
             raise ConfigError(f"{self.name} sparse_optimizer must be one of {', '.join(SPARSE_OPTIMIZERS)}, got {sparse_optimizer!r}")
-        self.sparse_optimizer = str(sparse_optimizer) if self.sparse_optimizer_given else "same"
+        self.sparse_optimizer = str(sparse_optimizer)
         self.sparse_lr_given = given(sparse_lr)
         self.sparse_lr = positive_float(self.name, "sparse_lr", sparse_lr) if self.sparse_lr_given else self.lr
         self._tables = self._make_tables()
@@ -175,15 +176,15 @@ class CriteoModel(Model):
         return list(self._tables)
 
     def begin_online(self) -> None:
-        """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was
-        given, and the tables indexed by slot ids with :data:`ONLINE_SPARSE_OPTIMIZER` (at
-        ``sparse_lr`` if given, else :data:`ONLINE_SPARSE_LR`) unless ``optimizer`` or
-        ``sparse_optimizer`` was given."""
+        """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was given,
+        and with :data:`ONLINE_OPTIMIZER` at :data:`ONLINE_LR` unless ``optimizer`` or ``lr`` was
+        given; ``sparse_lr`` unset follows ``lr``."""
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
-        if not (self.optimizer_given or self.sparse_optimizer_given):
-            self.sparse_optimizer = ONLINE_SPARSE_OPTIMIZER
-            self.sparse_lr = self.sparse_lr if self.sparse_lr_given else ONLINE_SPARSE_LR
+        if not (self.optimizer_given or self.lr_given):  # a given lr was chosen for Adam
+            self.optimizer, self.lr = ONLINE_OPTIMIZER, ONLINE_LR
+        if not self.sparse_lr_given:
+            self.sparse_lr = self.lr
         self._tables = self._make_tables()
 
     def max_batch_ids(self, table: str) -> int:

@@ -1,7 +1,7 @@
 """The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
 measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
-lines at the offline 1000 is a handful of steps), Adagrad on the tables indexed by slot ids
-unless an optimizer is given (new ids must learn within the passes that bring them)."""
+lines at the offline 1000 is a handful of steps), Adagrad at 0.02 on every table unless an
+optimizer or rate is given (new ids must learn within the passes that bring them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import aps
 from aps.cluster import ClusterSpec
 from aps.models.ctr_dnn.model import EMBEDDING, CtrDnn
-from aps.models.wide_deep.model import DEEP_EMB, WIDE_BIAS, WIDE_DENSE, WIDE_SLOT, WideDeep
+from aps.models.wide_deep.model import DEEP_EMB, WIDE_BIAS, WIDE_SLOT, WideDeep
 from aps.trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from tests.models.test_ctr_step_equality import make_lines, write_meta
 
@@ -31,7 +31,7 @@ def test_the_default_batch_is_1000_offline_and_32_online_and_a_given_one_holds_i
     assert default.describe()["batch_size"] == 32
 
 
-ADAM, SPARSE = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02)
+ADAM, ADAGRAD = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02)
 
 
 def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
@@ -40,34 +40,32 @@ def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
     return {t.name: t.optimizer for t in model.tables()}
 
 
-def test_online_passes_train_the_slot_tables_with_adagrad_and_the_rest_with_adam(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cls", [WideDeep, CtrDnn])
+def test_every_table_takes_adam_offline_and_adagrad_online(cls, tmp_path: Path) -> None:
     meta = write_meta(tmp_path / "meta.json")
-    assert set(optimizers(WideDeep(meta=meta), online=False).values()) == {ADAM}
-    assert set(optimizers(CtrDnn(meta=meta), online=False).values()) == {ADAM}
-    wide_deep = optimizers(WideDeep(meta=meta), online=True)
-    # wide&deep's wide slot weights are a slot table too; its dense term and bias keep Adam
-    assert {n: o for n, o in wide_deep.items() if o != ADAM} == {WIDE_SLOT: SPARSE, DEEP_EMB: SPARSE}
-    assert wide_deep[WIDE_DENSE] == wide_deep[WIDE_BIAS] == ADAM
+    assert set(optimizers(cls(meta=meta), online=False).values()) == {ADAM}
+    assert set(optimizers(cls(meta=meta), online=True).values()) == {ADAGRAD}
     # "none" as text (--model-arg optimizer=none) leaves a setting unset too
-    assert optimizers(WideDeep(meta=meta, optimizer="none", sparse_optimizer="None"), online=True) == wide_deep
-    ctr_dnn = optimizers(CtrDnn(meta=meta), online=True)
-    assert {n: o for n, o in ctr_dnn.items() if o != ADAM} == {EMBEDDING: SPARSE}
-    model = CtrDnn(meta=meta)
+    assert set(optimizers(cls(meta=meta, optimizer="none", lr="None"), online=True).values()) == {ADAGRAD}
+    model = cls(meta=meta)
     model.begin_online()
-    assert model.describe() | {"sparse_optimizer": "adagrad", "sparse_lr": 0.02, "batch_size": 32} == model.describe()
+    assert model.describe() | {"optimizer": "adagrad", "lr": 0.02, "batch_size": 32} == model.describe()
 
 
-def test_an_optimizer_the_user_gives_holds_online() -> None:
-    # the model's optimizer: every table's, online too (geo mode needs SGD on every table)
+def test_what_the_user_gives_holds_online() -> None:
+    # a given optimizer: every table's, online too (geo mode needs SGD on every table), at lr or 0.001
     assert set(optimizers(WideDeep(optimizer="sgd", lr=0.1), online=True).values()) == {aps.SGD(lr=0.1)}
     assert set(optimizers(CtrDnn(optimizer="adam"), online=True).values()) == {ADAM}
-    assert set(optimizers(CtrDnn(sparse_optimizer="same"), online=True).values()) == {ADAM}
-    # a given rate or wide part holds, the slot tables still taking Adagrad
-    assert optimizers(CtrDnn(sparse_lr=0.01), online=True)[EMBEDDING] == aps.Adagrad(lr=0.01)
+    # a given rate alone was chosen for Adam (the example's lr=0.003): Adam at it online too
+    assert set(optimizers(CtrDnn(lr=0.003), online=True).values()) == {aps.Adam(lr=0.003)}
+    # the sparse tables' own optimizer holds; its rate follows the online lr unless given
+    sparse = optimizers(CtrDnn(sparse_optimizer="adam"), online=True)
+    assert (sparse[EMBEDDING], sparse["fc1.w"]) == (aps.Adam(lr=0.02), ADAGRAD)
+    assert optimizers(CtrDnn(sparse_optimizer="adam", sparse_lr=0.001), online=True)[EMBEDDING] == ADAM
     wide = optimizers(WideDeep(wide_optimizer="adagrad", wide_lr=0.2), online=True)
-    assert (wide[DEEP_EMB], wide[WIDE_SLOT], wide[WIDE_BIAS]) == (SPARSE, aps.Adagrad(lr=0.2), aps.Adagrad(lr=0.2))
+    assert (wide[DEEP_EMB], wide[WIDE_SLOT], wide[WIDE_BIAS]) == (ADAGRAD, aps.Adagrad(lr=0.2), aps.Adagrad(lr=0.2))
     ftrl = optimizers(WideDeep(wide_optimizer="ftrl"), online=True)
-    assert ftrl[WIDE_SLOT] == aps.Ftrl(alpha=1.0, beta=1.0) and ftrl[DEEP_EMB] == SPARSE
+    assert ftrl[WIDE_SLOT] == aps.Ftrl(alpha=1.0, beta=1.0) and ftrl[DEEP_EMB] == ADAGRAD
 
 
 @pytest.mark.parametrize("batch_size, steps", [(None, 5), (40, 4)])

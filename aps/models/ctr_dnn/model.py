@@ -54,7 +54,7 @@ class CtrDnn(CriteoModel):
         embedding_size: int = 10,
         hidden: str = "400,400,400",
         batch_size: int | None = None,
-        lr: float = 0.001,
+        lr: float | None = None,
         optimizer: str | None = None,
         init_range: float = 0.05,
         meta: str | None = None,
@@ -65,7 +65,7 @@ class CtrDnn(CriteoModel):
         admit_count: int = 1,
         max_keys: int | None = None,
         l2: float = 0.0,
-        sparse_optimizer: str | None = None,
+        sparse_optimizer: str = "same",
         sparse_lr: float | None = None,
     ) -> None:
         super().__init__(

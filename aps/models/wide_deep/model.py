@@ -53,7 +53,7 @@ class WideDeep(CriteoModel):
         embedding_size: int = 8,
         hidden: str = "400,400,400",
         batch_size: int | None = None,
-        lr: float = 0.001,
+        lr: float | None = None,
         optimizer: str | None = None,
         init_range: float = 0.1,
         meta: str | None = None,
@@ -68,7 +68,7 @@ class WideDeep(CriteoModel):
         ftrl_alpha: float = 1.0,
         ftrl_beta: float = 1.0,
         ftrl_l1: float = 0.0,
-        sparse_optimizer: str | None = None,
+        sparse_optimizer: str = "same",
         sparse_lr: float | None = None,
         wide_lr: float = 0.05,
     ) -> None:
