@@ -321,7 +321,7 @@ async def test_hash_table_keys_and_admission_counts_are_exported() -> None:
             await ps.create_table(aps.HashTable("h", dim=4, max_keys=100))
             keys = np.arange(-60, 90, dtype=np.int64) * 1_000_003
             await ps.push_sparse_grad("h", keys, np.ones((150, 4), np.float32))
-            while srv.core._upkeep:  # the eviction that makes room for the next push, off the loop
+            while srv.core.hash_upkeep.running:  # the eviction that makes room for the next push, off the loop
                 await asyncio.sleep(0.01)
             info = await ps.table_info("h")
             m = await ascrape(srv.metrics_port)  # type: ignore[arg-type]

@@ -4,8 +4,8 @@ No sockets here (transport/ moves the bytes). Handlers are plain methods returni
 or an awaitable when the request has to wait (a coroutine for barriers, the round's future for
 sync pushes), so the common pull/push path runs without creating a task. What differs between
 kinds of tables is the kind's (kinds/), so a push of any kind runs one pipeline here; the
-tables themselves are the table set's (table_set.py), GEO's changed-row reads the change
-reads' (changes.py), saves and loads the checkpoint handlers' (core_checkpoints.py).
+tables are the table set's (table_set.py), GEO's changed-row reads changes.py's, saves and
+loads core_checkpoints.py's, shrinks and hash tables' growth and eviction hash_upkeep.py's.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from .changes import ChangeReads
 from .config import ServerConfig
 from .coordination import Barriers, SyncRounds
 from .core_checkpoints import CheckpointHandlers
-from .core_hash import HashHandlers
 from .gate import WriteGate
+from .hash_upkeep import HashUpkeep
 from .kinds import DEFAULT_KINDS, TableKind, TableKinds
 from .lag import UpdateVersions
 from .liveness import TrainerLeases
@@ -55,7 +55,7 @@ _PUSHES: dict[type, tuple[bool, wire.Op]] = {
 _NO_VALUES = np.empty(0, np.float32)
 
 
-class ServerCore(HashHandlers):
+class ServerCore:
     """State and request handlers of one pserver: the training service behind the transport
     (it implements :class:`~aps.server.transport.service.RequestCore`)."""
 
@@ -90,11 +90,11 @@ class ServerCore(HashHandlers):
         self.gate = WriteGate()
         #: SAVE, LOAD, init_model and resume, over this core's tables (core_checkpoints.py)
         self.checkpointing = CheckpointHandlers(config, self, self.gate, self.stats, formats)
-        #: per hash table, the slab growth or cap eviction running ahead of need (core_hash.py)
-        self._upkeep: dict[str, asyncio.Task[None]] = {}
+        #: SHRINK, the scheduled shrinks, and hash tables' growth and eviction ahead of need (hash_upkeep.py)
+        self.hash_upkeep = HashUpkeep(self.table_set, self.gate, self.stats)
         self.leases = TrainerLeases(config.num_trainers, config.trainer_timeout, self._trainers_gone)
         #: periodic checkpoints, scheduled shrinks, leases, warm-up (scheduled.py)
-        self.scheduled = ScheduledWork(config, self.checkpointing.save_own_shard, self.shrink_all, self.leases)
+        self.scheduled = ScheduledWork(config, self.checkpointing.save_own_shard, self.hash_upkeep.shrink_all, self.leases)
         self.checkpointing.start()  # the stale saves' clean-up, then init_model or resume
 
     def start(self, on_all_done: AllDone) -> None:
@@ -237,7 +237,7 @@ class ServerCore(HashHandlers):
         """The server is stopping: fail every waiting request (and keep nothing for later)."""
         self._stopping = True
         self.leases.stop()
-        self.stop_upkeep()
+        self.hash_upkeep.stop()
         self.barriers.fail_all(error)
         self.sync_rounds.fail_all(error)
         for timer in self._forget_timers.values():
@@ -338,7 +338,7 @@ class ServerCore(HashHandlers):
                 if kind.apply_round(shard, ids, rows, kept, scale, final):
                     self.versions.applied(msg.table, kept.part)
                 if kind.keyed:
-                    self._hash_upkeep(shard)
+                    self.hash_upkeep.after_push(shard)
 
             # the future itself is the reply (and what the replay cache keeps), so a withdrawn
             # chunk can be found and forgotten by identity
@@ -352,7 +352,7 @@ class ServerCore(HashHandlers):
         if final:
             self.versions.applied(msg.table, push.part)
         if kind.keyed:
-            self._hash_upkeep(shard)
+            self.hash_upkeep.after_push(shard)
         return wire.Ok(op=op)
 
     def _push_delta(self, client_id: int, msg: wire.PushSparseDelta | wire.PushDenseDelta, flags: int) -> wire.Message:
@@ -361,7 +361,7 @@ class ServerCore(HashHandlers):
         shard, kind = self.table_set.get(msg.table, by_ids)
         kind.apply_delta(shard, kind.accept(shard, msg, flags), bool(flags & _FINAL), client_id)
         if kind.keyed:
-            self._hash_upkeep(shard)
+            self.hash_upkeep.after_push(shard)
         return wire.Ok(op=op)
 
     # ----------------------------------------------------------------- dense
@@ -422,12 +422,6 @@ class ServerCore(HashHandlers):
         }
         return wire.TextReply(op=wire.Op.STATS, text=json.dumps(body).encode())
 
-    def _save(self, client_id: int, msg: wire.Save, flags: int) -> Reply:
-        return self.checkpointing.save(msg)
-
-    def _load(self, client_id: int, msg: wire.Load, flags: int) -> Reply:
-        return self.checkpointing.load(msg)
-
     _handlers: dict[type, Callable[..., Reply]] = {
         wire.CreateTable: _create_table,
         wire.TableInfo: _table_info,
@@ -441,9 +435,9 @@ class ServerCore(HashHandlers):
         wire.Barrier: _barrier,
         wire.Ping: _ping,
         wire.Stats: _stats,
-        wire.Save: _save,
-        wire.Load: _load,
-        wire.Shrink: HashHandlers._shrink,
+        wire.Save: lambda self, client_id, msg, flags: self.checkpointing.save(msg),
+        wire.Load: lambda self, client_id, msg, flags: self.checkpointing.load(msg),
+        wire.Shrink: lambda self, client_id, msg, flags: self.hash_upkeep.shrink(msg),
     }
 
 

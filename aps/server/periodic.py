@@ -1,6 +1,6 @@
 """Work a pserver does every so often on its own: its checkpoints (``--checkpoint-every``,
 autosave.py) and shrinks of its hash tables (``--shrink-every``, the core's
-:meth:`~aps.server.core_hash.HashHandlers.shrink_all`).
+:meth:`~aps.server.hash_upkeep.HashUpkeep.shrink_all`).
 
 One loop for both, handed only the operation to run: a failure is logged and the next run comes
 on time (a full disk or a bad table must not stop the server), and stopping lets a run under

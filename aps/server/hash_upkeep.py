@@ -2,14 +2,17 @@
 (core.py, with the kind's checks in kinds/hash.py): SHRINK, the scheduled shrinks, and the
 upkeep that keeps whole-table walks off the event loop.
 
-A mixin of :class:`~aps.server.core.ServerCore`. Why the upkeep:
-a shard's slab doubles by copying every row, and a ``max_keys`` cap evicts after finding the
-lowest scores among all keys; done inside a push, either would hold the event loop (and every
-ping) for as long as the table is big. So after a push the server looks at what the shard will
-need soon (:attr:`HashSparseStore.growth_due`, :attr:`HashSparseStore.eviction_due`) and does it
-ahead, behind the write gate: the slab copy and the search for victims run in a thread while
-pulls, pings and stats are answered; the deletes then run on the loop in slices of
-:data:`DELETE_SLICE` keys, each a few milliseconds. SHRINK works the same way.
+Why the upkeep: a shard's slab doubles by copying every row, and a ``max_keys`` cap evicts
+after finding the lowest scores among all keys; done inside a push, either would hold the event
+loop (and every ping) for as long as the table is big. So after a push the server looks at what
+the shard will need soon (:attr:`HashSparseStore.growth_due`,
+:attr:`HashSparseStore.eviction_due`) and does it ahead, behind the write gate: the slab copy
+and the search for victims run in a thread while pulls, pings and stats are answered; the
+deletes then run on the loop in slices of :data:`DELETE_SLICE` keys, each a few milliseconds.
+SHRINK works the same way.
+
+Why an object of its own, not part of the core: it needs only the tables, the write gate and
+the stats, and owns only its upkeep tasks; the core holds one and hands it those requests.
 """
 
 from __future__ import annotations
@@ -35,17 +38,25 @@ log = structlog.get_logger("aps.server")
 DELETE_SLICE = 1 << 16
 
 
-class HashHandlers:
-    """Shrink and upkeep of hash table shards; the state is the core's."""
+class HashUpkeep:
+    """Shrinks of hash table shards, and their growth and eviction ahead of need."""
 
-    table_set: TableSet
-    gate: WriteGate
-    stats: ServerStats
-    _upkeep: dict[str, asyncio.Task[None]]
+    def __init__(self, table_set: TableSet, gate: WriteGate, stats: ServerStats) -> None:
+        self.table_set = table_set
+        self.gate = gate
+        self.stats = stats
+        #: per hash table, the slab growth or cap eviction running ahead of need
+        self._upkeep: dict[str, asyncio.Task[None]] = {}
 
-    # ----------------------------------------------------------------- shrink and upkeep
+    @property
+    def running(self) -> bool:
+        """True while some table's growth or eviction is under way."""
+        return bool(self._upkeep)
 
-    def _shrink(self, client_id: int, msg: wire.Shrink, flags: int) -> Reply:
+    # ----------------------------------------------------------------- shrink
+
+    def shrink(self, msg: wire.Shrink) -> Reply:
+        """The SHRINK request: check its arguments, then shrink the table behind the gate."""
         store, _ = self.table_set.keyed(msg.table)
         days = msg.days or 0
         if not (0.0 < msg.decay <= 1.0) or not math.isfinite(msg.threshold) or msg.ttl < -1 or days > MAX_DAYS:
@@ -79,8 +90,11 @@ class HashHandlers:
         log.info("scheduled shrink", tables=len(stores), evicted=evicted)
         return evicted
 
-    def _hash_upkeep(self, store: HashSparseStore) -> None:
-        """Start growing or evicting ahead of need (see the module's note), once at a time."""
+    # ----------------------------------------------------------------- upkeep
+
+    def after_push(self, store: HashSparseStore) -> None:
+        """A push changed ``store``: start growing or evicting ahead of need (see the module's
+        note), once at a time."""
         if store.name in self._upkeep or not (store.growth_due or store.eviction_due):
             return
         self.gate.close()  # writes run only with the gate open, so it is open here
@@ -100,7 +114,7 @@ class HashHandlers:
         if not task.cancelled() and task.exception() is not None:
             log.error("hash table upkeep failed", table=name, error=repr(task.exception()))
 
-    def stop_upkeep(self) -> None:
+    def stop(self) -> None:
         """The server is stopping: cancel the upkeep in flight (it holds nothing a client waits on)."""
         for task in list(self._upkeep.values()):
             task.cancel()
