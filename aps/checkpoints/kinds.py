@@ -23,6 +23,7 @@ from ..errors import ConfigError, ServerError
 from ..sharding import DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_to_dict
 from ..storage.hash.store import HashSparseStore, budget_keys
+from ..storage.table_classes import ByTableClass
 from ..storage.tables import DenseShard, SparseShard
 from .hash_files import apply_hash_delta, load_hash_table, write_hash_table
 
@@ -259,18 +260,8 @@ class HashFormat(TableFormat):
         return current
 
 
-class TableFormats:
+class TableFormats(ByTableClass[TableFormat]):
     """The formats a save or load knows, looked up by the class of a store or a spec."""
-
-    def __init__(self, formats: tuple[TableFormat, ...]) -> None:
-        self._by_store = {f.store_type: f for f in formats}
-        self._by_spec = {f.spec_type: f for f in formats}
-
-    def of(self, store: Any) -> TableFormat:
-        return self._by_store[type(store)]
-
-    def for_spec(self, spec: TableSpec) -> TableFormat | None:
-        return self._by_spec.get(type(spec))
 
 
 #: the formats of the tables every pserver holds
