@@ -37,7 +37,8 @@ from .. import npyio
 from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
-from ..storage.hash.store import _MIN_ROWS, HashSparseStore
+from ..storage.hash.slab import MIN_ROWS
+from ..storage.hash.store import HashSparseStore
 
 #: what the manifest keeps of a store's counters besides its keys
 _COUNTERS = ("admitted", "rejected", "evicted", "pending_resets")
@@ -107,7 +108,7 @@ def load_hash_table(
     saved, now = LogicalSharding(saved_servers), LogicalSharding(num_shards)
     _check_entries(spec, sources, saved)
     total = sum(int(sources[saved.server_of(l)][1]["keys"][str(l)]) for l in now.logical_shards_of(shard))
-    store = HashSparseStore(spec, max(total, spec.max_keys or _MIN_ROWS), key_limit=key_limit)
+    store = HashSparseStore(spec, max(total, spec.max_keys or MIN_ROWS), key_limit=key_limit)
     if total > store.key_limit:
         raise ConfigError(
             f"checkpoint: hash table {spec.name!r} has {total} keys for server {shard} of {num_shards}, more than the "

@@ -40,6 +40,7 @@ from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
 from ..storage.hash.index import HashIndex
+from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
 
 
@@ -54,14 +55,20 @@ class ServedHash:
         self.seed = table_seed(spec.name, spec.seed)
         # slots for ``capacity`` keys at once: no resize while a base is put in
         self.index = HashIndex(max(1, capacity), slots=2 * capacity)
-        self.values = np.zeros((max(1, capacity), spec.dim), np.float32)
+        #: the rows, values only, grown as a pserver's hash table grows its own (slab.py)
+        self.slab = RowSlab(self.index, spec.dim, name=spec.name)
 
     def __len__(self) -> int:
         return len(self.index)
 
     @property
+    def values(self) -> np.ndarray:
+        """Each slab row's value (the rows the index gives keys)."""
+        return self.slab.values
+
+    @property
     def nbytes(self) -> int:
-        return int(self.values.nbytes + self.index.nbytes)
+        return int(self.slab.nbytes + self.index.nbytes)
 
     def check_ids(self, keys: np.ndarray) -> None:
         """Any int64 is a key (an unknown one reads its initial row)."""
@@ -69,7 +76,7 @@ class ServedHash:
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys``; an unknown key reads its initial row (as on a pserver)."""
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        rows, unknown_count = self.index.gather(keys, self.values, out)  # the pserver's pull kernel
+        rows, unknown_count = self.index.gather(keys, self.slab.values, out)  # the pserver's pull kernel
         if unknown_count:
             unknown = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
@@ -77,22 +84,15 @@ class ServedHash:
 
     def put(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set the rows of ``keys`` (unique), inserting the keys not held yet."""
-        need = len(self.index) + keys.shape[0]
-        if self.index.free_rows < keys.shape[0]:
-            capacity = max(need, 2 * self.index.row_capacity)
-            grown = np.zeros((capacity, self.spec.dim), np.float32)
-            used = self.index.rows_used
-            grown[:used] = self.values[:used]
-            self.values = grown
-            self.index.grow_rows(capacity)
-        self.values[self.index.insert(keys)] = values
+        self.slab.fit(keys.shape[0])  # doubles the rows as a pserver's slab does
+        self.slab.values[self.index.insert(keys)] = values
         if self.index.resizing:  # a version is built off the loop: finish the resize here, not in lookups
             self.index.rehash_step(self.index.slots)
 
     def copy(self) -> ServedHash:
         twin = copy.copy(self)
         twin.index = copy.deepcopy(self.index)
-        twin.values = self.values.copy()
+        twin.slab = self.slab.copy(twin.index)
         return twin
 
 

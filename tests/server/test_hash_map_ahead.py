@@ -16,7 +16,8 @@ import pytest
 
 import aps
 from aps.storage.hash.index import PREPARE_LOAD, HashIndex
-from aps.storage.hash.store import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES, HashSparseStore
+from aps.storage.hash.slab import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES
+from aps.storage.hash.store import HashSparseStore
 from aps.storage.pages import fault_in_zeros
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) as Linux has it")
@@ -116,13 +117,13 @@ def test_rows_mapped_ahead_follow_the_pushes_size_and_stop_at_the_byte_bound() -
     store = HashSparseStore(aps.HashTable("emb", dim=1024), rows=200_000)  # 4 KiB rows
     store.push_grad(random_keys(30_000, seed=6), np.zeros((30_000, 1024), np.float32))
     store.reserve()
-    assert store._mapped - store.index.rows_used == MAP_AHEAD_BYTES // store.row_nbytes, "the byte bound"
+    assert store.slab.mapped - store.index.rows_used == MAP_AHEAD_BYTES // store.row_nbytes, "the byte bound"
     small = HashSparseStore(aps.HashTable("emb", dim=8))
     for i in range(20):
         small.push_grad(random_keys(100, seed=10 + i), np.zeros((100, 8), np.float32))
         if small.growth_due:
             small.reserve()
-    assert small._mapped - small.index.rows_used <= 1024, "a table of small pushes maps at most 1024 rows ahead"
+    assert small.slab.mapped - small.index.rows_used <= 1024, "a table of small pushes maps at most 1024 rows ahead"
 
 
 def test_a_slab_doubling_maps_the_rows_past_the_copied_ones() -> None:
@@ -144,5 +145,5 @@ def test_a_full_slab_asks_for_no_upkeep() -> None:
             store.reserve()
         if store.eviction_due:
             store.delete_keys(store.evict_plan(store.eviction_due))
-    assert store._mapped == store.capacity == 2000 and len(store) <= 2000
+    assert store.slab.mapped == store.capacity == 2000 and len(store) <= 2000
     assert not store.growth_due, "nothing left to map or grow: no upkeep after every push"

@@ -296,6 +296,19 @@ def index_nbytes(keys: int) -> int:
     return _slot_count(keys) * 16 + 4 * keys
 
 
+#: a HashIndex's counters (int64[6]) beside its arrays
+_META_NBYTES = 48
+
+
+def index_claim_nbytes(keys: int) -> int:
+    """The most bytes a :class:`HashIndex` for up to ``keys`` keys holds: its free list, and its
+    slot array beside the one it drains (half its size) or the one made ahead for the next
+    resize (made only while keys may pass the current array's load: then it is this array).
+    A resize is sized for the keys held, so the last array is at most :func:`index_nbytes`'s."""
+    slots = index_nbytes(keys) - 4 * keys
+    return index_nbytes(keys) + slots // 2 + _META_NBYTES
+
+
 def _slots(size: int) -> np.ndarray:
     """An empty slot array: ``np.zeros``, so the OS maps its pages only as keys land in them."""
     return np.zeros((size, 2), np.int64)

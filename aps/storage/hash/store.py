@@ -40,12 +40,14 @@ Why this shape:
   ``max_keys`` table claims its whole cap when created, so the budget never makes it evict: it
   evicts by score at its cap, as it says.
 
-Without ``max_keys`` the slab grows by doubling (one copy per doubling, like a list); the index
-resizes in pieces (see :mod:`.hash_index`). Nothing here touches sockets or the event loop; what
-walks the whole table comes in two halves for a server that must keep answering meanwhile: a
-plan that only reads the index (:meth:`shrink_plan`, :meth:`evict_plan`, and :meth:`reserve`,
-which copies the slab) and may run in a thread while pulls read, and :meth:`delete_keys`, which
-a caller runs in slices between requests.
+The rows live in a :class:`~.slab.RowSlab` (slab.py), which grows by doubling (one copy per
+doubling, like a list) within ``key_limit`` and the tables budget; the index resizes in pieces
+(see :mod:`.index`); how many keys a cap evicts and which keys a shrink deletes are
+:mod:`.evict`'s. Nothing here touches sockets or the event loop; what walks the whole table
+comes in two halves for a server that must keep answering meanwhile: a plan that only reads the
+index (:meth:`shrink_plan`, :meth:`evict_plan`, and :meth:`reserve`, which copies the slab) and
+may run in a thread while pulls read, and :meth:`delete_keys`, which a caller runs in slices
+between requests.
 """
 
 from __future__ import annotations
@@ -60,24 +62,15 @@ from ...errors import ErrorCode
 from ...specs import MAX_DAYS, HashTable
 from .. import optim
 from ..init_kernels import init_key_rows, table_seed
-from ..pages import fault_in_zeros
 from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
-from .evict import mark_victims, row_score
-from .index import MAX_ROWS, HashIndex, index_nbytes
+from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
+from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
+from .slab import MIN_ROWS, RowSlab, most_that_fit
 from .tracking import HashChangeTracking
 
-#: a max_keys cap evicts this share of the cap at once
-EVICT_SHARE = 1 / 16
-_MIN_ROWS = 1024
-#: a HashIndex's counters (int64[6]) beside its arrays
-_INDEX_META_NBYTES = 48
-#: slab rows kept mapped ahead of the rows keys have used, in pushes' worth of new keys
-#: (:meth:`HashSparseStore.reserve`), and the most bytes of rows that may be
-MAP_AHEAD_PUSHES = 2
-MAP_AHEAD_BYTES = 64 << 20
 #: rows ahead whose statistics :func:`_add_stats` asks for (aps/storage/prefetch.py)
 _STATS_AHEAD = 16
 #: a row's statistics side by side: a push writes all five, and in five arrays of millions of
@@ -103,26 +96,6 @@ def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, da
         delta[r] += nonclk * (s - c) + clk * c
         last[r] = step
         last_day[r] = day
-
-
-@njit(cache=True, nogil=True)
-def _decay_and_judge(show, click, last_step, last_day, used, rows, decay, threshold, ttl, step, ttl_days, day, nonclk, clk, dead):
-    """A shrink's pass over the statistics, in place and without the GIL: decay the first
-    ``used`` rows' show and click by ``decay`` (in float64, stored as float32), then ``dead[i]``:
-    row ``rows[i]`` scores under ``threshold`` (:meth:`CtrAccessor.score`), or was last pushed more
-    than ``ttl`` steps / ``ttl_days`` days ago (negative: no such rule). One pass and no
-    temporaries: numpy's version of it allocated ~30 bytes a key, half a gigabyte at 10M keys."""
-    for r in range(used):
-        show[r] = np.float32(np.float64(show[r]) * decay)
-        click[r] = np.float32(np.float64(click[r]) * decay)
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        out = row_score(show, click, r, nonclk, clk) < threshold
-        if ttl >= 0 and step - last_step[r] > ttl:
-            out = True
-        if ttl_days >= 0 and day - last_day[r] > ttl_days:
-            out = True
-        dead[i] = out
 
 
 def _stat_view(field: str, doc: str) -> property:
@@ -157,44 +130,23 @@ def planned_nbytes(spec: HashTable, keys: int) -> int:
     return keys * row_nbytes(spec) + index_nbytes(keys) + pending
 
 
-def _index_claim(keys: int) -> int:
-    """The most bytes a :class:`HashIndex` for up to ``keys`` keys holds: its free list, and its
-    slot array beside the one it drains (half its size) or the one made ahead for the next
-    resize (made only while keys may pass the current array's load: then it is this array).
-    A resize is sized for the keys held, so the last array is at most :func:`index_nbytes`'s."""
-    slots = index_nbytes(keys) - 4 * keys
-    return index_nbytes(keys) + slots // 2 + _INDEX_META_NBYTES
-
-
 def _pending_claim(spec: HashTable) -> int:
     """The most bytes ``admit_count``'s counters take (none without it)."""
-    return spec.pending_keys * 8 + _index_claim(spec.pending_keys) if spec.admit_count > 1 else 0
+    return spec.pending_keys * 8 + index_claim_nbytes(spec.pending_keys) if spec.admit_count > 1 else 0
 
 
 def claim_nbytes(spec: HashTable, rows: int) -> int:
     """The most bytes a shard whose slab has ``rows`` rows takes while keys fill it: what it
     claims of a pserver's tables budget (``--max-tables-bytes``) before its slab grows to
     ``rows``. Slab rows (value, optimizer state, statistics), the index at its peak
-    (:func:`_index_claim`) and the admission counters; not change tracking, which has a budget
-    of its own (``--max-tracking-bytes``)."""
-    return rows * row_nbytes(spec) + _index_claim(rows) + _pending_claim(spec)
+    (:func:`~.index.index_claim_nbytes`) and the admission counters; not change tracking, which
+    has a budget of its own (``--max-tracking-bytes``)."""
+    return rows * row_nbytes(spec) + index_claim_nbytes(rows) + _pending_claim(spec)
 
 
 def budget_keys(spec: HashTable, budget: int) -> int:
     """The most keys whose :func:`planned_nbytes` fits in ``budget`` bytes (0 if none)."""
-    return _most(0, MAX_ROWS, lambda keys: planned_nbytes(spec, keys) <= budget)
-
-
-def _most(low: int, high: int, fits: Callable[[int], bool]) -> int:
-    """The largest n in [low, high] that ``fits``, by bisection: sizes grow with keys or rows,
-    so what fits is a prefix. ``low`` is taken to fit."""
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    return most_that_fit(0, MAX_ROWS, lambda keys: planned_nbytes(spec, keys) <= budget)
 
 
 class HashSparseStore(HashChangeTracking):
@@ -207,24 +159,16 @@ class HashSparseStore(HashChangeTracking):
         #: what shows and clicks mean: scores, save selection, shrink defaults (accessor.py)
         self.accessor = CtrAccessor.of(spec)
         self.key_limit = min(MAX_ROWS, spec.max_keys or MAX_ROWS, MAX_ROWS if key_limit is None else key_limit)
-        capacity = min(int(rows or spec.max_keys or _MIN_ROWS), self.key_limit)
+        capacity = min(int(rows or spec.max_keys or MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
-        self._template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
-        self._row_nbytes = row_nbytes(spec)  # asked after every push (_map_ahead_rows): made once
-        self.values = np.zeros((capacity, spec.dim), np.float32)
-        self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self._template.items()}
-        self.stats = np.zeros(capacity, STATS)  # per row; its fields are views (show, click, ...)
-        self._mapped = 0  # slab rows below it were written at least once (map_ahead)
-        self._recent_new = 0  # keys a push admitted lately: the largest, fading by 1/8 a push
+        #: the rows (values, optimizer state, statistics) and their growth (slab.py)
+        self.slab = RowSlab(self.index, spec.dim, optim.new_sparse_state(spec.optimizer, 1, spec.dim), STATS,
+                            name=spec.name, max_rows=self.key_limit, extra_claim=_pending_claim(spec))
         self.day = 0  # days counted by shrinks (the module's note)
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
         self.admitted = self.rejected = self.evicted = 0
         self.over_budget = 0  # occurrences of new keys rejected for lack of room (also in rejected)
-        self._budget: TablesBudget | None = None  # the pserver's budget for all its tables
-        self._claimed = 0  # bytes claimed of it
-        self._refused_at = -1  # the budget's version when it last had no room for more rows
-        self._pending_claim = _pending_claim(spec)
         self._wanted = 0  # keys the last push wanted admitted (eviction_due keeps room for as many)
         self._seed = table_seed(spec.name, spec.seed)
         #: which unseen keys are admitted: counts and draws (admission.py)
@@ -234,6 +178,23 @@ class HashSparseStore(HashChangeTracking):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def values(self) -> np.ndarray:
+        """Each slab row's value, float32[capacity, dim] (the slab's array, live)."""
+        return self.slab.values
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Each slab row's optimizer state by name (the slab's arrays, live)."""
+        return self.slab.state
+
+    @property
+    def stats(self) -> np.ndarray:
+        """Each slab row's statistics (:data:`STATS` records); its fields are views (show, click, ...)."""
+        stats = self.slab.stats
+        assert stats is not None  # this store's slab is made with STATS
+        return stats
 
     show = _stat_view("show", "Shows per slab row (decayed by shrinks).")
     click = _stat_view("click", "Clicks per slab row (decayed by shrinks).")
@@ -252,7 +213,7 @@ class HashSparseStore(HashChangeTracking):
         unknown."""
         keys = _check_keys(self.name, keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        rows, unknown = self.index.gather(keys, self.values, out)
+        rows, unknown = self.index.gather(keys, self.slab.values, out)
         if unknown:
             at = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self._seed, keys[at], at, out)
@@ -282,7 +243,8 @@ class HashSparseStore(HashChangeTracking):
         scale = _check_scale(self.name, scale)
 
         def update(rows: np.ndarray, g: np.ndarray, ordered: bool) -> None:
-            optim.apply_sparse(self.spec.optimizer, self.values, self.state, rows, g, scale, self.step, ordered=ordered)
+            slab = self.slab
+            optim.apply_sparse(self.spec.optimizer, slab.values, slab.state, rows, g, scale, self.step, ordered=ordered)
 
         return self._push(keys, grads, "grads", shows, clicks, distinct, advance_step, client, update)
 
@@ -296,7 +258,7 @@ class HashSparseStore(HashChangeTracking):
         given). Returns how many keys were admitted. ``distinct`` as for :meth:`push_grad`."""
 
         def update(rows: np.ndarray, d: np.ndarray, ordered: bool) -> None:
-            optim.add_rows(self.values, rows, d, ordered=ordered)
+            optim.add_rows(self.slab.values, rows, d, ordered=ordered)
 
         return self._push(keys, deltas, "deltas", shows, clicks, distinct, advance_step, client, update)
 
@@ -338,10 +300,10 @@ class HashSparseStore(HashChangeTracking):
 
     def _pushed(self, rows: np.ndarray, new: np.ndarray, shows: np.ndarray, clicks: np.ndarray, advance_step: bool, client: int | None) -> None:
         """After a push's update: add the statistics, mark the rows changed, advance the step."""
-        rules = self.accessor
-        _add_stats(self.show, self.click, self.delta_score, self.last_step, self.last_day, rows, shows, clicks,
-                   self.step, self.day, rules.nonclk_coeff, rules.click_coeff)
-        self._recent_new = max(int(new.size), self._recent_new - self._recent_new // 8)
+        rules, stats = self.accessor, self.stats
+        _add_stats(stats["show"], stats["click"], stats["delta_score"], stats["last_step"], stats["last_day"], rows, shows,
+                   clicks, self.step, self.day, rules.nonclk_coeff, rules.click_coeff)
+        self.slab.note_admitted(int(new.size))
         self._mark_pushed(rows, new, client)
         if advance_step:
             self.step += 1
@@ -372,9 +334,9 @@ class HashSparseStore(HashChangeTracking):
         ``protected_rows``), and grow the slab for them as far as the size budgets let it.
         Returns (how many fit under ``max_keys``, how many of those fit the size budgets too)."""
         cap = self.spec.max_keys
-        if cap is not None and len(self) + wanted > cap:
-            over = len(self) + min(wanted, cap) - cap
-            self.delete_keys(self.evict_plan(over + int(cap * EVICT_SHARE), protected_rows))
+        evict = evictions_now(cap, len(self), wanted)
+        if evict:
+            self.delete_keys(self.evict_plan(evict, protected_rows))
         under_cap = max(0, min(wanted, (cap or MAX_ROWS) - len(self)))
         fit = max(0, min(under_cap, self.key_limit - len(self)))
         if fit > self.index.free_rows:
@@ -386,47 +348,48 @@ class HashSparseStore(HashChangeTracking):
         """Count (and have the pserver's budget log, rate-limited) new keys' occurrences
         rejected because a size budget has no room for them."""
         self.over_budget += occurrences
-        if self._budget is not None:
-            self._budget.refused(self.name, occurrences, len(self), self.key_limit)
+        if self.slab.budget is not None:
+            self.slab.budget.refused(self.name, occurrences, len(self), self.key_limit)
 
-    # ------------------------------------------------------------ the tables budget
+    def _allocate(self, keys: np.ndarray) -> np.ndarray:
+        """Rows for new ``keys``, reset to their initial value, state and statistics."""
+        if self.index.free_rows < keys.shape[0]:
+            self._grow(len(self) + keys.shape[0])
+        rows = self.index.insert(keys)
+        self._note_keys(keys, rows)
+        init_key_rows(self.spec.init, self._seed, keys, rows, self.slab.values)
+        self.slab.reset_state(rows)
+        for arr in (self.show, self.click, self.delta_score):
+            arr[rows] = 0.0
+        self.last_step[rows] = self.step
+        self.last_day[rows] = self.day
+        return rows
+
+    # ------------------------------------------------------------ growth and the tables budget
 
     def share_budget(self, budget: TablesBudget) -> None:
         """Count this shard against ``budget`` (a pserver's, for all its tables) from now on:
         claim what its slab and index may take (:func:`claim_nbytes`); it may grow only into
         what the budget has free."""
-        self._budget, self._claimed, self._refused_at = budget, 0, -1
-        self._claim(self.capacity)
+        self.slab.share_budget(budget)
 
-    def _claim_nbytes(self, rows: int) -> int:
-        """:func:`claim_nbytes` for this shard, without building the optimizer's template."""
-        return rows * self._row_nbytes + _index_claim(rows) + self._pending_claim
-
-    def _claim(self, rows: int) -> None:
-        """Claim of the budget what a slab of ``rows`` rows may take (replacing the last claim)."""
-        if self._budget is not None:
-            claim = self._claim_nbytes(rows)
-            self._budget.take(claim - self._claimed)
-            self._claimed = claim
-
-    def _rows_in_budget(self, rows: int) -> int:
-        """The most slab rows, at most ``rows`` and at least those held, that the budget has room
-        for. O(1) while the budget has room, or had none and nothing changed since."""
-        budget = self._budget
-        if budget is None or self._claim_nbytes(rows) - self._claimed <= budget.free:
-            return rows
-        if budget.version == self._refused_at:
-            return self.capacity
-        free = budget.free + self._claimed  # the rows held are claimed already
-        fit = _most(self.capacity, rows - 1, lambda n: self._claim_nbytes(n) <= free)
-        if fit == self.capacity:
-            self._refused_at = budget.version
-        return fit
+    def _grow(self, needed: int, *, partial: bool = False) -> None:
+        """Grow the slab to at least ``needed`` rows (:meth:`RowSlab.grow`, ``partial`` as there)."""
+        self.slab.grow(needed, partial=partial)
+        self._tracked_rows = self.capacity  # change tracking's bitmaps widen when next used (tracking.py)
 
     @property
-    def _budget_full(self) -> bool:
-        """The budget had no room for one more row, and nothing changed since."""
-        return self._budget is not None and self._refused_at == self._budget.version
+    def growth_due(self) -> bool:
+        """True when :meth:`reserve` has work (:attr:`RowSlab.growth_due`)."""
+        return self.slab.growth_due
+
+    def reserve(self) -> None:
+        """Grow and map the slab and the index ahead of the next keys (:meth:`RowSlab.reserve`):
+        a server runs it in a thread while pushes wait (pulls may read meanwhile)."""
+        self.slab.reserve()
+        self._tracked_rows = self.capacity
+
+    # ------------------------------------------------------------ eviction
 
     def evict_plan(self, count: int, protected_rows: np.ndarray | None = None) -> np.ndarray:
         """The ``count`` (at most) held keys of lowest score, never one whose row is in
@@ -444,17 +407,8 @@ class HashSparseStore(HashChangeTracking):
     @property
     def eviction_due(self) -> int:
         """Keys a server should evict ahead of pushes (off its event loop) so that admissions
-        under ``max_keys`` seldom evict inline: 0 while the room under the cap is at least
-        1/16 of it and what the last push wanted admitted (at most a quarter of the cap); else
-        enough to make that room, and 1/32 of the cap more."""
-        cap = self.spec.max_keys
-        if cap is None:
-            return 0
-        want = max(int(cap * EVICT_SHARE), min(self._wanted, cap // 4))
-        room = cap - len(self)
-        if room >= want:
-            return 0
-        return min(len(self), want - room + int(cap * EVICT_SHARE / 2))
+        under ``max_keys`` seldom evict inline (:func:`~.evict.evictions_ahead`)."""
+        return evictions_ahead(self.spec.max_keys, len(self), self._wanted)
 
     def delete_keys(self, keys: np.ndarray) -> int:
         """Delete held ``keys`` (unknown ones are skipped); returns how many went, counted as
@@ -462,106 +416,6 @@ class HashSparseStore(HashChangeTracking):
         count = int((self.index.delete(_check_keys(self.name, keys)) >= 0).sum())
         self.evicted += count
         return count
-
-    def _allocate(self, keys: np.ndarray) -> np.ndarray:
-        """Rows for new ``keys``, reset to their initial value, state and statistics."""
-        if self.index.free_rows < keys.shape[0]:
-            self._grow(len(self) + keys.shape[0])
-        rows = self.index.insert(keys)
-        self._note_keys(keys, rows)
-        init_key_rows(self.spec.init, self._seed, keys, rows, self.values)
-        for name, arr in self.state.items():
-            arr[rows] = self._template[name][0]
-        for arr in (self.show, self.click, self.delta_score):
-            arr[rows] = 0.0
-        self.last_step[rows] = self.step
-        self.last_day[rows] = self.day
-        return rows
-
-    @property
-    def _slab_growth_due(self) -> bool:
-        return self.capacity < self.key_limit and self.index.free_rows < self.capacity // 4 and not self._budget_full
-
-    @property
-    def _map_ahead_rows(self) -> int:
-        """Rows :meth:`reserve` keeps mapped past the used ones: :data:`MAP_AHEAD_PUSHES` times
-        the keys a push admitted lately, at least 1024 rows, at most :data:`MAP_AHEAD_BYTES`,
-        never past the slab's end. Sized by the pushes, not the table: mapped rows are memory
-        held before keys need it (a fixed 64 MiB was 42 bytes more per key at 1 M keys)."""
-        want = min(MAP_AHEAD_BYTES // self.row_nbytes, MAP_AHEAD_PUSHES * self._recent_new)
-        return min(self.capacity - self.index.rows_used, max(_MIN_ROWS, want))
-
-    @property
-    def _map_ahead_due(self) -> bool:
-        rows = self._map_ahead_rows
-        return rows > 0 and self._mapped - self.index.rows_used <= rows // 2
-
-    @property
-    def growth_due(self) -> bool:
-        """True when :meth:`reserve` has work: fewer than a quarter of the slab's rows are free
-        and it may still grow, fewer than half the rows it maps ahead are left
-        (:attr:`_map_ahead_rows`), or the index should make its next slot array
-        (:meth:`HashIndex.resize_ahead_due`). A server then runs it off its event loop before a
-        push has to do any of it inline."""
-        return self._slab_growth_due or self._map_ahead_due or self.index.resize_ahead_due(self.capacity)
-
-    def reserve(self) -> None:
-        """Do what :attr:`growth_due` asks: double the slab (up to ``key_limit`` rows and what
-        the tables budget has room for), which copies every used row; map the slab rows the next
-        new keys will take; make and map the index's next slot array. A server runs it in a thread while pushes wait (pulls may read
-        meanwhile: no held row or slot changes).
-
-        Why map ahead: the slab is lazily mapped zeros, so the first push to reach a row of a
-        page stops while the OS finds and clears it; after a doubling every new key lands on
-        fresh pages, and on a 2-core VM the first pushes after one waited 50-100 ms on the
-        event loop. Mapping the rows of the next pushes here moves that wait off the loop while
-        the slab still costs memory only near the rows keys use."""
-        if self._slab_growth_due:
-            self._grow(min(self.key_limit, 2 * self.capacity), partial=True)
-        if self._map_ahead_due:
-            self._map_ahead()
-        if self.index.resize_ahead_due(self.capacity):  # keys never pass the slab's rows
-            self.index.prepare_resize()
-
-    def _map_ahead(self) -> None:
-        """Write a zero into every page of the never-used slab rows up to
-        :attr:`_map_ahead_rows` past the used ones (they are zeros: rows above
-        :attr:`HashIndex.rows_used` were never taken)."""
-        start = max(self._mapped, self.index.rows_used)
-        stop = self.index.rows_used + self._map_ahead_rows
-        for arr in (self.values, *self.state.values(), self.stats):
-            fault_in_zeros(arr[start:stop])
-        self._mapped = max(self._mapped, stop)
-
-    def _grow(self, needed: int, *, partial: bool = False) -> None:
-        """Double the slab (at least to ``needed`` rows, at most to ``key_limit`` and to what the
-        tables budget has room for): lazily mapped zeros, used rows copied. ``partial``: grow as
-        far as the budget lets it, even short of ``needed``; else that is an error."""
-        capacity = min(MAX_ROWS, self.key_limit, max(needed, 2 * self.capacity))
-        if capacity < needed:
-            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys exceed the {capacity} rows this shard may hold")
-        capacity = self._rows_in_budget(capacity)
-        if capacity < needed and not partial:
-            raise _bad(ErrorCode.TOO_LARGE, self.name, f"{needed} keys do not fit this pserver's budget for all tables "
-                       f"({capacity} rows do; aps-server --max-tables-bytes)")
-        if capacity <= self.capacity:
-            return
-        used = self.index.rows_used
-
-        def grown(arr: np.ndarray) -> np.ndarray:
-            out = np.zeros((capacity, *arr.shape[1:]), arr.dtype)
-            out[:used] = arr[:used]
-            return out
-
-        self.values = grown(self.values)
-        self.state = {n: grown(a) for n, a in self.state.items()}
-        self.stats = grown(self.stats)
-        self._mapped = used  # the copy wrote them; the rest of the new arrays are fresh zeros
-        self.index.grow_rows(capacity)
-        self._tracked_rows = capacity  # bitmaps widen when next used (tracking.py)
-        self._claim(capacity)
-
-    # ------------------------------------------------------------ eviction
 
     def shrink(
         self, decay: float | None = None, threshold: float | None = None, ttl: int | None = None, days: int = 0
@@ -589,10 +443,10 @@ class HashSparseStore(HashChangeTracking):
         threshold = rules.delete_threshold if threshold is None else threshold
         keys, rows = self.index.items()
         dead = np.empty(keys.shape[0], np.bool_)
-        _decay_and_judge(self.show, self.click, self.last_step, self.last_day, self.index.rows_used, rows, float(decay),
-                         float(threshold), -1 if ttl is None else int(ttl), self.step,
-                         -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), self.day, rules.nonclk_coeff,
-                         rules.click_coeff, dead)
+        decay_and_judge(self.show, self.click, self.last_step, self.last_day, self.index.rows_used, rows, float(decay),
+                        float(threshold), -1 if ttl is None else int(ttl), self.step,
+                        -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), self.day, rules.nonclk_coeff,
+                        rules.click_coeff, dead)
         return keys[dead]
 
     # ------------------------------------------------------------ bookkeeping
@@ -600,16 +454,14 @@ class HashSparseStore(HashChangeTracking):
     @property
     def nbytes(self) -> int:
         """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
-        slab = self.values.nbytes + sum(a.nbytes for a in self.state.values())
-        stats = self.stats.nbytes
         pending = self.admission.nbytes
         tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
-        return int(slab + stats + self.index.nbytes + pending + tracking)
+        return int(self.slab.nbytes + self.index.nbytes + pending + tracking)
 
     @property
     def row_nbytes(self) -> int:
         """Bytes of one key's row: value, optimizer state and statistics."""
-        return self._row_nbytes
+        return self.slab.row_nbytes
 
     def counts(self) -> dict[str, int]:
         """What TABLE_INFO and STATS report of this shard: keys held, bytes reserved, and keys
