@@ -13,6 +13,7 @@ import structlog
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..models import BUILTIN, build_model
+from ..tls import ca_context
 from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from ..trainer.online_exports import ExportOptions
 from ..trainer.pool import stop_fork_server
@@ -20,7 +21,6 @@ from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
 from ..trainer.sources.redis_stream import DEFAULT_RETRY
 from ..trainer.strategy import MERGES, MODES
-from ..tls import ca_context
 from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
 
 DESCRIPTION = """\
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("mode and communicator")
     s.add_argument("--mode", choices=MODES, help="default: APS_MODE, else the model's preferred mode "
                    "(hybrid for ctr_dnn and wide_deep), else async")
-    s.add_argument("--workers", type=int, help="compute worker processes (default: CPU count, or CPU_NUM)")
+    s.add_argument("--workers", type=int, help="compute worker processes (default: CPU count, or CPU_NUM; with --data-passes or --data-stream: 1)")
     s.add_argument("--k-steps", type=int, help="geo: exchange deltas every K trainer steps (default 400)")
     s.add_argument("--geo-cache-rows", type=int, metavar="N",
                    help="geo: rows of each hash table's local cache; a full one evicts the least recently used "
@@ -217,7 +217,10 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         wait_pservers=args.wait_pservers,
     )
     spec = ClusterSpec(pservers, trainers, cluster.ports_num, cluster.ports_num_for_sparse)
-    return Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
+    trainer = Trainer(model, _strategy(args), spec, int(trainer_id), options)  # type: ignore[arg-type]
+    if args.data_passes or args.data_stream:
+        trainer.use_online_defaults()  # before the stream source spools a file per worker
+    return trainer
 
 
 def make_source(args: argparse.Namespace, trainer: Trainer) -> Source:

@@ -31,13 +31,19 @@ from ..client import PSClient
 from ..errors import ConfigError
 from ..metrics import auc_from_counts
 from .files import assign_to_workers
-from .online_exports import Exporter, ExportOptions, hash_tables
 from .online_checkpoints import KEY, local_save_dir, newest_checkpoint, pass_checkpoint, prune_checkpoints
+from .online_exports import Exporter, ExportOptions, hash_tables
 from .pool import WorkerPool, start_fork_server
 from .runtime import Prepare, TrainerRuntime
 from .sources.base import Pass, Source
 
 log = structlog.get_logger("aps.trainer")
+
+#: compute workers of an online trainer whose strategy names none (``--workers``, ``APS_WORKERS``,
+#: ``CPU_NUM``), instead of the CPU count: a pass's lines are trained once, in order, and a second
+#: worker training the same minutes beside the first costs online AUC (docs/concepts.md, "The CTR
+#: models' optimizers, measured on real data": -0.002 at 2 workers on MovieLens and Adult)
+ONLINE_WORKERS = 1
 
 
 @dataclass
@@ -102,7 +108,10 @@ async def train_passes(
     rt.model.begin_online()  # before anything is sized or sent to a worker
     start_fork_server(type(rt.model).__module__)
     rt.probe.passes = 0
-    log.info("online trainer starting", trainer=rt.trainer_id, source=type(source).__name__, **rt.model.describe())
+    log.info(
+        "online trainer starting", trainer=rt.trainer_id, source=type(source).__name__, workers=rt.num_workers,
+        **rt.model.describe(),
+    )
     exporter = Exporter(online.export, rt.model) if online.export is not None else None
     try:
         async with rt:

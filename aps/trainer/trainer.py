@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -22,7 +22,7 @@ from .collector import TrainerProbe, trainer_registry
 from .files import assign_to_workers, expand_inputs, split_files
 from .model import Model
 from .monitor import terminal
-from .online import OnlineOptions, OnlineResult, train_passes
+from .online import ONLINE_WORKERS, OnlineOptions, OnlineResult, train_passes
 from .options import TrainOptions, check_options, check_trainer
 from .pool import WorkerPool, start_fork_server
 from .runtime import Prepare, TrainerRuntime
@@ -53,7 +53,9 @@ class Trainer:
         trainer_id: int = 0,
         options: TrainOptions | None = None,
     ) -> None:
-        strategy = strategy.for_model(model).resolved()
+        #: the strategy as given (its ``None`` knobs resolve differently online)
+        self._given = strategy.for_model(model)
+        strategy = self._given.resolved()
         check_trainer(model, strategy, cluster, trainer_id)
         self.model = model
         self.strategy = strategy
@@ -112,7 +114,20 @@ class Trainer:
     async def atrain_passes(self, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
         """Online training: score, then train every pass ``source`` hands out, checkpointing
         its position as it goes, until the source has no more (:mod:`aps.trainer.online`)."""
+        self.use_online_defaults()
         return await train_passes(lambda prepare: self.runtime(None, prepare), source, online)
+
+    def use_online_defaults(self) -> None:
+        """Resolve the strategy for online passes: a strategy that names no worker count gets
+        :data:`~aps.trainer.online.ONLINE_WORKERS` instead of the CPU count. :meth:`atrain_passes`
+        calls it; call it first where something is sized by the workers before that (a stream
+        source's spool files, one a worker)."""
+        if self._given.workers is not None or self.strategy.workers == ONLINE_WORKERS:
+            return
+        strategy = replace(self._given, workers=ONLINE_WORKERS).resolved()
+        check_trainer(self.model, strategy, self.cluster, self.trainer_id)
+        self.strategy = strategy
+        self.probe.workers = ONLINE_WORKERS
 
     def runtime(
         self, files: list[list[str]] | None = None, prepare: Prepare | None = None

@@ -1,7 +1,8 @@
 """The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
 measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
 lines at the offline 1000 is a handful of steps), Adagrad at 0.02 on every table unless an
-optimizer or rate is given (new ids must learn within the passes that bring them)."""
+optimizer or rate is given (new ids must learn within the passes that bring them), and one
+compute worker unless a count is given (a pass's lines trained in order)."""
 
 from __future__ import annotations
 
@@ -82,10 +83,50 @@ async def test_an_online_pass_of_160_lines_takes_the_steps_of_its_batch(batch_si
     server = await aps.serve(port=0, checkpoint_root=str(tmp_path))
     try:
         options = TrainOptions(save_dir=None, print_period=0, live_line=False, metrics_path=str(metrics))
-        trainer = Trainer(model, Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
+        # no worker count given: an online trainer runs one (ONLINE_WORKERS), whatever the CPU count
+        trainer = Trainer(model, Strategy(mode="async"), ClusterSpec([server.address], 1), 0, options)
         result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions())
     finally:
         await server.aclose()
     assert [p["examples"] for p in result.passes] == [160]
+    assert (trainer.strategy.workers, trainer.probe.workers) == (1, 1)
     epochs = [json.loads(line) for line in metrics.read_text().splitlines() if json.loads(line)["event"] == "epoch"]
     assert [e["steps"] for e in epochs] == [steps]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "geo"])
+def test_an_online_trainer_runs_one_worker_unless_a_count_is_given(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    cluster = ClusterSpec(["127.0.0.1:1"], 1)
+    trainer = Trainer(WideDeep(optimizer="sgd"), Strategy(mode=mode), cluster)
+    assert trainer.strategy.workers == 8  # offline: the CPU count
+    trainer.use_online_defaults()
+    # the knobs that default to the worker count follow the online count
+    assert (trainer.strategy.workers, trainer.strategy.max_merge_var_num, trainer.probe.workers) == (1, 1, 1)
+    trainer.use_online_defaults()
+    assert trainer.strategy.workers == 1
+    given = Trainer(WideDeep(optimizer="sgd"), Strategy(mode=mode, workers=3), cluster)
+    given.use_online_defaults()
+    assert given.strategy.workers == 3
+    env = Trainer(WideDeep(optimizer="sgd"), Strategy.from_env({"CPU_NUM": "4"}, mode=mode), cluster)
+    env.use_online_defaults()
+    assert env.strategy.workers == 4
+
+
+def test_aps_trainer_online_runs_one_worker_and_spools_one_file_a_pass_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from aps.cli.trainer import build_parser, make_source, make_trainer
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.delenv("CPU_NUM", raising=False)
+    monkeypatch.delenv("APS_WORKERS", raising=False)
+    base = ["--pservers", "127.0.0.1:1", "--model", "wide_deep", "--metrics", str(tmp_path / "m.jsonl")]
+    stream = ["--data-stream", "redis://127.0.0.1:1/clicks"]
+    cases = [(base + ["--data", str(tmp_path)], 8), (base + stream, 1), (base + stream + ["--workers", "2"], 2)]
+    for argv, workers in cases:
+        args = build_parser().parse_args(argv)
+        trainer = make_trainer(args)
+        assert trainer.strategy.workers == workers, argv
+        if args.data_stream:
+            assert make_source(args, trainer).parts == workers  # type: ignore[attr-defined]
