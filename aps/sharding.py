@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .mixer import mix64
-from .specs import HashTable, TableSpec
+from .specs import TableSpec
 
 #: smallest dense block, in elements (Paddle: 8192)
 MIN_BLOCK = 8192
@@ -151,7 +151,7 @@ class SparseSharding(ABC):
     @staticmethod
     def of(spec: TableSpec, num_servers: int) -> SparseSharding:
         """The sharding of table ``spec`` over ``num_servers`` pservers."""
-        if isinstance(spec, HashTable):
+        if spec.keyed:
             return LogicalSharding(num_servers)
         return ModuloSharding(num_servers)
 

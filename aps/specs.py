@@ -12,7 +12,7 @@ import math
 import numbers
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from .errors import ConfigError
 
@@ -255,12 +255,25 @@ class Ftrl:
 Optimizer = Union[SGD, Adagrad, Adam, Ftrl]
 
 # ---------------------------------------------------------------- tables
+#
+# Callers never ask a table spec what class it is: each kind says what they need as class-level
+# facts and small methods (``by_ids``, ``keyed``, ``values_shape``, ``entries``), so that a new
+# kind of spec is one class here plus its place in ``TABLE_SPECS``. What a kind *does* on a
+# store (the pserver's kinds, the checkpoints' formats, aps-serve's served tables, the storage
+# shards) is looked up by the spec's class in one table per place (aps/storage/table_classes.py).
 
 
 @dataclass(frozen=True)
 class SparseTable:
     """``rows`` x ``dim`` float32 rows addressed by int64 id, spread over the pservers by id
     (aps/sharding.py)."""
+
+    #: rows are addressed by ids: pushes and pulls carry ids (PULL_SPARSE, PUSH_SPARSE_*), and a
+    #: model's batches name the rows they read; else the table is pulled and pushed whole, in blocks
+    by_ids: ClassVar[bool] = True
+    #: ids are 64-bit hash keys, not row numbers: unbounded, admitted on push, with shows and
+    #: clicks, shrunk, exported as deltas; else every id is a row in ``[0, rows)``
+    keyed: ClassVar[bool] = False
 
     name: str
     rows: int
@@ -281,10 +294,23 @@ class SparseTable:
     def kind(self) -> str:
         return "sparse"
 
+    def values_shape(self, keys: int) -> tuple[int, ...]:
+        """The shape of an array holding this table's values (a trainer's replica, an
+        evaluator's parameters, an export's table): every row, whatever ``keys`` is."""
+        return (self.rows, self.dim)
+
+    def entries(self, keys: int) -> int:
+        """How many ids such an array holds (what an export counts as its keys): every row."""
+        return self.rows
+
 
 @dataclass(frozen=True)
 class DenseTable:
     """A dense float32 tensor, flattened and cut into blocks spread over the pservers."""
+
+    #: pulled and pushed whole, in blocks, never by ids (see SparseTable)
+    by_ids: ClassVar[bool] = False
+    keyed: ClassVar[bool] = False
 
     name: str
     shape: tuple[int, ...]
@@ -318,6 +344,14 @@ class DenseTable:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    def values_shape(self, keys: int) -> tuple[int, ...]:
+        """The tensor's shape, whatever ``keys`` is (see SparseTable.values_shape)."""
+        return self.shape
+
+    def entries(self, keys: int) -> int:
+        """Its elements, whatever ``keys`` is (see SparseTable.entries)."""
+        return self.size
+
 
 # A hash-keyed sparse table (any int64 key; keys admitted on push, evicted by score). The fixed
 # kind (SparseTable) stays the right choice for dense id spaces such as a word2vec vocabulary;
@@ -343,6 +377,10 @@ class HashTable:
     reached for more than this many days (the reference's unseen days, counted by the ``days``
     a shrink is given; None: never by age).
     """
+
+    #: pulled and pushed by ids, which are keys (see SparseTable)
+    by_ids: ClassVar[bool] = True
+    keyed: ClassVar[bool] = True
 
     name: str
     dim: int
@@ -380,8 +418,24 @@ class HashTable:
     def kind(self) -> str:
         return "hash"
 
+    def values_shape(self, keys: int) -> tuple[int, ...]:
+        """``keys`` rows: a table of unbounded keys is held a part at a time (a trainer's slot
+        areas or cache, the keys an export wrote; see SparseTable.values_shape)."""
+        return (keys, self.dim)
+
+    def entries(self, keys: int) -> int:
+        """``keys`` (see SparseTable.entries)."""
+        return keys
+
 
 TableSpec = Union[SparseTable, DenseTable, HashTable]
+#: the kinds of table spec: a new kind is its class and its place here
+TABLE_SPECS: tuple[type[TableSpec], ...] = (SparseTable, DenseTable, HashTable)
+
+
+def is_table_spec(obj: object) -> bool:
+    """Whether ``obj`` is a table spec of a kind this package knows (what a client may create)."""
+    return isinstance(obj, TABLE_SPECS)
 
 
 def _check_name(name: str) -> None:
@@ -400,7 +454,7 @@ def _check_parts(name: str, init: Any, optimizer: Any) -> None:
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl, SparseTable, DenseTable, HashTable)
+    for cls in (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl, *TABLE_SPECS)
 }
 
 

@@ -198,7 +198,7 @@ class GradAccumulator:
         self.max_batches = max_batches
         # distinct ids never exceed the table's rows; one batch always fits an empty accumulator
         self._sparse: list[_SparseBuffer | _KeyedSparseBuffer] = [
-            _KeyedSparseBuffer(t, max(1, max_batches * max_batch_ids[t.name])) if isinstance(t, HashTable)
+            _KeyedSparseBuffer(t, max(1, max_batches * max_batch_ids[t.name])) if t.keyed
             else _SparseBuffer(t, max(1, min(max_batches * max_batch_ids[t.name], max(t.rows, max_batch_ids[t.name]))))
             for t in sparse
         ]

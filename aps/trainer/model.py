@@ -195,10 +195,10 @@ class Model(ABC):
         """An upper bound on ``len(batch.sparse_ids[table])``, used to size shared buffers (a
         model with hash tables must say it: their keys have no bound)."""
         spec = self.table(table)
-        if isinstance(spec, HashTable):
+        if spec.keyed:
             raise ConfigError(f"model {self.name!r}: hash table {table!r} needs max_batch_ids() overridden (its keys are unbounded)")
-        assert isinstance(spec, SparseTable)
-        return spec.rows
+        assert spec.by_ids, f"table {table!r} is not read by ids"
+        return spec.entries(0)  # every row: a batch's unique ids are some of them
 
     def table(self, name: str) -> TableSpec:
         for spec in self.tables():
@@ -208,10 +208,10 @@ class Model(ABC):
 
     def sparse_tables(self) -> list[SparseTable | HashTable]:
         """The tables a batch reads by id: fixed and hash."""
-        return [t for t in self.tables() if isinstance(t, (SparseTable, HashTable))]
+        return [t for t in self.tables() if t.by_ids]  # type: ignore[misc]
 
     def dense_tables(self) -> list[DenseTable]:
-        return [t for t in self.tables() if isinstance(t, DenseTable)]
+        return [t for t in self.tables() if not t.by_ids]  # type: ignore[misc]
 
     def describe(self) -> dict[str, Any]:
         """Settings worth logging at start."""

@@ -26,7 +26,6 @@ import structlog
 
 from ..client import PSClient
 from ..errors import ConfigError
-from ..specs import HashTable
 from .model import Model
 from .sources.base import Pass
 
@@ -49,7 +48,7 @@ class ExportOptions:
 
 def hash_tables(model: Model) -> list[str]:
     """Names of the model's hash tables: those a day tick shrinks and ``max_keys`` bounds."""
-    return [t.name for t in model.tables() if isinstance(t, HashTable)]
+    return [t.name for t in model.tables() if t.keyed]
 
 
 class Exporter:

@@ -67,11 +67,8 @@ def replica_shape(
     """The shape of a table's local replica: a fixed table whole, a hash table's slot areas
     (:func:`slot_base`) or, in geo mode, its cache of ``cache_rows`` rows
     (:mod:`aps.trainer.local_cache`), a dense table as it is."""
-    if isinstance(spec, HashTable):
-        if cache_rows is not None:
-            return (cache_rows, spec.dim)
-        return (2 * max(1, workers) * max_ids, spec.dim)
-    return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
+    keys = cache_rows if cache_rows is not None else 2 * max(1, workers) * max_ids
+    return spec.values_shape(keys)
 
 
 @dataclass(frozen=True)
@@ -215,13 +212,13 @@ class SharedArrays:
         self._arrays: dict[str, np.ndarray] = {}
         params = {}
         dirty = {}
-        hashed = {t.name for t in model.tables() if isinstance(t, HashTable)}
+        hashed = {t.name for t in model.tables() if t.keyed}
         cached = cache_rows or {}
         for spec in model.tables():
             cap = model.max_batch_ids(spec.name) if spec.name in hashed else 0
             shape = replica_shape(spec, num_workers, cap, cached.get(spec.name))
             params[spec.name] = self._create(f"param.{_safe(spec.name)}", "float32", shape)
-            if isinstance(spec, SparseTable) or spec.name in cached:
+            if (spec.by_ids and not spec.keyed) or spec.name in cached:  # a dirty flag per fixed row, or per cached row (geo)
                 dirty[spec.name] = self._create(f"dirty.{_safe(spec.name)}", "uint8", shape[:1])
         ids: list[dict[str, ArraySpec]] = []
         sparse: list[dict[str, ArraySpec]] = []
@@ -232,14 +229,14 @@ class SharedArrays:
             dense.append({})
             for spec in model.tables():
                 tag = f"w{w}.{_safe(spec.name)}"
-                if isinstance(spec, (SparseTable, HashTable)):
+                if spec.by_ids:
                     cap = model.max_batch_ids(spec.name)
                     # two halves: a worker may publish its next batch's ids while this one's
                     # gradients still refer to the current half
                     ids[w][spec.name] = self._create(f"ids.{tag}", "int64", (2, cap))
                     width = spec.dim + (HASH_STAT_COLUMNS if spec.name in hashed else 0)
                     sparse[w][spec.name] = self._create(f"grad.{tag}", "float32", (cap, width))
-                elif isinstance(spec, DenseTable):
+                else:
                     dense[w][spec.name] = self._create(f"grad.{tag}", "float32", spec.shape)
         counts = {name: self._create(f"counts.{_safe(name)}", "float32", (n, 2)) for name, n in cached.items()}
         spare = {

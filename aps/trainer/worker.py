@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import ApsError, DataError
 from ..metrics import Auc
-from ..specs import SGD, HashTable
+from ..specs import SGD
 from .ipc import Kind, Record
 from .kernels import add_changes, add_counts, gather_rows, sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
@@ -81,7 +81,7 @@ class Worker:
         )
         #: hash tables by name, with their max_batch_ids: their replica is a slot area per worker
         #: and mailbox half, and the model sees the area of the batch it computes (slot_base)
-        self.hashed = {t.name: self.model.max_batch_ids(t.name) for t in self.model.sparse_tables() if isinstance(t, HashTable)}
+        self.hashed = {t.name: self.model.max_batch_ids(t.name) for t in self.model.sparse_tables() if t.keyed}
         self.stats = self.shared.stats[spec.worker_id]
         self.stale_steps = self.shared.staleness[spec.worker_id]
         self.ctx = WorkerContext(

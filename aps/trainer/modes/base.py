@@ -106,7 +106,7 @@ class Link:
         ``thread_pool_size`` at once, straight from its buffers."""
         timeout = self.strategy.rpc_timeout
 
-        dims = {t.name: t.dim for t in self.sparse_tables if isinstance(t, HashTable)}
+        dims = {t.name: t.dim for t in self.sparse_tables if t.keyed}
 
         async def sparse(name: str, ids: np.ndarray, rows: np.ndarray) -> None:
             stats: dict[str, np.ndarray] = {}
@@ -150,7 +150,7 @@ class Link:
             if len(ids):
                 ids = ids.copy()  # the worker may publish its next ids in the other half only
                 rows = await self.ps.pull_sparse(t.name, ids, timeout=self.strategy.rpc_timeout)
-                if isinstance(t, HashTable):
+                if t.keyed:
                     base = slot_base(worker, step, self.model.max_batch_ids(t.name))
                     self.shared.params[t.name][base : base + len(ids)] = rows
                 else:
@@ -162,7 +162,7 @@ class Link:
         """Every fixed sparse table whole (geo's replica; a hash table's, a cache, fills as
         workers ask for keys: :mod:`.geo_hash`)."""
         for t in self.sparse_tables:
-            if not isinstance(t, SparseTable):
+            if t.keyed:
                 continue
             params = self.shared.params[t.name]
             for start in range(0, t.rows, _PULL_ALL_ROWS):
