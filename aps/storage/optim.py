@@ -75,12 +75,19 @@ def row_steps(opt: Optimizer) -> bool:
     return isinstance(opt, Adam) and opt.bias_correction == "row"
 
 
+def state_columns(opt: Optimizer, dim: int) -> int:
+    """Columns of a sparse row's optimizer-state arrays: one a coordinate (``dim``), or one for
+    the whole row with row-wise Adagrad."""
+    return 1 if isinstance(opt, Adagrad) and opt.rowwise else dim
+
+
 def new_sparse_state(opt: Optimizer, rows: int, dim: int) -> dict[str, np.ndarray]:
-    """Fresh optimizer state for ``rows`` x ``dim`` sparse rows (per-row Adam adds ``t``)."""
+    """Fresh optimizer state for ``rows`` sparse rows of ``dim`` (per-row Adam adds ``t``)."""
     state: dict[str, np.ndarray] = {}
+    columns = state_columns(opt, dim)
     for name in state_names(opt):
         fill = opt.initial_accumulator if isinstance(opt, Adagrad) else 0.0
-        state[name] = np.full((rows, dim), fill, dtype=np.float32)
+        state[name] = np.full((rows, columns), fill, dtype=np.float32)
     if row_steps(opt):
         state["t"] = np.zeros(rows, dtype=np.int64)
     return state
@@ -258,6 +265,26 @@ def _adagrad_rows(values, accum, ids, grads, scale, clip, l2, lr, eps, ordered):
 
 
 @njit(cache=True, nogil=True)
+def _adagrad_rowwise_rows(values, accum, ids, grads, scale, clip, l2, lr, eps, ordered):
+    """Row-wise Adagrad: one accumulator a row (``accum`` is rows x 1) takes the mean of the row's
+    squared gradient, and every coordinate of the row steps by ``lr / (sqrt(acc) + eps)``."""
+    order, g = _scratch(values, ids, ordered)
+    dim = g.shape[0]
+    i = 0
+    while i < ids.shape[0]:
+        row, i, ahead = _next_row(ids, order, i, grads, g, scale, clip, l2, values)
+        _ask(accum, ahead)
+        sq = 0.0
+        for c in range(dim):
+            sq += g[c] * g[c]
+        a = np.float64(accum[row, 0]) + sq / dim
+        accum[row, 0] = a
+        step = lr / (np.sqrt(a) + eps)
+        for c in range(dim):
+            values[row, c] = values[row, c] - step * g[c]
+
+
+@njit(cache=True, nogil=True)
 def _adam_rows(values, m, v, t, ids, grads, scale, clip, l2, lr, beta1, beta2, eps, table_t, ordered):
     """Lazy Adam on the pushed rows: with per-row counts ``t`` (an empty ``t``: every row takes
     the shard's ``table_t`` and eps goes on the raw ``sqrt(v)``, as PyTorch's SparseAdam)."""
@@ -338,7 +365,8 @@ def apply_sparse(
     if isinstance(opt, SGD):
         _sgd_rows(values, local_ids, grads, scale, clip, l2, lr, ordered)
     elif isinstance(opt, Adagrad):
-        _adagrad_rows(values, state["acc"], local_ids, grads, scale, clip, l2, lr, float(opt.epsilon), ordered)
+        rows = _adagrad_rowwise_rows if opt.rowwise else _adagrad_rows
+        rows(values, state["acc"], local_ids, grads, scale, clip, l2, lr, float(opt.epsilon), ordered)
     elif isinstance(opt, Adam):
         _adam_rows(
             values, state["m"], state["v"], state.get("t", _NO_ROW_STEPS), local_ids, grads, scale, clip, l2, lr,
