@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..sharding import UNSHARDED
-from ..specs import DenseTable, HashTable, SparseTable
+from ..specs import DenseTable, HashTable, SparseTable, TableSpec
 from ..validate import count, seconds
 
 
@@ -44,6 +44,15 @@ def check_timing(*, timeout: float | None, retries: int, backoff: float, deadlin
 _INT64 = np.dtype(np.int64)
 
 
+def check_access(spec: TableSpec, by_ids: bool) -> None:
+    """Refuse a call that reads or writes table ``spec`` by ids (the sparse calls,
+    ``by_ids=True``) when the table is pulled and pushed whole (a dense table), and the reverse:
+    the error says which calls the table takes."""
+    if spec.by_ids != by_ids:
+        held = "sparse" if spec.by_ids else "dense"
+        raise ConfigError(f"table {spec.name!r} is {held}; use the {held} calls")
+
+
 def sparse_ids(spec: SparseTable | HashTable, ids: Any) -> np.ndarray:
     """``ids`` as contiguous int64, each in the table's range (a hash table's keys: any int64;
     unsigned 64-bit feature signs keep their bit pattern)."""
@@ -54,7 +63,7 @@ def sparse_ids(spec: SparseTable | HashTable, ids: Any) -> np.ndarray:
         if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
             raise ConfigError(f"table {spec.name!r}: ids must be a 1-d integer array, got {arr.dtype} {arr.shape}")
         arr = np.ascontiguousarray(arr.view(np.int64) if arr.dtype == np.uint64 else arr, dtype=np.int64)
-    if isinstance(spec, HashTable):
+    if spec.keyed:
         return arr
     bad = UNSHARDED.first_bad_id(arr, spec.rows, 0)  # the whole table: any id in range
     if bad >= 0:
@@ -71,7 +80,7 @@ def occurrence_counts(spec: SparseTable | HashTable, ids: np.ndarray, what: str,
     """A hash table push's ``shows`` or ``clicks``: None, or float32, one per id."""
     if values is None:
         return None
-    if not isinstance(spec, HashTable):
+    if not spec.keyed:
         raise ConfigError(f"table {spec.name!r}: {what} are for hash tables (aps.HashTable) only")
     arr = np.asarray(values)
     if arr.shape != (len(ids),):

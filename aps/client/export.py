@@ -42,7 +42,7 @@ from ..serving.layout import (
     read_manifest,
     write_done,
 )
-from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
+from ..specs import spec_from_dict
 
 #: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
 SaveAll = Callable[[wire.Save], Awaitable[object]]
@@ -155,12 +155,9 @@ def _finish(
     for name, table in tables.items():
         spec = spec_from_dict(table["spec"])
         table["kind"] = spec.kind
-        if isinstance(spec, SparseTable):
-            table["keys"], table["shape"] = spec.rows, [spec.rows, spec.dim]
-        elif isinstance(spec, DenseTable):
-            table["keys"], table["shape"] = spec.size, list(spec.shape)
-        elif isinstance(spec, HashTable):
-            table["shape"] = [table["keys"], spec.dim]
+        # the keys a hash table's shards wrote; a fixed table's rows, a dense table's elements
+        table["keys"] = spec.entries(table["keys"])
+        table["shape"] = list(spec.values_shape(table["keys"]))
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "version": version, "kind": kind,
         "base_version": base_version, "previous_version": None if previous is None else int(previous["version"]),

@@ -31,11 +31,11 @@ import numpy as np
 from .. import wire
 from ..errors import ConfigError, RequestTimeout
 from ..sharding import SparseSharding
-from ..specs import MAX_DAYS, DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict, spec_to_dict
+from ..specs import MAX_DAYS, DenseTable, HashTable, SparseTable, TableSpec, is_table_spec, spec_from_dict, spec_to_dict
 from ..storage.hash.accessor import SAVE_MODES
 from ..tls import client_context
 from ..validate import seconds
-from .args import addresses_of, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
+from .args import addresses_of, check_access, check_timing, dense_values, occurrence_counts, sparse_ids, sparse_rows
 from .coalesce import PullCoalescer
 from .export import ExportInfo, export
 from .fanout import Versions, caller_rows, chunks, dense_parts, gather, row_bytes, shares, sum_duplicates
@@ -171,7 +171,7 @@ class PSClient:
 
         A table with this name but a different spec raises :class:`ServerError` (TABLE_EXISTS).
         """
-        if not isinstance(spec, (SparseTable, DenseTable, HashTable)):
+        if not is_table_spec(spec):
             raise ConfigError(f"create_table needs a SparseTable, HashTable or DenseTable, got {spec!r}")
         await self._all(wire.CreateTable(spec_json=json.dumps(spec_to_dict(spec))), timeout)
         self._specs[spec.name] = spec
@@ -194,9 +194,8 @@ class PSClient:
 
     async def _sparse_spec(self, name: str) -> Sparse:
         spec = await self.table_spec(name)
-        if not isinstance(spec, (SparseTable, HashTable)):
-            raise ConfigError(f"table {name!r} is dense; use the dense calls")
-        return spec
+        check_access(spec, by_ids=True)
+        return spec  # type: ignore[return-value]
 
     def _sharding(self, spec: Sparse) -> SparseSharding:
         sharding = self._shardings.get(type(spec))
@@ -206,9 +205,8 @@ class PSClient:
 
     async def _dense_spec(self, name: str) -> DenseTable:
         spec = await self.table_spec(name)
-        if not isinstance(spec, DenseTable):
-            raise ConfigError(f"table {name!r} is sparse; use the sparse calls")
-        return spec
+        check_access(spec, by_ids=False)
+        return spec  # type: ignore[return-value]
 
     # ----------------------------------------------------------------- sparse
 
@@ -221,7 +219,7 @@ class PSClient:
         (aps-serve; a pull split over several requests that saw a new version arrive is pulled
         again); the version is None from pservers, which have none."""
         spec = self._specs.get(table)
-        if not isinstance(spec, (SparseTable, HashTable)):
+        if spec is None or not spec.by_ids:
             spec = await self._sparse_spec(table)
         ids = sparse_ids(spec, ids)
         if with_version:
@@ -312,7 +310,7 @@ class PSClient:
             # it will be chunked: a repeated id must still get one optimizer update with the summed
             # gradient, not one per chunk (which differs for Adagrad / Adam); a hash table's
             # occurrences then travel as shows (and clicks), summed with them
-            if isinstance(spec, HashTable) and counts is None:
+            if spec.keyed and counts is None:
                 counts = _counts(spec, ids, np.ones(len(ids), np.float32), None)
                 per = self._rows_per_frame(row_bytes(spec.dim) + 8)
             merged = values if counts is None else np.hstack([values, counts])

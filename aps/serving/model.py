@@ -42,11 +42,13 @@ from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dic
 from ..storage.hash.index import HashIndex
 from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
+from ..storage.table_classes import BySpecClass
 
 
 class ServedHash:
     """A hash table's exported keys and their rows, for lookups."""
 
+    spec_type: ClassVar[type[TableSpec]] = HashTable
     #: looked up by ids (PULL_SPARSE), not by dense blocks; any key is in range
     by_ids: ClassVar[bool] = True
 
@@ -57,6 +59,19 @@ class ServedHash:
         self.index = HashIndex(max(1, capacity), slots=2 * capacity)
         #: the rows, values only, grown as a pserver's hash table grows its own (slab.py)
         self.slab = RowSlab(self.index, spec.dim, name=spec.name)
+
+    @classmethod
+    def read(cls, files: ExportFiles, name: str, spec: HashTable, entry: dict[str, Any], old: Served | None) -> ServedHash:
+        """Table ``name`` as export ``files`` leaves it: a base's keys in a new table, a delta's
+        written over a copy of the version before's (``old``; the delta's spec is that one's)."""
+        count = files.hash_keys(name, spec, entry["keys"])
+        if old is None:
+            store = cls(spec, count)
+        else:
+            store = old.copy()  # type: ignore[union-attr]
+        for keys, values in files.hash_parts(name, spec):
+            store.put(keys, values)
+        return store
 
     def __len__(self) -> int:
         return len(self.index)
@@ -118,7 +133,13 @@ class ServedFixed(_Whole):
     """A fixed table's rows, ``values[id]``."""
 
     spec: SparseTable
+    spec_type: ClassVar[type[TableSpec]] = SparseTable
     by_ids: ClassVar[bool] = True
+
+    @classmethod
+    def read(cls, files: ExportFiles, name: str, spec: SparseTable, entry: dict[str, Any], old: Served | None) -> ServedFixed:
+        """Table ``name`` of export ``files``, whole (every export holds it whole)."""
+        return cls(spec, files.fixed_rows(name, spec))
 
     def check_ids(self, ids: np.ndarray) -> None:
         """Refuse (ID_OUT_OF_RANGE) an id outside the table."""
@@ -138,14 +159,22 @@ class ServedDense(_Whole):
     """A dense table's values, flat (one block: aps-serve is a cluster of one server)."""
 
     spec: DenseTable
+    spec_type: ClassVar[type[TableSpec]] = DenseTable
     #: looked up by element ranges (PULL_DENSE)
     by_ids: ClassVar[bool] = False
+
+    @classmethod
+    def read(cls, files: ExportFiles, name: str, spec: DenseTable, entry: dict[str, Any], old: Served | None) -> ServedDense:
+        """Table ``name`` of export ``files``, whole and flat (every export holds it whole)."""
+        return cls(spec, files.dense_values(name, spec))
 
     def __len__(self) -> int:
         return int(self.spec.size)
 
 
 Served = ServedHash | ServedFixed | ServedDense
+#: what aps-serve serves each kind of spec with (a new kind of spec: its served class here)
+SERVED_TABLES: BySpecClass[Any] = BySpecClass([ServedHash, ServedFixed, ServedDense])
 
 
 @dataclass(frozen=True)
@@ -181,13 +210,7 @@ def load_base(directory: Path, manifest: dict[str, Any]) -> ServedModel:
         tables: dict[str, Served] = {}
         specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
         for name, spec in specs.items():
-            if isinstance(spec, HashTable):
-                store = ServedHash(spec, files.hash_keys(name, spec, manifest["tables"][name]["keys"]))
-                for keys, values in files.hash_parts(name, spec):
-                    store.put(keys, values)
-                tables[name] = store
-            else:
-                tables[name] = files.whole(name, spec)
+            tables[name] = _read_table(files, name, spec, manifest["tables"][name], None)
         return _model(manifest, tables, specs, [int(manifest["version"])])
 
 
@@ -204,16 +227,17 @@ def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -
             if name in specs and specs[name] != spec:
                 raise ConfigError(f"export {directory}: table {name!r} has another spec than in version {model.version}")
             specs[name] = spec
-            if isinstance(spec, HashTable):
-                count = files.hash_keys(name, spec, entry["keys"])
-                old = tables.get(name)
-                store = old.copy() if isinstance(old, ServedHash) else ServedHash(spec, count)
-                for keys, values in files.hash_parts(name, spec):
-                    store.put(keys, values)
-                tables[name] = store
-            else:
-                tables[name] = files.whole(name, spec)
+            tables[name] = _read_table(files, name, spec, entry, tables.get(name))
         return _model(manifest, tables, specs, [*model.exports, int(manifest["version"])])
+
+
+def _read_table(files: ExportFiles, name: str, spec: TableSpec, entry: dict[str, Any], old: Served | None) -> Served:
+    """Table ``name`` as export ``files`` leaves it, read by the served class of its spec
+    (``old``: the table in the version the export follows, None for a base)."""
+    served = SERVED_TABLES.for_spec(spec)
+    if served is None:
+        raise ConfigError(f"export {files.directory}: table {name!r} has an unknown spec {spec!r}")
+    return served.read(files, name, spec, entry, old)  # type: ignore[no-any-return]
 
 
 def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str, TableSpec], exports: list[int]) -> ServedModel:
@@ -305,32 +329,32 @@ class ExportFiles:
                     raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
                 yield keys, values
 
-    def whole(self, name: str, spec: TableSpec) -> Served:
-        """A fixed or dense table put together from every shard's part."""
-        if isinstance(spec, SparseTable):
-            sharding = ModuloSharding(self.num_shards)
-            self._fits([f"{shard}/{m['tables'][name]['files']['values']}" for shard, m in self.shards], 4 * spec.rows * spec.dim, f"fixed table {name!r}")
-            out = np.empty((spec.rows, spec.dim), np.float32)
-            for k, (shard, manifest) in enumerate(self.shards):
-                part = self._array(f"{shard}/{manifest['tables'][name]['files']['values']}")
-                if part.shape != (sharding.local_row_count(spec.rows, k), spec.dim) or part.dtype != np.float32:
-                    raise ConfigError(f"export {self.directory}: {shard} {name!r} values are {part.dtype}{part.shape}")
-                out[sharding.rows_of(k)] = part
-            return ServedFixed(spec, out)
-        if isinstance(spec, DenseTable):
-            parts = [f"{shard}/{b['files']['values']}" for shard, m in self.shards for b in m["tables"][name]["blocks"]]
-            self._fits(parts, 4 * spec.size, f"dense table {name!r}")
-            flat = np.empty(spec.size, np.float32)
-            covered = 0
-            for shard, manifest in self.shards:
-                for block in manifest["tables"][name]["blocks"]:
-                    part = self._array(f"{shard}/{block['files']['values']}")
-                    start, stop = int(block["start"]), int(block["stop"])
-                    if part.shape != (stop - start,) or part.dtype != np.float32 or not 0 <= start <= stop <= spec.size:
-                        raise ConfigError(f"export {self.directory}: {shard} {name!r} block [{start}, {stop}) is {part.dtype}{part.shape}")
-                    flat[start:stop] = part
-                    covered += stop - start
-            if covered != spec.size:
-                raise ConfigError(f"export {self.directory}: dense table {name!r} has {covered} of {spec.size} values")
-            return ServedDense(spec, flat)
-        raise ConfigError(f"export {self.directory}: table {name!r} has an unknown spec {spec!r}")
+    def fixed_rows(self, name: str, spec: SparseTable) -> np.ndarray:
+        """A fixed table's rows, put together from every shard's part."""
+        sharding = ModuloSharding(self.num_shards)
+        self._fits([f"{shard}/{m['tables'][name]['files']['values']}" for shard, m in self.shards], 4 * spec.rows * spec.dim, f"fixed table {name!r}")
+        out = np.empty((spec.rows, spec.dim), np.float32)
+        for k, (shard, manifest) in enumerate(self.shards):
+            part = self._array(f"{shard}/{manifest['tables'][name]['files']['values']}")
+            if part.shape != (sharding.local_row_count(spec.rows, k), spec.dim) or part.dtype != np.float32:
+                raise ConfigError(f"export {self.directory}: {shard} {name!r} values are {part.dtype}{part.shape}")
+            out[sharding.rows_of(k)] = part
+        return out
+
+    def dense_values(self, name: str, spec: DenseTable) -> np.ndarray:
+        """A dense table's values, flat, put together from every shard's blocks."""
+        parts = [f"{shard}/{b['files']['values']}" for shard, m in self.shards for b in m["tables"][name]["blocks"]]
+        self._fits(parts, 4 * spec.size, f"dense table {name!r}")
+        flat = np.empty(spec.size, np.float32)
+        covered = 0
+        for shard, manifest in self.shards:
+            for block in manifest["tables"][name]["blocks"]:
+                part = self._array(f"{shard}/{block['files']['values']}")
+                start, stop = int(block["start"]), int(block["stop"])
+                if part.shape != (stop - start,) or part.dtype != np.float32 or not 0 <= start <= stop <= spec.size:
+                    raise ConfigError(f"export {self.directory}: {shard} {name!r} block [{start}, {stop}) is {part.dtype}{part.shape}")
+                flat[start:stop] = part
+                covered += stop - start
+        if covered != spec.size:
+            raise ConfigError(f"export {self.directory}: dense table {name!r} has {covered} of {spec.size} values")
+        return flat

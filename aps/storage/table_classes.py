@@ -2,9 +2,11 @@
 
 The server's table kinds (``aps.server.kinds.TableKinds``) and the checkpoint formats
 (``aps.checkpoints.kinds.TableFormats``) each answer "which of mine serves this store, or
-tables of this spec?" by class, never ``isinstance``; this is that lookup, written once. It sits
-on the storage floor because stores are what it keys and both the checkpoint formats and the
-server stand on this floor.
+tables of this spec?" by class, never ``isinstance``; this is that lookup, written once
+(:class:`ByTableClass`). The storage shards of a spec (``aps.storage.tables``) and aps-serve's
+served tables (``aps.serving.model``) are looked up by spec alone (:class:`BySpecClass`). It
+sits on the storage floor because stores are what it keys and the storage shards, the
+checkpoint formats, the server and aps-serve all stand on or above this floor.
 """
 
 from __future__ import annotations
@@ -15,34 +17,47 @@ from typing import Generic, Protocol, TypeVar
 from ..specs import TableSpec
 
 
-class TableClasses(Protocol):
-    """What an entry says it is for: the spec class of its tables and the class of their stores."""
+class SpecClassed(Protocol):
+    """What an entry looked up by spec says it is for: the spec class of its tables."""
 
     @property
     def spec_type(self) -> type[TableSpec]: ...
+
+
+class TableClasses(SpecClassed, Protocol):
+    """What an entry says it is for: the spec class of its tables and the class of their stores."""
 
     @property
     def store_type(self) -> type: ...
 
 
+S = TypeVar("S", bound=SpecClassed)
 T = TypeVar("T", bound=TableClasses)
 
 
-class ByTableClass(Generic[T]):
+class BySpecClass(Generic[S]):
+    """Entries looked up by the class of a spec (a later entry for the same class replaces an
+    earlier one): what a place that acts on tables has for each kind of spec, so that it never
+    asks a spec ``isinstance`` and a new kind of spec is one more entry. An entry may be a class
+    whose ``spec_type`` is a class attribute (the storage shards, aps-serve's served tables)."""
+
+    def __init__(self, entries: Iterable[S]) -> None:
+        self._by_spec: dict[type, S] = {entry.spec_type: entry for entry in entries}
+
+    def for_spec(self, spec: TableSpec) -> S | None:
+        """The entry for tables of ``spec`` (None: none is)."""
+        return self._by_spec.get(type(spec))
+
+
+class ByTableClass(BySpecClass[T]):
     """Entries (a server's kinds, a checkpoint's formats) looked up by the class of a store or
     of a spec; a later entry for the same class replaces an earlier one."""
 
     def __init__(self, entries: Iterable[T]) -> None:
-        self._by_store: dict[type, T] = {}
-        self._by_spec: dict[type, T] = {}
-        for entry in entries:
-            self._by_store[entry.store_type] = entry
-            self._by_spec[entry.spec_type] = entry
+        entries = list(entries)
+        super().__init__(entries)
+        self._by_store: dict[type, T] = {entry.store_type: entry for entry in entries}
 
     def of(self, store: object) -> T:
         """The entry for ``store`` (KeyError: none is for its class)."""
         return self._by_store[type(store)]
-
-    def for_spec(self, spec: TableSpec) -> T | None:
-        """The entry for tables of ``spec`` (None: none is)."""
-        return self._by_spec.get(type(spec))

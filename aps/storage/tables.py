@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 import structlog
@@ -23,6 +23,7 @@ from ..sharding import UNSHARDED, DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, SparseTable, TableSpec
 from . import optim
 from .init_kernels import init_dense, init_sparse_rows, table_seed
+from .table_classes import BySpecClass
 from .tracking import ChangeTracking
 
 log = structlog.get_logger("aps.server")
@@ -101,6 +102,21 @@ class SparseShard(ChangeTracking):
     changed by *other* clients since its last :meth:`changed` call (tracking.py bounds how many
     the server keeps).
     """
+
+    #: the spec of the tables whose shards these are (:func:`make_shard` looks it up)
+    spec_type: ClassVar[type[TableSpec]] = SparseTable
+
+    @staticmethod
+    def new_nbytes(spec: SparseTable, shard: int, num_shards: int) -> int:
+        """Bytes a new shard ``shard`` of ``spec`` allocates (see :func:`shard_nbytes`)."""
+        rows = ModuloSharding(num_shards).local_row_count(spec.rows, shard)
+        steps = rows * 8 if optim.row_steps(spec.optimizer) else 0
+        return rows * spec.dim * 4 * _arrays(spec) + steps
+
+    @classmethod
+    def create(cls, spec: SparseTable, shard: int, num_shards: int, *, initialise: bool = True) -> SparseShard:
+        """Server ``shard``'s part of ``spec`` among ``num_shards`` (see :func:`make_shard`)."""
+        return cls(spec, shard, num_shards, initialise=initialise)
 
     def __init__(self, spec: SparseTable, shard: int, num_shards: int, *, initialise: bool = True) -> None:
         if not 0 <= shard < num_shards:
@@ -219,6 +235,24 @@ class DenseShard:
     updates never depend on which other blocks share its server.
     """
 
+    #: the spec of the tables whose shards these are (:func:`make_shard` looks it up)
+    spec_type: ClassVar[type[TableSpec]] = DenseTable
+
+    @staticmethod
+    def own_blocks(spec: DenseTable, shard: int, num_shards: int) -> list[DenseBlock]:
+        """The blocks of ``spec`` that server ``shard`` of ``num_shards`` holds."""
+        return [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard]
+
+    @staticmethod
+    def new_nbytes(spec: DenseTable, shard: int, num_shards: int) -> int:
+        """Bytes a new shard ``shard`` of ``spec`` allocates (see :func:`shard_nbytes`)."""
+        return sum(b.size for b in DenseShard.own_blocks(spec, shard, num_shards)) * 4 * _arrays(spec)
+
+    @classmethod
+    def create(cls, spec: DenseTable, shard: int, num_shards: int, *, initialise: bool = True) -> DenseShard:
+        """Server ``shard``'s blocks of ``spec`` among ``num_shards`` (see :func:`make_shard`)."""
+        return cls(spec, cls.own_blocks(spec, shard, num_shards), initialise=initialise)
+
     def __init__(self, spec: DenseTable, blocks: list[DenseBlock], *, initialise: bool = True) -> None:
         self.spec = spec
         self.blocks: dict[int, DenseBlock] = {}
@@ -331,31 +365,32 @@ class DenseShard:
 
 
 Shard = Union[SparseShard, DenseShard]
+#: the shard class of each spec made here (a hash table's store is aps.storage.hash.store's)
+_SHARDS: BySpecClass[Any] = BySpecClass([SparseShard, DenseShard])
+
+
+def _arrays(spec: SparseTable | DenseTable) -> int:
+    """Float32 arrays a shard of ``spec`` holds per value: the values and the optimizer's state."""
+    return 1 + len(optim.state_names(spec.optimizer))
+
+
+def _shard_class(spec: TableSpec) -> Any:
+    found = _SHARDS.for_spec(spec)
+    if found is None:
+        raise TypeError(f"unknown table spec {spec!r}")
+    return found
 
 
 def shard_nbytes(spec: TableSpec, shard: int, num_shards: int) -> int:
     """Bytes that :func:`make_shard` would allocate for server ``shard``'s part of ``spec``:
     float32 values plus the optimizer's state arrays, plus per-row Adam's int64 step per sparse row.
     Computed from the spec alone, so a table can be refused before anything is allocated."""
-    arrays = 1 + len(optim.state_names(spec.optimizer))
-    if isinstance(spec, SparseTable):
-        rows = ModuloSharding(num_shards).local_row_count(spec.rows, shard)
-        steps = rows * 8 if optim.row_steps(spec.optimizer) else 0
-        return rows * spec.dim * 4 * arrays + steps
-    if isinstance(spec, DenseTable):
-        elements = sum(b.size for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard)
-        return elements * 4 * arrays
-    raise TypeError(f"unknown table spec {spec!r}")
+    return int(_shard_class(spec).new_nbytes(spec, shard, num_shards))
 
 
 def make_shard(spec: TableSpec, shard: int, num_shards: int, *, initialise: bool = True) -> Shard:
     """Server ``shard``'s part of table ``spec`` in a cluster of ``num_shards`` pservers."""
-    if isinstance(spec, SparseTable):
-        return SparseShard(spec, shard, num_shards, initialise=initialise)
-    if isinstance(spec, DenseTable):
-        blocks = [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard]
-        return DenseShard(spec, blocks, initialise=initialise)
-    raise TypeError(f"unknown table spec {spec!r}")
+    return _shard_class(spec).create(spec, shard, num_shards, initialise=initialise)  # type: ignore[no-any-return]
 
 
 class TablesBudget:

@@ -314,7 +314,7 @@ def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, D
                         f"export {entry.path}: table {name!r} is {_describe(spec)}, the model's is "
                         f"{_describe(wanted[name])}: build the model with the settings it was trained with"
                     )
-                out[name] = files.whole(name, spec).values.reshape(spec.shape)
+                out[name] = files.dense_values(name, spec).reshape(spec.shape)
                 del wanted[name]
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"export {entry.path}: malformed ({type(exc).__name__}: {exc})") from exc
