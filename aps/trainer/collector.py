@@ -19,6 +19,28 @@ from .communicator import Communicator
 from .monitor import Monitor
 from .shared import STAT
 
+#: a mode's counters (Mode.report) by key: the kind of metric, its name and its help
+MODE_METRICS: dict[str, tuple[str, str, str]] = {
+    "pushes": ("counter", "aps_trainer_pushes", "Merged gradient pushes sent to the pservers."),
+    "geo_syncs": ("counter", "aps_trainer_geo_syncs", "Geo mode: delta exchanges with the pservers."),
+    "geo_cache_evictions": (
+        "counter", "aps_trainer_geo_cache_evictions",
+        "Geo mode: rows the hash tables' local caches evicted because they were full.",
+    ),
+    "geo_cache_evicted_deltas": (
+        "counter", "aps_trainer_geo_cache_evicted_deltas", "Geo mode: evicted rows whose pending delta was pushed on eviction.",
+    ),
+    "geo_cache_held": ("gauge", "aps_trainer_geo_cache_held_rows", "Geo mode: rows the hash tables' local caches hold."),
+    "geo_cache_capacity": (
+        "gauge", "aps_trainer_geo_cache_capacity_rows",
+        "Geo mode: rows the hash tables' local caches can hold (--geo-cache-rows per table).",
+    ),
+    "send_queue_depth": ("gauge", "aps_trainer_send_queue_depth", "Async mode: batches of gradients waiting to be sent."),
+    "send_queue_capacity": ("gauge", "aps_trainer_send_queue_capacity", "Async mode: send queue size (workers wait when full)."),
+}
+#: exported whatever the mode (0 where it has none), so a dashboard's query never finds no series
+_ALWAYS = ("pushes", "geo_syncs")
+
 @dataclass
 class TrainerProbe:
     """What a trainer's collector reads; the trainer fills it in as the pieces come to exist.
@@ -114,23 +136,18 @@ class TrainerCollector(Collector):
                 out.add_metric([label[0], outage["address"]], outage["seconds"])
             yield out
             yield gauge("aps_trainer_epoch", "Epoch being trained (0-based).", comm.epoch)
-            yield counter("aps_trainer_pushes", "Merged gradient pushes sent to the pservers.", comm.sends)
-            yield counter("aps_trainer_geo_syncs", "Geo mode: delta exchanges with the pservers.", comm.geo_syncs)
-            cache = comm.cache_counts
-            if cache is not None:
-                yield counter("aps_trainer_geo_cache_evictions", "Geo mode: rows the hash tables' local caches "
-                              "evicted because they were full.", cache.evictions)
-                yield counter("aps_trainer_geo_cache_evicted_deltas", "Geo mode: evicted rows whose pending delta "
-                              "was pushed on eviction.", cache.evicted_deltas)
-                yield gauge("aps_trainer_geo_cache_held_rows", "Geo mode: rows the hash tables' local caches hold.",
-                            cache.held)
-                yield gauge("aps_trainer_geo_cache_capacity_rows", "Geo mode: rows the hash tables' local caches "
-                            "can hold (--geo-cache-rows per table).", cache.capacity)
-            depth = comm.queue_depth
-            if depth is not None:
-                yield gauge("aps_trainer_send_queue_depth", "Async mode: batches of gradients waiting to be sent.", depth)
-                yield gauge("aps_trainer_send_queue_capacity", "Async mode: send queue size (workers wait when full).",
-                            comm.queue_capacity or 0)
+            yield from _mode_metrics(comm.report(), gauge, counter)
+
+
+def _mode_metrics(
+    report: dict[str, float], gauge: Callable[[str, str, float], Metric], counter: Callable[[str, str, float], Metric]
+) -> Iterator[Metric]:
+    """The mode's counters (Communicator.report) as metrics: those of MODE_METRICS it has, and
+    ``pushes`` and ``geo_syncs`` always (0 where the mode has none)."""
+    kinds = {"counter": counter, "gauge": gauge}
+    for key, (kind, name, doc) in MODE_METRICS.items():
+        if key in report or key in _ALWAYS:
+            yield kinds[kind](name, doc, report.get(key, 0))
 
 
 def _online_metrics(

@@ -1,9 +1,10 @@
 """The communicator: the one coroutine family in a trainer that talks to the pservers.
 
 Workers never open sockets. They ask for rows (PULL) and hand over gradients (GRADS) through
-shared mailboxes, or, in geo mode, only train locally. What happens next is the mode's business:
-the communicator builds the mode object once (:mod:`aps.trainer.modes`, one class per mode) and
-routes every worker request and epoch event to it. Exact semantics of each mode: docs/modes.md.
+shared mailboxes, or, in geo mode, only train locally. What happens next is the mode's business: the communicator builds the mode object once
+(:mod:`aps.trainer.modes`, one class per mode) and routes every worker request and epoch event
+to it; the metrics and records read the mode's counters through it (:meth:`Communicator.report`).
+Exact semantics of each mode: docs/modes.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Callable
 
 from ..client import PSClient
 from .ipc import Kind, Record
-from .local_cache import CacheCounts
 from .model import Model
 from .modes import Link, Mode, mode_class
 from .shared import Attached
@@ -40,36 +40,10 @@ class Communicator:
 
     # ----------------------------------------------------------------- read by the metrics endpoint
 
-    @property
-    def sends(self) -> int:
-        """Merged gradient pushes sent so far."""
-        return self.link.sends
-
-    @property
-    def pushed_batches(self) -> int:
-        """Worker batches those pushes carried."""
-        return self.link.pushed_batches
-
-    @property
-    def geo_syncs(self) -> int:
-        """Geo delta exchanges done so far (0 in other modes)."""
-        return self.link.geo_syncs
-
-    @property
-    def queue_depth(self) -> int | None:
-        """Batches of gradients waiting to be sent (async; None where the mode has no queue):
-        whether the network keeps up."""
-        return self.mode.queue_depth
-
-    @property
-    def queue_capacity(self) -> int | None:
-        """How many batches may wait before workers are held back (async; else None)."""
-        return self.mode.queue_capacity
-
-    @property
-    def cache_counts(self) -> CacheCounts | None:
-        """Geo: evictions and rows held of the hash tables' local caches (else None)."""
-        return self.mode.cache_counts
+    def report(self) -> dict[str, float]:
+        """The mode's counters by name (:meth:`Mode.report`): the metrics endpoint and the
+        records read them all from this one dict."""
+        return self.mode.report()
 
     @property
     def failure(self) -> BaseException | None:

@@ -17,7 +17,6 @@ import structlog
 
 from ..metrics import merged_auc
 from ..records import append_record
-from .local_cache import CacheCounts
 from .shared import STAT
 
 log = structlog.get_logger("aps.trainer")
@@ -35,11 +34,11 @@ class Snapshot:
     stale_sum: float = 0.0
     #: every worker's steps by the staleness of their sparse rows, summed over workers
     stale_steps: np.ndarray | None = None
-    #: the geo caches of the hash tables (None: the trainer keeps none)
-    cache: CacheCounts | None = None
+    #: the mode's counters (Mode.report; None: nobody to ask)
+    report: dict[str, float] | None = None
 
     @classmethod
-    def take(cls, stats: np.ndarray, staleness: np.ndarray | None = None, cache: CacheCounts | None = None) -> Snapshot:
+    def take(cls, stats: np.ndarray, staleness: np.ndarray | None = None, report: dict[str, float] | None = None) -> Snapshot:
         total = stats.sum(axis=0)
         return cls(
             time.monotonic(),
@@ -51,7 +50,7 @@ class Snapshot:
             float(total[STAT["bad_lines"]]),
             float(total[STAT["stale_sum"]]),
             None if staleness is None else staleness.sum(axis=0),
-            cache,
+            report,
         )
 
 
@@ -65,6 +64,11 @@ AUTO_MIN_GAP = 0.25
 HISTORY = 1000
 #: a wake-up this early still counts as on time (event loop timers may fire a little early)
 _SLACK = 0.005
+#: what records carry of the mode's counters (Mode.report), where the mode has them: counts
+#: (a progress record's since the trainer started, an epoch record's in its epoch, as ``steps``)
+#: and levels at the record's time (geo's caches of hash tables: docs/operations.md)
+RECORD_COUNTS = ("geo_cache_evictions", "geo_cache_evicted_deltas")
+RECORD_LEVELS = ("geo_cache_held", "geo_cache_capacity")
 
 
 class RecordSink(Protocol):
@@ -99,9 +103,9 @@ class Monitor:
     #: the pservers the trainer cannot reach right now (PSClient.unreachable): progress records
     #: and lines name them, so a stalled trainer says why
     unreachable: Callable[[], list[dict[str, Any]]] | None = None
-    #: the evictions and rows held of the geo caches of the hash tables (Communicator.cache_counts):
-    #: records carry them where it says any
-    cache_counts: Callable[[], CacheCounts | None] | None = None
+    #: the mode's counters (Communicator.report): records carry those of RECORD_COUNTS and
+    #: RECORD_LEVELS it has
+    mode_report: Callable[[], dict[str, float]] | None = None
     _last: Snapshot | None = None  # at the last record
     _shown: Snapshot | None = None  # at the last line shown
     _epoch_start: Snapshot | None = None
@@ -121,7 +125,7 @@ class Monitor:
             self._began = self._epoch_start.time
 
     def _take(self) -> Snapshot:
-        return Snapshot.take(self.stats, self.staleness, self.cache_counts() if self.cache_counts is not None else None)
+        return Snapshot.take(self.stats, self.staleness, self.mode_report() if self.mode_report is not None else None)
 
     def record_gap(self, now: float) -> float:
         """Seconds between progress records at monotonic time ``now``."""
@@ -189,7 +193,7 @@ class Monitor:
             "examples_per_s": examples / elapsed,
             "wait_share": (now.wait_s - start.wait_s) / busy,
             **_staleness(start, now),
-            **_cache(start, now, event),
+            **_mode_counts(start, now, event),
             **self._auc(),
             **self._unreachable(event),
         }
@@ -239,20 +243,16 @@ def _staleness(start: Snapshot, now: Snapshot) -> dict[str, float]:
     return {"staleness": (now.stale_sum - start.stale_sum) / float(steps.sum()), "staleness_max": int(seen[-1])}
 
 
-def _cache(start: Snapshot, now: Snapshot, event: str) -> dict[str, int]:
-    """The geo caches' evictions (progress: since the trainer started; epoch: in that epoch, as
-    ``steps``) and rows held at ``now``; nothing when the trainer keeps no cache."""
-    if now.cache is None:
+def _mode_counts(start: Snapshot, now: Snapshot, event: str) -> dict[str, float]:
+    """The mode's counters a record carries (RECORD_COUNTS, RECORD_LEVELS), those it has: geo's
+    cache evictions (progress: since the trainer started; epoch: in that epoch, as ``steps``)
+    and rows held at ``now``; nothing when the trainer keeps no cache."""
+    if now.report is None:
         return {}
-    evictions, deltas = now.cache.evictions, now.cache.evicted_deltas
-    if event == "epoch" and start.cache is not None:
-        evictions, deltas = evictions - start.cache.evictions, deltas - start.cache.evicted_deltas
-    return {
-        "geo_cache_evictions": evictions,
-        "geo_cache_evicted_deltas": deltas,
-        "geo_cache_held": now.cache.held,
-        "geo_cache_capacity": now.cache.capacity,
-    }
+    before = start.report if event == "epoch" and start.report is not None else {}
+    out = {key: now.report[key] - before.get(key, 0) for key in RECORD_COUNTS if key in now.report}
+    out.update({key: now.report[key] for key in RECORD_LEVELS if key in now.report})
+    return out
 
 
 def _outages_line(outages: list[dict[str, Any]]) -> str:

@@ -122,7 +122,8 @@ def make_monitor(
     options: TrainOptions, attached: Attached, trainer_id: int, line: TextIO | None, ps: PSClient, comm: Communicator
 ) -> Monitor:
     """The trainer's monitor with its records' destinations: the metrics file and TensorBoard;
-    its records name the pservers ``ps`` cannot reach and say how ``comm``'s geo caches fare."""
+    its records name the pservers ``ps`` cannot reach and carry ``comm``'s counters that records
+    keep (Communicator.report: how geo's caches fare)."""
     sinks: list[RecordSink] = [TensorBoardSink(options.tensorboard)] if options.tensorboard else []
     return Monitor(
         attached.stats,
@@ -135,7 +136,7 @@ def make_monitor(
         sinks,
         attached.staleness,
         ps.unreachable,
-        lambda: comm.cache_counts,
+        comm.report,
     )
 
 

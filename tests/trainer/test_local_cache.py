@@ -162,18 +162,24 @@ def test_the_size_has_a_flag_and_a_too_small_one_is_refused_when_the_trainer_is_
 
 def test_records_carry_the_evictions_since_the_start_or_in_the_epoch_and_the_rows_held() -> None:
     """As ``steps``: a progress record counts since the trainer started, an epoch record in
-    its epoch; held and capacity are the caches' at the record's time."""
+    its epoch; held and capacity are the caches' at the record's time. The monitor reads them
+    from the mode's one report dict, and only those keys (not ``pushes`` or ``geo_syncs``)."""
     fields = ("geo_cache_evictions", "geo_cache_evicted_deltas", "geo_cache_held", "geo_cache_capacity")
-    counts = [CacheCounts(evictions=5, evicted_deltas=2, held=10, capacity=16)]  # 5 before the epoch
-    monitor = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, cache_counts=lambda: counts[-1])
+
+    def report(evictions: int, evicted_deltas: int, held: int, capacity: int) -> dict[str, float]:
+        return {"pushes": 0, "geo_syncs": 3, **dict(zip(fields, (evictions, evicted_deltas, held, capacity)))}
+
+    reports = [report(5, 2, 10, 16)]  # 5 before the epoch
+    monitor = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, mode_report=lambda: reports[-1])
     monitor.start_epoch()
-    counts.append(CacheCounts(evictions=9, evicted_deltas=3, held=16, capacity=16))
+    reports.append(report(9, 3, 16, 16))
     progress = monitor.tick(1)
     assert progress is not None and [progress[f] for f in fields] == [9, 3, 16, 16]
-    counts.append(CacheCounts(evictions=12, evicted_deltas=3, held=14, capacity=16))
+    reports.append(report(12, 3, 14, 16))
     epoch = monitor.end_epoch(1, {})
     assert [epoch[f] for f in fields] == [7, 1, 14, 16]
+    assert not {"pushes", "geo_syncs"} & (set(progress) | set(epoch))
     # a trainer without caches (another mode, or geo on fixed tables only) has no such fields
-    bare = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, cache_counts=lambda: None)
+    bare = Monitor(np.zeros((1, len(STAT_FIELDS))), 0.0, 0, record_period=0.0, mode_report=lambda: {"pushes": 4, "geo_syncs": 0})
     bare.start_epoch()
     assert not set(fields) & set(bare.end_epoch(0, {}))

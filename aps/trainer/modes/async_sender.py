@@ -62,12 +62,17 @@ class AsyncSender(Mode):
             await asyncio.gather(self._sender, return_exceptions=True)
 
     @property
-    def queue_depth(self) -> int | None:
+    def queue_depth(self) -> int:
+        """Batches of gradients waiting to be sent: whether the network keeps up."""
         return self._waiting
 
     @property
-    def queue_capacity(self) -> int | None:
+    def queue_capacity(self) -> int:
+        """How many batches may wait before workers are held back."""
         return self._queue_size
+
+    def report(self) -> dict[str, float]:
+        return {**super().report(), "send_queue_depth": self._waiting, "send_queue_capacity": self._queue_size}
 
     def _target(self, ids: list[np.ndarray]) -> GradAccumulator | None:
         """The accumulator a batch with these ids goes to now, or None if it must wait."""

@@ -20,7 +20,6 @@ from ...specs import SGD, DenseTable, HashTable, SparseTable, TableSpec
 from ..accumulator import GradAccumulator
 from ..ipc import Kind, Record
 from ..kernels import scatter_rows
-from ..local_cache import CacheCounts
 from ..model import Model
 from ..shared import CLOCK_MERGED, Attached, slot_base
 from ..strategy import Strategy
@@ -56,8 +55,6 @@ class Link:
     pushed_batches: int = 0
     #: worker batches whose sparse gradients were taken from the mailboxes (the "merged" end)
     merged_batches: int = 0
-    #: geo delta exchanges done
-    geo_syncs: int = 0
 
     def __post_init__(self) -> None:
         self.sparse_tables = self.model.sparse_tables()
@@ -188,7 +185,8 @@ class Mode:
     The communicator calls :meth:`start` once, then per epoch :meth:`begin_epoch`, the
     workers' requests (:meth:`on_pull`, :meth:`on_grads`, :meth:`on_worker_done`),
     :meth:`end_epoch` and, after the trainers' epoch barrier, :meth:`after_barrier`; finally
-    :meth:`stop`. A failure of a background task is kept in :attr:`failure`.
+    :meth:`stop`. A failure of a background task is kept in :attr:`failure`. The trainer's
+    metrics and records read the mode's counters as one dict, :meth:`report`.
     """
 
     #: the mode's name, as ``Strategy.mode`` spells it
@@ -266,20 +264,13 @@ class Mode:
     async def stop(self) -> None:
         """Cancel background tasks."""
 
-    @property
-    def queue_depth(self) -> int | None:
-        """Batches of gradients waiting to be sent, where the mode queues them (else None)."""
-        return None
-
-    @property
-    def queue_capacity(self) -> int | None:
-        """How many batches may wait before workers are held back (None: no queue)."""
-        return None
-
-    @property
-    def cache_counts(self) -> CacheCounts | None:
-        """How the local caches of the hash tables fare, where the mode keeps them (geo; else None)."""
-        return None
+    def report(self) -> dict[str, float]:
+        """The mode's counters by name, in one dict: what the trainer's metrics endpoint
+        (aps/trainer/collector.py) and its records (aps/trainer/monitor.py) read of the mode.
+        Every mode has ``pushes`` (merged gradient pushes sent); a mode adds its own (async's
+        send queue, geo's exchanges and local caches). The metrics endpoint calls it from its
+        own thread: it only reads."""
+        return {"pushes": self.link.sends}
 
     def check_failure(self) -> None:
         if self.failure is not None:

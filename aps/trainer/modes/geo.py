@@ -20,7 +20,6 @@ import numpy as np
 from ...specs import SGD, HashTable, TableSpec
 from .. import local_cache
 from ..ipc import Kind, Record
-from ..local_cache import CacheCounts
 from ..model import Model
 from ..replica import FixedReplica, GeoReplica
 from ..shared import STAT
@@ -71,6 +70,8 @@ class GeoExchange(Mode):
         self.replicas: dict[str, GeoReplica] = {}
         self._old_dense: dict[str, np.ndarray] = {}
         self._last_steps = 0
+        #: delta exchanges done (the metric ``aps_trainer_geo_syncs``)
+        self.exchanges = 0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -101,9 +102,19 @@ class GeoExchange(Mode):
     async def on_worker_done(self, worker: int) -> None:
         self.hashes.worker_done(worker)
 
-    @property
-    def cache_counts(self) -> CacheCounts | None:
-        return self.hashes.report()
+    def report(self) -> dict[str, float]:
+        """Every mode's counters, the exchanges done and, with hash tables, how their local
+        caches fare (summed over the tables; the records' ``geo_cache_*`` fields)."""
+        out = {**super().report(), "geo_syncs": self.exchanges}
+        cache = self.hashes.report()
+        if cache is not None:
+            out.update(
+                geo_cache_evictions=cache.evictions,
+                geo_cache_evicted_deltas=cache.evicted_deltas,
+                geo_cache_held=cache.held,
+                geo_cache_capacity=cache.capacity,
+            )
+        return out
 
     async def flush(self) -> None:
         await self.exchange()
@@ -150,4 +161,4 @@ class GeoExchange(Mode):
                 server = await link.ps.pull_dense(t.name, timeout=timeout)
                 local += server - old
                 old[...] = server
-            link.geo_syncs += 1
+            self.exchanges += 1
