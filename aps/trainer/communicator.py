@@ -1,7 +1,8 @@
 """The communicator: the one coroutine family in a trainer that talks to the pservers.
 
 Workers never open sockets. They ask for rows (PULL) and hand over gradients (GRADS) through
-shared mailboxes, or, in geo mode, only train locally. What happens next is the mode's business: the communicator builds the mode object once
+shared mailboxes, or, in geo mode, train locally and say when the next exchange is due (STEPS).
+What happens next is the mode's business: the communicator builds the mode object once
 (:mod:`aps.trainer.modes`, one class per mode) and routes every worker request and epoch event
 to it; the metrics and records read the mode's counters through it (:meth:`Communicator.report`).
 Exact semantics of each mode: docs/modes.md.
@@ -93,5 +94,7 @@ class Communicator:
             await self.mode.on_pull(worker, rec)
         elif rec.kind == Kind.GRADS:
             await self.mode.on_grads(worker, rec)
+        elif rec.kind == Kind.STEPS:
+            await self.mode.on_steps(worker, rec)
         elif rec.kind == Kind.EPOCH_DONE:
             await self.mode.on_worker_done(worker)

@@ -30,6 +30,7 @@ class Kind(IntEnum):
     ERROR = 13  # I failed; text says why (I exit after sending)
     READY = 14  # kernels compiled, arrays attached
     SCORE_DONE = 15  # I scored ``examples`` examples in ``steps`` batches (AUC counts: shared ``scores``)
+    STEPS = 16  # geo: my step brought the trainer's step count to ``steps``, where its next exchange is due; no reply
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Record:
     epoch: int = 0
     #: GRADS: examples in the batch whose gradients are in the mailbox
     examples: int = 0
-    #: EPOCH_DONE: steps the worker trained in that epoch
+    #: EPOCH_DONE: steps the worker trained in that epoch; STEPS: the trainer's steps it saw
     steps: int = 0
     #: OK: the kind of request it answers (PULL or GRADS); 0 otherwise
     answers: int = 0

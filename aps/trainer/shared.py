@@ -43,9 +43,13 @@ STAT = {name: i for i, name in enumerate(STAT_FIELDS)}
 #: a worker's steps counted by the staleness of their sparse rows: 0 .. STALE_BUCKETS - 2 steps,
 #: and the last bucket for anything older (what a progress record's ``staleness_max`` is read from)
 STALE_BUCKETS = 65
-#: the trainer's counters the workers read: CLOCK_MERGED is how many of this trainer's batches
-#: have had their gradients taken from the mailboxes so far (only the trainer writes them)
+#: the trainer's counters the workers read (only the trainer writes them): CLOCK_MERGED is how
+#: many of this trainer's batches have had their gradients taken from the mailboxes so far;
+#: CLOCK_EXCHANGE_AT, in geo mode, the trainer's step count (all workers) at which its next
+#: exchange is due: the worker whose step reaches it tells the trainer (Kind.STEPS). 0: none.
 CLOCK_MERGED = 0
+CLOCK_EXCHANGE_AT = 1
+CLOCK_FIELDS = 2
 #: columns a hash table's gradient mailbox has past the gradient: each id's shows and clicks
 HASH_STAT_COLUMNS = 2
 
@@ -97,7 +101,7 @@ class SharedLayout:
     auc: ArraySpec
     #: per worker, its steps by the staleness of their sparse rows (STALE_BUCKETS)
     staleness: ArraySpec
-    #: the trainer's counters (CLOCK_MERGED)
+    #: the trainer's counters (CLOCK_MERGED, CLOCK_EXCHANGE_AT)
     clock: ArraySpec
     #: processes that will attach (the trainer and its workers); the last removes the files
     attachers: int
@@ -257,7 +261,7 @@ class SharedArrays:
         stats = self._create("stats", "float64", (num_workers, len(STAT_FIELDS)))
         auc = self._create("auc", "float64", (num_workers, *auc_state_shape()))
         staleness = self._create("staleness", "float64", (num_workers, STALE_BUCKETS))
-        clock = self._create("clock", "int64", (1,))
+        clock = self._create("clock", "int64", (CLOCK_FIELDS,))
         scores = self._create("scores", "float64", (num_workers, *auc_state_shape()[1:]))
         self.layout = SharedLayout(
             self.root, params, dirty, ids, sparse, dense, stats, auc, staleness, clock, num_workers + 1, scores, rows, counts,

@@ -4,7 +4,9 @@ With ``local_sgd`` (geo mode) it trains on the shared replica with local SGD (Ho
 other workers) and never waits for the network, except for the rows of a hash table: its replica
 is a cache whose rows the trainer assigns, so the worker publishes a batch's keys and asks for
 their rows (PULL), for the next batch while the current one computes
-(:mod:`aps.trainer.modes.geo_hash`). Otherwise each batch asks the trainer for fresh
+(:mod:`aps.trainer.modes.geo_hash`); the step that brings the trainer's step count to its
+next exchange also tells the trainer so (a STEPS record, no reply awaited), which is what wakes
+the exchange. Otherwise each batch asks the trainer for fresh
 rows and hands its gradients over through its shared mailbox; the trainer's mode decides when the
 worker may go on (see docs/modes.md). With ``prefetch`` (async mode) the worker does not idle on
 that round trip: it publishes the *next* batch's ids (in the other half of its double-buffered id
@@ -36,7 +38,7 @@ from .kernels import add_changes, add_counts, gather_rows, sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
 from .procs import child_signals
 from .reader import feed_queue, iter_queue
-from .shared import CLOCK_MERGED, STALE_BUCKETS, STAT, Attached, SharedLayout, slot_base
+from .shared import CLOCK_EXCHANGE_AT, CLOCK_MERGED, STALE_BUCKETS, STAT, Attached, SharedLayout, slot_base
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ class Worker:
                 #: the rows of a batch's keys, gathered from the cache for the model
                 self.gathered = {name: np.zeros((0, self.local_sparse[name].shape[1]), np.float32) for name in self.cached}
         self.steps = 0
+        #: geo: the trainer's steps of every worker (a column of the shared stats), and the
+        #: exchange step count this worker last told the trainer it reached
+        self._trainer_steps = self.shared.stats[:, STAT["steps"]]
+        self._told = 0
         self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
         self._lrs: dict[str, float] | None = None
         self._lrs_step = 0
@@ -188,6 +194,8 @@ class Worker:
         s[STAT["examples"]] += batch.examples
         s[STAT["steps"]] += 1
         s[STAT["compute_s"]] += time.perf_counter() - t0
+        if self.local_sgd:
+            self._tell_exchange_due()
         return loss
 
     def _score_pass(self, seq: int, files: list[str]) -> Record:
@@ -391,6 +399,18 @@ class Worker:
                 return max(stale, 0)
             self._send(Record(Kind.PULL, step=step, counts=counts))
             clock = self._await(Kind.PULL, step).clock
+
+    def _tell_exchange_due(self) -> None:
+        """geo: tell the trainer once its step count (every worker's) reached the one its next
+        exchange is due at (``CLOCK_EXCHANGE_AT``; 0: none published), so that the exchange
+        starts on that step rather than when a timer next looks. At most one notice per worker
+        and published count, so the pipe never fills with them; no reply is awaited."""
+        due = int(self.shared.clock[CLOCK_EXCHANGE_AT])
+        if due and due != self._told:
+            steps = int(self._trainer_steps.sum())
+            if steps >= due:
+                self._told = due
+                self._send(Record(Kind.STEPS, steps=steps))
 
     def _count_staleness(self, stale: int) -> None:
         self.stats[STAT["stale_sum"]] += stale

@@ -183,10 +183,11 @@ class Mode:
     """One training mode of a trainer (docs/modes.md has a section per subclass).
 
     The communicator calls :meth:`start` once, then per epoch :meth:`begin_epoch`, the
-    workers' requests (:meth:`on_pull`, :meth:`on_grads`, :meth:`on_worker_done`),
-    :meth:`end_epoch` and, after the trainers' epoch barrier, :meth:`after_barrier`; finally
-    :meth:`stop`. A failure of a background task is kept in :attr:`failure`. The trainer's
-    metrics and records read the mode's counters as one dict, :meth:`report`.
+    workers' requests (:meth:`on_pull`, :meth:`on_grads`, :meth:`on_steps`,
+    :meth:`on_worker_done`), :meth:`end_epoch` and, after the trainers' epoch barrier,
+    :meth:`after_barrier`; finally :meth:`stop`. A failure of a background task is kept in
+    :attr:`failure`. The trainer's metrics and records read the mode's counters as one dict,
+    :meth:`report`.
     """
 
     #: the mode's name, as ``Strategy.mode`` spells it
@@ -247,6 +248,11 @@ class Mode:
     async def on_grads(self, worker: int, rec: Record) -> None:
         """A worker's gradients of ``rec.step`` are in its mailbox; reply OK once they are taken."""
         raise ApsError(f"{type(self).__name__}: workers of this mode keep their gradients (got GRADS from worker {worker})")
+
+    async def on_steps(self, worker: int, rec: Record) -> None:
+        """A worker's step brought the trainer's step count to the one the mode published in
+        the shared clock (geo: its next exchange is due); no reply."""
+        raise ApsError(f"{type(self).__name__}: workers of this mode report no step counts (got STEPS from worker {worker})")
 
     async def on_worker_done(self, worker: int) -> None:
         """``worker`` finished the epoch: it sends nothing more in it."""

@@ -9,6 +9,11 @@ the whole tensor.
 A hash table's replica is a bounded cache of rows (:mod:`aps.trainer.local_cache`), which the
 trainer fills as workers ask for their batches' keys (:mod:`.geo_hash`); its exchange is the same
 formula over the cached rows written since the last one, pushed with their keys.
+
+The exchange is woken by the workers, not by a timer: the trainer publishes the step count (all
+workers together) at which the next exchange is due in the shared clock, and the worker whose
+step reaches it says so (a STEPS record, :meth:`GeoExchange.on_steps`). The end of an epoch, a
+save and the final flush exchange directly, whatever the count.
 """
 
 from __future__ import annotations
@@ -22,13 +27,10 @@ from .. import local_cache
 from ..ipc import Kind, Record
 from ..model import Model
 from ..replica import FixedReplica, GeoReplica
-from ..shared import STAT
+from ..shared import CLOCK_EXCHANGE_AT, STAT
 from ..strategy import Strategy
 from .base import Link, Mode
 from .geo_hash import HashReplicas
-
-#: how often the exchange task looks at the trainer's step count
-_POLL_S = 0.005
 
 
 class GeoExchange(Mode):
@@ -69,7 +71,11 @@ class GeoExchange(Mode):
         #: every sparse table's replica (fixed: the whole table; hash: its cache), one interface
         self.replicas: dict[str, GeoReplica] = {}
         self._old_dense: dict[str, np.ndarray] = {}
+        #: the trainer's steps when the last exchange began; the next is due k_steps later
         self._last_steps = 0
+        #: set when the next exchange is due: a worker's step reached it (:meth:`on_steps`), or
+        #: the steps trained during an exchange already did
+        self._due = asyncio.Event()
         #: delta exchanges done (the metric ``aps_trainer_geo_syncs``)
         self.exchanges = 0
         self._lock = asyncio.Lock()
@@ -87,6 +93,7 @@ class GeoExchange(Mode):
         }
         await link.pull_dense()
         self._old_dense = {t.name: link.shared.params[t.name].copy() for t in link.dense_tables}
+        self._begin_interval()
         self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
@@ -98,6 +105,11 @@ class GeoExchange(Mode):
         """A worker asks for the cache rows of its batch's hash table keys (:mod:`.geo_hash`)."""
         await self.hashes.map_batch(worker, rec.step, rec.counts)
         self.link.reply(worker, Record(Kind.OK, step=rec.step, answers=Kind.PULL))
+
+    async def on_steps(self, worker: int, rec: Record) -> None:
+        """A worker's step brought the trainer's steps to the next exchange's count: wake the
+        exchange (it checks the count itself, so a notice an exchange overtook is harmless)."""
+        self._due.set()
 
     async def on_worker_done(self, worker: int) -> None:
         self.hashes.worker_done(worker)
@@ -125,11 +137,24 @@ class GeoExchange(Mode):
     def trainer_steps(self) -> int:
         return int(self.link.shared.stats[:, STAT["steps"]].sum())
 
+    def _begin_interval(self) -> None:
+        """Count the next ``k_steps`` from the trainer's steps now, and publish where they end
+        for the workers (the shared clock's ``CLOCK_EXCHANGE_AT``)."""
+        self._last_steps = self.trainer_steps()
+        self.link.shared.clock[CLOCK_EXCHANGE_AT] = self._last_steps + self.link.strategy.k_steps
+
+    def _is_due(self) -> bool:
+        return self.trainer_steps() - self._last_steps >= self.link.strategy.k_steps
+
     async def _loop(self) -> None:
+        """Exchange each time the next one is due (woken by :attr:`_due`, no timer). A wake-up
+        that finds fewer steps than due (a flush exchanged meanwhile and began a new interval)
+        waits again."""
         try:
             while True:
-                await asyncio.sleep(_POLL_S)
-                if self.trainer_steps() - self._last_steps >= self.link.strategy.k_steps:
+                await self._due.wait()
+                self._due.clear()
+                if self._is_due():
                     await self.exchange()
         except asyncio.CancelledError:
             raise
@@ -141,7 +166,7 @@ class GeoExchange(Mode):
         link = self.link
         timeout = link.strategy.rpc_timeout
         async with self._lock:
-            self._last_steps = self.trainer_steps()
+            self._begin_interval()
             scale = 1.0 / link.num_trainers
             for name, replica in self.replicas.items():
                 keys, deltas, counts = replica.take_changes(scale)
@@ -162,3 +187,7 @@ class GeoExchange(Mode):
                 local += server - old
                 old[...] = server
             self.exchanges += 1
+            if self._is_due():
+                # the workers trained k_steps more while this exchange ran: go again (a worker
+                # says so too, unless its step counted while the new interval was published)
+                self._due.set()
