@@ -376,6 +376,10 @@ MAX_KEYS = (1 << 31) - 2
 MAX_DAYS = 1 << 20
 
 
+#: how a hash table's values may be stored (HashTable.dtype)
+VALUE_DTYPES = ("float32", "float16")
+
+
 @dataclass(frozen=True)
 class HashTable:
     """``dim`` float32 values per int64 key, created on push and evicted by score.
@@ -389,6 +393,9 @@ class HashTable:
     least the second (docs/operations.md). ``ttl_days``: a shrink deletes the keys no push
     reached for more than this many days (the reference's unseen days, counted by the ``days``
     a shrink is given; None: never by age).
+    ``dtype``: how the pservers store the values, ``"float32"`` or ``"float16"`` (half the bytes;
+    pulls convert to float32 and the optimizer computes in float32, writing back rounded to the
+    nearest float16, saturating at +-65504; see docs/concepts.md, "Compact rows").
     """
 
     #: pulled and pushed by ids, which are keys (see SparseTable)
@@ -407,11 +414,14 @@ class HashTable:
     base_threshold: float = 1.5
     delta_threshold: float = 0.25
     ttl_days: int | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         owner = f"table {self.name!r}"
         object.__setattr__(self, "dim", _int(owner, "dim", self.dim, 1, _MAX_DIM))
+        if self.dtype not in VALUE_DTYPES:
+            raise ConfigError(f"{owner}: dtype must be one of {', '.join(VALUE_DTYPES)}, got {self.dtype!r}")
         if self.ttl_days is not None:
             object.__setattr__(self, "ttl_days", _int(owner, "ttl_days", self.ttl_days, 0, MAX_DAYS))
         object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))

@@ -33,10 +33,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import ctr_vs_torch as bench  # bench/ctr_vs_torch.py: data, both systems' runs, the metrics
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +49,13 @@ ROWS: dict[str, tuple[str, str | None, int, str]] = {
     "hybrid, 1 worker": ("ctr_dnn", None, 1, ""),
     "async, 1 worker": ("ctr_dnn", "async", 1, ""),
     "hybrid, 2 workers, --no-prefetch": ("ctr_dnn", None, 2, "--no-prefetch"),
+    "hash tables": ("ctr_dnn", None, 2, "--model-arg table=hash"),
+    "hash tables, float16 values": ("ctr_dnn", None, 2, "--model-arg table=hash --model-arg table_dtype=float16"),
+    "hash tables, row-wise Adagrad 0.05 embeddings": (
+        "ctr_dnn", None, 2, "--model-arg table=hash --model-arg sparse_optimizer=adagrad_rowwise --model-arg sparse_lr=0.05"),
+    "hash tables, row-wise Adagrad 0.05 embeddings, float16 values": (
+        "ctr_dnn", None, 2,
+        "--model-arg table=hash --model-arg sparse_optimizer=adagrad_rowwise --model-arg sparse_lr=0.05 --model-arg table_dtype=float16"),
     "wide&deep, Adam (default)": ("wide_deep", None, 2, ""),
     "wide&deep, FTRL wide, ftrl_alpha=0.05": ("wide_deep", None, 2, "--model-arg wide_optimizer=ftrl --model-arg ftrl_alpha=0.05"),
     "wide&deep, FTRL wide, ftrl_alpha=1": ("wide_deep", None, 2, "--model-arg wide_optimizer=ftrl --model-arg ftrl_alpha=1"),

@@ -22,8 +22,8 @@ from .layers import MLP, Dense
 
 OPTIMIZERS = ("adam", "sgd", "adagrad")
 #: ``sparse_optimizer=``: ``same`` (the model's ``optimizer`` on every table) or another for the
-#: sparse tables alone, at ``sparse_lr``
-SPARSE_OPTIMIZERS = ("same", *OPTIMIZERS)
+#: sparse tables alone, at ``sparse_lr`` (``adagrad_rowwise``: one accumulator a row, sparse tables only)
+SPARSE_OPTIMIZERS = ("same", *OPTIMIZERS, "adagrad_rowwise")
 #: ``table=``: fixed arrays of ``buckets`` rows (ids hashed modulo buckets) or hash tables
 #: (any 64-bit key, admitted and evicted on the pservers; docs/concepts.md, "Fixed or hash")
 TABLE_KINDS = ("fixed", "hash")
@@ -85,6 +85,8 @@ def make_optimizer(model: str, name: str, lr: float, bias_correction: str = "row
         return SGD(lr, l2=l2)
     if name == "adagrad":
         return Adagrad(lr, l2=l2)
+    if name == "adagrad_rowwise":
+        return Adagrad(lr, l2=l2, rowwise=True)
     raise ConfigError(f"{model} optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
@@ -102,7 +104,10 @@ class CriteoModel(Model):
     default Adam: a rate alone was chosen for Adam).
     ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``,
     the default: the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense
-    layers in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule).
+    layers in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule);
+    ``adagrad_rowwise`` is that row-wise Adagrad, one accumulator a row.
+    ``table_dtype``: how the pservers store the hash tables' values (``float32``, or ``float16``:
+    half the bytes, computed in float32; docs/concepts.md, "Compact rows").
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -117,7 +122,7 @@ class CriteoModel(Model):
         self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float | None, optimizer: str | None,
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
-        sparse_optimizer: str = "same", sparse_lr: float | None = None,
+        sparse_optimizer: str = "same", sparse_lr: float | None = None, table_dtype: str = "float32",
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -139,6 +144,9 @@ class CriteoModel(Model):
         if table not in TABLE_KINDS:
             raise ConfigError(f"{self.name} table must be one of {', '.join(TABLE_KINDS)}, got {table!r}")
         self.table_kind = str(table)
+        if table_dtype != "float32" and self.table_kind != "hash":
+            raise ConfigError(f"{self.name} table_dtype={table_dtype} stores hash tables' values: it needs table=hash")
+        self.table_dtype = str(table_dtype)
         self.admission = {
             "admit_probability": admit_probability, "admit_count": admit_count,
             "max_keys": max_keys if given(max_keys) else None,
@@ -166,7 +174,7 @@ class CriteoModel(Model):
         if self.table_kind == "fixed":
             return SparseTable(name, self.format.buckets, dim, init, optimizer, seed=self.seed)
         try:
-            return HashTable(name, dim, init, optimizer, seed=self.seed, **self.admission)
+            return HashTable(name, dim, init, optimizer, seed=self.seed, dtype=self.table_dtype, **self.admission)
         except ConfigError as exc:
             raise ConfigError(f"{self.name} {exc}") from None
 
@@ -200,6 +208,7 @@ class CriteoModel(Model):
             **({"bias_correction": self.bias_correction} if "adam" in (self.optimizer, self.sparse_optimizer) else {}),
             **({"sparse_optimizer": self.sparse_optimizer, "sparse_lr": self.sparse_lr} if self.sparse_optimizer != "same" else {}),
             "table": self.table_kind, **(self.admission if self.table_kind == "hash" else {}),
+            **({"table_dtype": self.table_dtype} if self.table_dtype != "float32" else {}),
             **({"l2": self.l2} if self.l2 else {}),
         }
 

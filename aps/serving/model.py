@@ -39,6 +39,7 @@ from ..digests import bytes_sha256
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
+from ..storage.hash.compact import as_stored, storage_dtype
 from ..storage.hash.index import HashIndex
 from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
@@ -95,6 +96,8 @@ class ServedHash:
         if unknown_count:
             unknown = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
+            if self.spec.dtype != "float32":  # as a pserver's compact table reads it
+                out[unknown] = as_stored(out[unknown], self.spec.dtype)
         return out
 
     def put(self, keys: np.ndarray, values: np.ndarray) -> None:
@@ -290,13 +293,14 @@ class ExportFiles:
     def hash_keys(self, name: str, spec: HashTable, claimed: int) -> int:
         """The keys hash table ``name`` has in this export, checked before its rows are
         allocated: each file's count must fit in the file's bytes (an uncompressed .npz holds
-        8 + 4 * dim bytes a key) and the manifest's total must be their sum."""
+        8 + dim values' bytes a key) and the manifest's total must be their sum."""
         total = 0
+        key_bytes = 8 + np.dtype(storage_dtype(spec.dtype)).itemsize * spec.dim
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
             for logical, file in entry["files"].items():
                 count = int(entry["keys"][logical])
-                if count < 0 or (count and count * (8 + 4 * spec.dim) > self._size(f"{shard}/{file}")):
+                if count < 0 or (count and count * key_bytes > self._size(f"{shard}/{file}")):
                     raise ConfigError(f"export {self.directory}: {shard}/{file} claims {count} keys of table {name!r}, more than its bytes hold")
                 total += count
         if claimed != total:
@@ -325,7 +329,7 @@ class ExportFiles:
                 if count == 0:
                     continue
                 keys, values = self._array(f"{shard}/{file}", ("keys", "values"))
-                if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != np.float32 or values.shape != (count, spec.dim):
+                if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != storage_dtype(spec.dtype) or values.shape != (count, spec.dim):
                     raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
                 yield keys, values
 

@@ -70,6 +70,7 @@ class WideDeep(CriteoModel):
         ftrl_l1: float = 0.0,
         sparse_optimizer: str = "same",
         sparse_lr: float | None = None,
+        table_dtype: str = "float32",
         wide_lr: float = 0.05,
     ) -> None:
         # checked here, not when the wide part is made: a bad value fails whatever wide_optimizer is
@@ -79,7 +80,7 @@ class WideDeep(CriteoModel):
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
-            sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr,
+            sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr, table_dtype=table_dtype,
         )
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:

@@ -47,7 +47,7 @@ def most_that_fit(low: int, high: int, fits: Callable[[int], bool]) -> int:
 
 
 class RowSlab:
-    """The per-row arrays over ``index``'s rows: ``values`` (float32[rows, dim]), ``state``
+    """The per-row arrays over ``index``'s rows: ``values`` (``value_dtype``[rows, dim]), ``state``
     (one array per entry of ``template``, each a one-row array of its shape and dtype) and
     ``stats`` (records of dtype ``stats``; None: no statistics). ``name`` names the table in
     errors; ``max_rows``: the most rows it may grow to; ``extra_claim``: bytes the table claims
@@ -55,7 +55,7 @@ class RowSlab:
 
     def __init__(
         self, index: HashIndex, dim: int, template: Mapping[str, np.ndarray] | None = None, stats: np.dtype | None = None,
-        *, name: str = "", max_rows: int = MAX_ROWS, extra_claim: int = 0,
+        *, name: str = "", max_rows: int = MAX_ROWS, extra_claim: int = 0, value_dtype: type = np.float32,
     ) -> None:
         self.index = index
         self.name = name
@@ -63,11 +63,11 @@ class RowSlab:
         capacity = index.row_capacity
         #: one fresh row of each optimizer state array: what a new key's state starts from
         self.template = dict(template or {})
-        self.values = np.zeros((capacity, dim), np.float32)
+        self.values = np.zeros((capacity, dim), value_dtype)
         self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self.template.items()}
         self.stats = None if stats is None else np.zeros(capacity, stats)
         #: bytes of one row of every array; asked after every push (_map_ahead_rows): made once
-        self.row_nbytes = 4 * dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in self.template.values()) + (
+        self.row_nbytes = self.values.itemsize * dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in self.template.values()) + (
             0 if stats is None else stats.itemsize
         )
         self.extra_claim = extra_claim

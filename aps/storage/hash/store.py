@@ -66,6 +66,7 @@ from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
+from .compact import as_stored, storage_dtype, update_rows, write_rounded
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
 from .slab import MIN_ROWS, RowSlab, most_that_fit
@@ -113,13 +114,16 @@ def _check_keys(table: str, keys: object) -> np.ndarray:
 
 
 _NONE = np.empty(0, np.float32)
+#: what a push runs on its held rows: (values, state, rows, pushed grads or deltas, ordered)
+PushKernel = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray, bool], None]
 _NO_ROWS = np.empty(0, np.int64)
 
 
 def row_nbytes(spec: HashTable) -> int:
     """Bytes of one key's slab row: value, optimizer state and statistics."""
     template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
-    return 4 * spec.dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + STATS.itemsize
+    value_bytes = np.dtype(storage_dtype(spec.dtype)).itemsize * spec.dim
+    return value_bytes + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + STATS.itemsize
 
 
 def planned_nbytes(spec: HashTable, keys: int) -> int:
@@ -163,7 +167,10 @@ class HashSparseStore(HashChangeTracking):
         self.index = HashIndex(capacity)
         #: the rows (values, optimizer state, statistics) and their growth (slab.py)
         self.slab = RowSlab(self.index, spec.dim, optim.new_sparse_state(spec.optimizer, 1, spec.dim), STATS,
-                            name=spec.name, max_rows=self.key_limit, extra_claim=_pending_claim(spec))
+                            name=spec.name, max_rows=self.key_limit, extra_claim=_pending_claim(spec),
+                            value_dtype=storage_dtype(spec.dtype))
+        #: values stored in fewer bits than float32: computed on float32 copies (compact.py)
+        self.compact = spec.dtype != "float32"
         self.day = 0  # days counted by shrinks (the module's note)
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
@@ -181,7 +188,7 @@ class HashSparseStore(HashChangeTracking):
 
     @property
     def values(self) -> np.ndarray:
-        """Each slab row's value, float32[capacity, dim] (the slab's array, live)."""
+        """Each slab row's value, [capacity, dim] of the spec's ``dtype`` (the slab's array, live)."""
         return self.slab.values
 
     @property
@@ -213,10 +220,18 @@ class HashSparseStore(HashChangeTracking):
         unknown."""
         keys = _check_keys(self.name, keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        rows, unknown = self.index.gather(keys, self.slab.values, out)
+        if self.compact:
+            rows = self.index.lookup(keys)
+            held = np.flatnonzero(rows >= 0)
+            out[held] = self.slab.values[rows[held]]
+            unknown = keys.shape[0] - held.shape[0]
+        else:
+            rows, unknown = self.index.gather(keys, self.slab.values, out)
         if unknown:
             at = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self._seed, keys[at], at, out)
+            if self.compact:  # the row a push admitting the key would store
+                out[at] = as_stored(out[at], self.spec.dtype)
         return out
 
     def push_grad(
@@ -242,11 +257,10 @@ class HashSparseStore(HashChangeTracking):
         used, when every key of the push was new and admitted: a fill)."""
         scale = _check_scale(self.name, scale)
 
-        def update(rows: np.ndarray, g: np.ndarray, ordered: bool) -> None:
-            slab = self.slab
-            optim.apply_sparse(self.spec.optimizer, slab.values, slab.state, rows, g, scale, self.step, ordered=ordered)
+        def kernel(values: np.ndarray, state: dict[str, np.ndarray], rows: np.ndarray, g: np.ndarray, ordered: bool) -> None:
+            optim.apply_sparse(self.spec.optimizer, values, state, rows, g, scale, self.step, ordered=ordered)
 
-        return self._push(keys, grads, "grads", shows, clicks, distinct, advance_step, client, update)
+        return self._push(keys, grads, "grads", shows, clicks, distinct, advance_step, client, kernel)
 
     def push_delta(
         self, keys: np.ndarray, deltas: np.ndarray, *, shows: np.ndarray | None = None, clicks: np.ndarray | None = None,
@@ -257,18 +271,19 @@ class HashSparseStore(HashChangeTracking):
         statistics as for :meth:`push_grad` (one show and no click per occurrence when not
         given). Returns how many keys were admitted. ``distinct`` as for :meth:`push_grad`."""
 
-        def update(rows: np.ndarray, d: np.ndarray, ordered: bool) -> None:
-            optim.add_rows(self.slab.values, rows, d, ordered=ordered)
+        def kernel(values: np.ndarray, state: dict[str, np.ndarray], rows: np.ndarray, d: np.ndarray, ordered: bool) -> None:
+            optim.add_rows(values, rows, d, ordered=ordered)
 
-        return self._push(keys, deltas, "deltas", shows, clicks, distinct, advance_step, client, update)
+        return self._push(keys, deltas, "deltas", shows, clicks, distinct, advance_step, client, kernel)
 
     def _push(
         self, keys: np.ndarray, values: np.ndarray, what: str, shows: np.ndarray | None, clicks: np.ndarray | None,
-        distinct: bool, advance_step: bool, client: int | None, update: Callable[[np.ndarray, np.ndarray, bool], None],
+        distinct: bool, advance_step: bool, client: int | None, kernel: PushKernel,
     ) -> int:
-        """What both pushes do around their update: check every array (before anything
-        changes), admit, drop the occurrences not admitted, ``update(rows, values, ordered)`` the
-        held rows, add the statistics. Returns how many keys were admitted."""
+        """What both pushes do around their kernel: check every array (before anything
+        changes), admit, drop the occurrences not admitted, run ``kernel(values, state, rows,
+        pushed, ordered)`` on the held rows (float32 copies of them in a compact table), add the
+        statistics. Returns how many keys were admitted."""
         keys = _check_keys(self.name, keys)
         n = keys.shape[0]
         values = _check_values(self.name, values, (n, self.spec.dim), what)
@@ -280,7 +295,11 @@ class HashSparseStore(HashChangeTracking):
             values = values[held]
             shows = shows[held] if shows.size else shows
             clicks = clicks[held] if clicks.size else clicks
-        update(rows, values, ordered)
+        slab = self.slab
+        if self.compact:
+            update_rows(slab.values, slab.state, rows, ordered, lambda v, st, local, o: kernel(v, st, local, values, o))
+        else:
+            kernel(slab.values, slab.state, rows, values, ordered)
         self._pushed(rows, new, shows, clicks, advance_step, client)
         return int(new.size)
 
@@ -357,7 +376,12 @@ class HashSparseStore(HashChangeTracking):
             self._grow(len(self) + keys.shape[0])
         rows = self.index.insert(keys)
         self._note_keys(keys, rows)
-        init_key_rows(self.spec.init, self._seed, keys, rows, self.slab.values)
+        if self.compact:
+            fresh = np.empty((keys.shape[0], self.spec.dim), np.float32)
+            init_key_rows(self.spec.init, self._seed, keys, np.arange(keys.shape[0], dtype=np.int64), fresh)
+            write_rounded(self.slab.values, rows, fresh)
+        else:
+            init_key_rows(self.spec.init, self._seed, keys, rows, self.slab.values)
         self.slab.reset_state(rows)
         for arr in (self.show, self.click, self.delta_score):
             arr[rows] = 0.0

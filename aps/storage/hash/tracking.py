@@ -68,9 +68,9 @@ class HashChangeTracking(ChangeTracking):
         return np.sort(self.index.items()[1])
 
     def changed_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, values) of held ``rows``: what a changed-row read sends."""
+        """(keys, float32 values) of held ``rows``: what a changed-row read sends."""
         assert self._row_keys is not None
-        return self._row_keys[rows], self.values[rows]
+        return self._row_keys[rows], self.values[rows].astype(np.float32, copy=False)
 
     def _mark_pushed(self, rows: np.ndarray, new: np.ndarray, client: int | None) -> None:
         """Change tracking: the pushed rows are marked for every tracked client but the pusher,
