@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -112,7 +113,11 @@ def one_run(opts: argparse.Namespace, data: Data, dataset: str, seed: int, row: 
         probs = bench.torch_predict(work / "model.pt", data.test_batches, args.threads, bench.setup(args))
     else:
         r = bench.run_aps(data.dir, work, args)
-        probs, labels = bench.aps_predict(r["checkpoint"], data.test_files, data.spec)
+        # the row's own model arguments (table=hash, ...) shape the tables the checkpoint holds
+        extra = shlex.split(ROWS[row][3])
+        row_args = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--model-arg"]
+        spec = {**data.spec, "model_args": [*data.spec["model_args"], *row_args]}
+        probs, labels = bench.aps_predict(r["checkpoint"], data.test_files, spec)
         if not np.array_equal(labels, data.test_labels):
             raise RuntimeError("aps and PyTorch saw different test labels")
     r.update(bench.test_metrics(probs, data.test_labels))
