@@ -70,9 +70,9 @@ def load_params(model: Model, checkpoint: str | os.PathLike[str]) -> Params:
                 f"checkpoint {checkpoint}: table {spec.name!r} has shape {table_shape(saved.spec(spec.name))}, the model's is "
                 f"{table_shape(spec)}; pass the model arguments it was trained with"
             )
-        if isinstance(spec, HashTable):
+        if spec.keyed:
             keyed.append(spec.name)
-        elif isinstance(spec, SparseTable):
+        elif spec.by_ids:
             sparse[spec.name] = saved.array(spec.name)
         else:
             dense[spec.name] = saved.array(spec.name)
@@ -83,9 +83,9 @@ def table_shape(spec: SparseTable | DenseTable | HashTable) -> tuple[Any, ...]:
     """What must agree between a model's table and a saved or served one: ("keys", dim) for a
     hash table, (rows, dim) for a fixed one, the shape of a dense one (init and optimizer may
     differ for inference)."""
-    if isinstance(spec, HashTable):
+    if spec.keyed:
         return ("keys", spec.dim)
-    return (spec.rows, spec.dim) if isinstance(spec, SparseTable) else spec.shape
+    return spec.values_shape(0)
 
 
 async def predict(

@@ -91,9 +91,9 @@ class Predictor:
         self.address = self.client.addresses[0]
         specs = model.tables()
         #: the Embedding tables, pulled at every call
-        self.sparse: list[SparseTable | HashTable] = [s for s in specs if isinstance(s, (SparseTable, HashTable))]
+        self.sparse: list[SparseTable | HashTable] = [s for s in specs if s.by_ids]  # type: ignore[misc]
         #: the dense tables, read from the exports once per version
-        self.dense_specs: dict[str, DenseTable] = {s.name: s for s in specs if isinstance(s, DenseTable)}
+        self.dense_specs: dict[str, DenseTable] = {s.name: s for s in specs if not s.by_ids}  # type: ignore[misc]
         # the dense values held, in buffers that stay put: a new version is copied into them, so the
         # network's parameters are bound to the same arrays every call (aps.torch.dense.DenseBinding
         # keeps one torch view per array address)
@@ -309,7 +309,7 @@ def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, D
             files = ExportFiles(entry.path, manifest)
             for name in [n for n in wanted if n in manifest["tables"]]:
                 spec = spec_from_dict(manifest["tables"][name]["spec"])
-                if not isinstance(spec, DenseTable) or tuple(spec.shape) != tuple(wanted[name].shape):
+                if type(spec) is not type(wanted[name]) or table_shape(spec) != table_shape(wanted[name]):
                     raise ConfigError(
                         f"export {entry.path}: table {name!r} is {_describe(spec)}, the model's is "
                         f"{_describe(wanted[name])}: build the model with the settings it was trained with"
