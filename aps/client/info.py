@@ -33,6 +33,14 @@ class TableInfo:
     #: of ``rejected``, those refused because a pserver's size budget (``--max-tables-bytes``,
     #: ``--max-table-bytes``) had no room for new keys (0 from servers that do not count them)
     over_budget: int = 0
+    #: bytes of rows kept in files on the pservers' disks (0: every table kind today keeps its
+    #: rows in RAM; a pserver reports ``disk_bytes`` in TABLE_INFO for one that does not)
+    disk_bytes: int = 0
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes the table reserves in the pservers' memory (``bytes``)."""
+        return self.bytes
 
 
 def merge_info(texts: Sequence[bytes]) -> TableInfo:
@@ -43,4 +51,5 @@ def merge_info(texts: Sequence[bytes]) -> TableInfo:
             raise RemoteProtocolError(f"a TABLE_INFO reply without the detail asked for: {str(body)[:200]}")
     totals = {k: sum(int(b[k]) for b in bodies) for k in COUNTS}
     over_budget = sum(int(b.get("over_budget", 0)) for b in bodies)
-    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals, over_budget=over_budget)
+    disk_bytes = sum(int(b.get("disk_bytes", 0)) for b in bodies)
+    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals, over_budget=over_budget, disk_bytes=disk_bytes)

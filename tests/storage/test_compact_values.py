@@ -102,6 +102,12 @@ async def test_float16_rows_over_the_wire_across_a_reshard_and_served(tmp_path: 
         assert changed.dtype == np.float32 and 0 < len(changed_keys) <= len(keys)
         position = {int(k): i for i, k in enumerate(keys)}
         assert np.array_equal(changed, rows[[position[int(k)] for k in changed_keys]])
+        # the same keys in a float32 twin: the float16 table reserves less of the pservers' RAM
+        await ps.create_table(aps.HashTable("emb32", dim=DIM, init=spec.init, optimizer=spec.optimizer))
+        await ps.push_sparse_grad("emb32", keys, np.ones((200, DIM), np.float32))
+        info, twin = await ps.table_info("emb"), await ps.table_info("emb32")
+        assert info.disk_bytes == 0 == twin.disk_bytes  # both keep every row in RAM
+        assert 0 < info.ram_bytes == info.bytes < twin.ram_bytes
         await ps.save("ckpt")
         await ps.export("ex", kind="base")
     async with cluster(3, tmp_path) as (servers, ps):
