@@ -111,7 +111,8 @@ class SparseShard(ChangeTracking):
         """Bytes a new shard ``shard`` of ``spec`` allocates (see :func:`shard_nbytes`)."""
         rows = ModuloSharding(num_shards).local_row_count(spec.rows, shard)
         steps = rows * 8 if optim.row_steps(spec.optimizer) else 0
-        return rows * spec.dim * 4 * _arrays(spec) + steps
+        state_columns = optim.state_columns(spec.optimizer, spec.dim) * len(optim.state_names(spec.optimizer))
+        return rows * 4 * (spec.dim + state_columns) + steps
 
     @classmethod
     def create(cls, spec: SparseTable, shard: int, num_shards: int, *, initialise: bool = True) -> SparseShard:

@@ -102,3 +102,12 @@ async def test_rowwise_adagrad_over_the_wire_and_across_a_reshard(kind: str, tmp
         await ps.push_sparse_grad("emb", ids, grads)
         reference(values, acc, np.arange(50), grads, ROWWISE)
         np.testing.assert_allclose(await ps.pull_sparse("emb", ids), values, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fixed_shard_of_rowwise_adagrad_is_sized_by_its_one_accumulator_a_row() -> None:
+    from aps.storage.tables import make_shard, shard_nbytes
+
+    for optimizer in (aps.Adagrad(lr=0.1), ROWWISE, aps.Adam(lr=0.1)):
+        spec = aps.SparseTable("emb", rows=1000, dim=16, optimizer=optimizer)
+        shard = make_shard(spec, 0, 2)
+        assert shard_nbytes(spec, 0, 2) == shard.values.nbytes + sum(a.nbytes for a in shard.state.values())

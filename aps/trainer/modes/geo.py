@@ -22,7 +22,7 @@ import asyncio
 
 import numpy as np
 
-from ...specs import SGD, HashTable, TableSpec
+from ...specs import SGD, TableSpec
 from .. import local_cache
 from ..ipc import Kind, Record
 from ..model import Model
@@ -62,7 +62,7 @@ class GeoExchange(Mode):
         assert strategy.workers is not None
         return {
             t.name: local_cache.cache_rows(t, strategy.workers, model.max_batch_ids(t.name), num_servers, strategy.geo_cache_rows)
-            for t in model.sparse_tables() if isinstance(t, HashTable)
+            for t in model.sparse_tables() if t.keyed
         }
 
     def __init__(self, link: Link) -> None:

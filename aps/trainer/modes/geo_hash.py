@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...specs import HashTable
 from ..local_cache import CacheCounts, LocalCache
 from .base import Link
 
@@ -36,7 +35,7 @@ class HashReplicas:
         shared = link.shared
         self.caches = {
             t.name: LocalCache(t.name, shared.params[t.name], shared.dirty[t.name], shared.key_counts[t.name])
-            for t in link.sparse_tables if isinstance(t, HashTable)
+            for t in link.sparse_tables if t.keyed
         }
         #: worker -> step -> (cache, rows) of that batch, pinned until it is done
         self._in_flight: dict[int, dict[int, list[tuple[LocalCache, np.ndarray]]]] = {}
