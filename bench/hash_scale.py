@@ -67,9 +67,11 @@ AIM_FACTOR, AIM_EXTRA = 1.3, 16
 DISK_SLACK, DISK_FIXED = 1.10, 64 * MIB
 
 
-def table_spec(dim: int, lr: float) -> aps.HashTable:
-    """The issue's table: dim 16, Adagrad (a state row per key, as CTR tables have), no cap."""
-    return aps.HashTable(TABLE, dim=dim, init=aps.Uniform(-0.01, 0.01), optimizer=aps.Adagrad(lr=lr))
+def table_spec(args: argparse.Namespace) -> aps.HashTable:
+    """The issue's table: dim 16, Adagrad (a state row per key, as CTR tables have), no cap;
+    ``--rowwise`` and ``--dtype`` for the compact rows (docs/concepts.md, "Compact rows")."""
+    return aps.HashTable(TABLE, dim=args.dim, init=aps.Uniform(-0.01, 0.01),
+                         optimizer=aps.Adagrad(lr=args.lr, rowwise=args.rowwise), dtype=args.dtype)
 
 
 def checkpoint_estimate(keys: int, spec: aps.HashTable) -> int:
@@ -85,7 +87,7 @@ def tree_size(directory: Path) -> tuple[int, int]:
 
 async def fill_and_save(server: ServerProcess, args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """Fill the table over the wire, read memory, pull the sample, save (the module's note)."""
-    spec = table_spec(args.dim, args.lr)
+    spec = table_spec(args)
     pid = server.proc.pid
     idle = memory(pid)
     rng = np.random.default_rng(args.seed + 1)
@@ -215,6 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--batch", type=int, default=200_000, help="new keys per push (default 200,000)")
     p.add_argument("--lr", type=float, default=0.05, help="Adagrad's learning rate")
+    p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad: one accumulator a key")
+    p.add_argument("--dtype", choices=aps.specs.VALUE_DTYPES, default="float32", help="how the values are stored")
     p.add_argument("--sample", type=int, default=10_000, help="keys compared before the save and after the load")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--load-timeout", type=float, default=3600.0, help="seconds the loading server may take to listen")
@@ -233,7 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spec = table_spec(args.dim, args.lr)
+    spec = table_spec(args)
     need, free = checkpoint_estimate(args.keys, spec), shutil.disk_usage(args.dir).free
     if free < need:
         print(f"hash_scale: {args.dir} has {free / 1e9:.1f} GB free, the checkpoint of {args.keys:,} keys needs "
