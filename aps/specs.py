@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Union
 
@@ -266,9 +267,11 @@ Optimizer = Union[SGD, Adagrad, Adam, Ftrl]
 #
 # Callers never ask a table spec what class it is: each kind says what they need as class-level
 # facts and small methods (``by_ids``, ``keyed``, ``values_shape``, ``entries``), so that a new
-# kind of spec is one class here plus its place in ``TABLE_SPECS``. What a kind *does* on a
-# store (the pserver's kinds, the checkpoints' formats, aps-serve's served tables, the storage
-# shards) is looked up by the spec's class in one table per place (aps/storage/table_classes.py).
+# kind of spec is one class (here, or in a user's code) and nothing else asks what it is. What a
+# kind *does* on a store (the pserver's kinds, the checkpoints' formats, aps-serve's served
+# tables, the storage shards) is looked up by the spec's class in one table per place
+# (aps/storage/table_classes.py); what reads a spec back from JSON is handed the classes it
+# may build (``spec_from_dict(data, specs)``), so a kind defined outside aps crosses the wire.
 
 
 @dataclass(frozen=True)
@@ -452,13 +455,15 @@ class HashTable:
 
 
 TableSpec = Union[SparseTable, DenseTable, HashTable]
-#: the kinds of table spec: a new kind is its class and its place here
+#: the kinds of table spec this package defines: what a reader of specs builds unless it is
+#: handed others (a kind defined outside aps is handed to the pserver, the checkpoint formats,
+#: aps-serve and the client, never added here)
 TABLE_SPECS: tuple[type[TableSpec], ...] = (SparseTable, DenseTable, HashTable)
 
 
-def is_table_spec(obj: object) -> bool:
-    """Whether ``obj`` is a table spec of a kind this package knows (what a client may create)."""
-    return isinstance(obj, TABLE_SPECS)
+def is_table_spec(obj: object, specs: Iterable[type[Any]] = TABLE_SPECS) -> bool:
+    """Whether ``obj`` is a table spec of one of the kinds ``specs`` (what a client may create)."""
+    return isinstance(obj, tuple(specs))
 
 
 def _check_name(name: str) -> None:
@@ -475,10 +480,19 @@ def _check_parts(name: str, init: Any, optimizer: Any) -> None:
 
 # ---------------------------------------------------------------- (de)serialisation
 
-_CLASSES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl, *TABLE_SPECS)
-}
+#: what a table spec is made of: its initializer, its optimizer and the optimizer's decay
+_PARTS: tuple[type, ...] = (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl)
+
+
+def _classes(specs: Iterable[type[Any]]) -> dict[str, type]:
+    """The classes a dict's ``type`` may name, by name: the parts of a spec and the table
+    ``specs`` the reader was given."""
+    return {cls.__name__: cls for cls in (*_PARTS, *specs)}
+
+
+#: the classes this package's own specs are built of (what :func:`spec_to_dict` nests, and
+#: what :func:`spec_from_dict` builds unless handed other table specs)
+_CLASSES: dict[str, type] = _classes(TABLE_SPECS)
 
 
 def spec_to_dict(obj: Any) -> dict[str, Any]:
@@ -499,15 +513,27 @@ def spec_to_dict(obj: Any) -> dict[str, Any]:
 _MAX_DEPTH = 4
 
 
-def spec_from_dict(data: dict[str, Any], _depth: int = 0) -> Any:
+def spec_from_dict(data: dict[str, Any], specs: Iterable[type[Any]] = TABLE_SPECS) -> Any:
     """Inverse of :func:`spec_to_dict`; raises :class:`ConfigError` on unknown types or fields,
-    and on a field of the wrong type (every check a spec's constructor makes applies)."""
+    and on a field of the wrong type (every check a spec's constructor makes applies).
+
+    ``specs``: the table spec classes the reader may build (the package's three unless it is
+    handed others): the pserver's come from its table kinds, a checkpoint reader's from its
+    formats, aps-serve's from its served tables, so a kind of spec defined outside aps is read
+    back wherever it was handed, and is no spec to any other reader."""
+    classes = _CLASSES if specs is TABLE_SPECS else _classes(specs)
+    return _from_dict(data, classes, 0)
+
+
+def _from_dict(data: dict[str, Any], classes: dict[str, type], depth: int) -> Any:
     kind = data.get("type") if isinstance(data, dict) else None
-    if not isinstance(kind, str) or kind not in _CLASSES:
+    if not isinstance(kind, str):
         raise ConfigError(f"not a spec: {_short(data)}")
-    if _depth >= _MAX_DEPTH:
+    if kind not in classes:  # named first: a manifest sorts its keys, so "type" may be cut from the dict shown
+        raise ConfigError(f"not a spec: unknown type {kind!r} (known here: {', '.join(classes)}): {_short(data)}")
+    if depth >= _MAX_DEPTH:
         raise ConfigError(f"spec nested more than {_MAX_DEPTH} levels deep")
-    cls = _CLASSES[kind]
+    cls = classes[kind]
     known = {f.name for f in fields(cls)}
     unknown = sorted(str(key) for key in data if key != "type" and key not in known)
     if unknown:
@@ -516,8 +542,8 @@ def spec_from_dict(data: dict[str, Any], _depth: int = 0) -> Any:
     for key, value in data.items():
         if key == "type":
             continue
-        kwargs[key] = spec_from_dict(value, _depth + 1) if isinstance(value, dict) else value
-    if cls is DenseTable and isinstance(kwargs.get("shape"), list):
+        kwargs[key] = _from_dict(value, classes, depth + 1) if isinstance(value, dict) else value
+    if issubclass(cls, DenseTable) and isinstance(kwargs.get("shape"), list):
         kwargs["shape"] = tuple(kwargs["shape"])
     try:
         return cls(**kwargs)

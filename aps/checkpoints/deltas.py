@@ -39,7 +39,7 @@ def load_with_deltas(
         if sorted(manifest["tables"]) != sorted(tables):
             raise ConfigError(f"delta {root} has tables {sorted(manifest['tables'])}, its base {sorted(tables)}")
         for name, entry in manifest["tables"].items():
-            spec = spec_from_dict(entry["spec"])
+            spec = spec_from_dict(entry["spec"], formats.spec_types())
             if spec != tables[name].spec:
                 raise ConfigError(f"delta {root}: table {name!r} has another spec than in its base")
             tables[name] = formats.of(tables[name]).apply_delta(tables[name], spec, old, shard, num_shards)

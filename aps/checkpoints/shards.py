@@ -253,7 +253,7 @@ def load_own_shard(
     _refuse_delta(directory, own.manifest)
     tables: dict[str, Shard] = {}
     for name, entry in own.manifest["tables"].items():
-        spec = spec_from_dict(entry["spec"])
+        spec = spec_from_dict(entry["spec"], formats.spec_types())
         tables[name] = _format(formats, spec, directory, name, entry).load_own(spec, own, num_shards, max_table_bytes)
     return tables, own.manifest.get("extra", {})
 
@@ -284,7 +284,7 @@ def load_shards(
             raise ConfigError(f"checkpoint {root} has no table {missing[0]!r} (has {sorted(old[0].manifest['tables'])})")
         entries = [(name, entry) for name, entry in entries if name in only]
     for name, entry in tqdm(entries, desc=f"loading {root.name}", unit="table", leave=False, disable=not sys.stderr.isatty()):
-        spec = spec_from_dict(entry["spec"])
+        spec = spec_from_dict(entry["spec"], formats.spec_types())
         tables[name] = _format(formats, spec, root, name, entry).load(spec, old, shard, num_shards, max_table_bytes)
     return tables, old[0].manifest.get("extra", {})
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from ..serving.layout import (
     read_manifest,
     write_done,
 )
-from ..specs import spec_from_dict
+from ..specs import TABLE_SPECS, spec_from_dict
 
 #: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
 SaveAll = Callable[[wire.Save], Awaitable[object]]
@@ -64,9 +64,12 @@ class ExportInfo:
     keys: dict[str, int]
 
 
-async def export(save_all: SaveAll, first_root: FirstRoot, num_servers: int, root: str, kind: str) -> ExportInfo:
+async def export(
+    save_all: SaveAll, first_root: FirstRoot, num_servers: int, root: str, kind: str, specs: Sequence[type[Any]] = TABLE_SPECS,
+) -> ExportInfo:
     """See :meth:`PSClient.export`. It is handed the two requests it makes, not the client:
-    the client's module is the one that imports this."""
+    the client's module is the one that imports this. ``specs``: the spec classes the client
+    knows, which the tables' specs are read back as (to write each table's shape)."""
     if kind not in KINDS:
         raise ConfigError(f"export kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not isinstance(root, (str, os.PathLike)) or not str(root):
@@ -78,7 +81,7 @@ async def export(save_all: SaveAll, first_root: FirstRoot, num_servers: int, roo
     save_id = uuid.uuid4().hex
     await save_all(wire.Save(path=os.path.join(root, name), save_id=save_id, mode=kind))
     manifest = await asyncio.to_thread(
-        _finish, local / name, num_servers, save_id, kind, version, base_version, previous
+        _finish, local / name, num_servers, save_id, kind, version, base_version, previous, specs
     )
     keys = {table: entry["keys"] for table, entry in manifest["tables"].items()}
     return ExportInfo(version, kind, base_version, str(local / name), keys)
@@ -121,7 +124,8 @@ def _plan(local: Path, kind: str) -> tuple[int, int, dict[str, Any] | None]:
 
 
 def _finish(
-    directory: Path, num_shards: int, save_id: str, kind: str, version: int, base_version: int, previous: dict[str, Any] | None
+    directory: Path, num_shards: int, save_id: str, kind: str, version: int, base_version: int, previous: dict[str, Any] | None,
+    specs: Sequence[type[Any]] = TABLE_SPECS,
 ) -> dict[str, Any]:
     """Check every shard of the save, then write the export's manifest and done marker."""
     from ..checkpoints.shards import read_shard_manifest, shard_dir_name  # server code only when exporting
@@ -153,7 +157,7 @@ def _finish(
             if entry.get("kind") == "hash":
                 table["keys"] += sum(int(n) for n in entry["keys"].values())
     for name, table in tables.items():
-        spec = spec_from_dict(table["spec"])
+        spec = spec_from_dict(table["spec"], specs)
         table["kind"] = spec.kind
         # the keys a hash table's shards wrote; a fixed table's rows, a dense table's elements
         table["keys"] = spec.entries(table["keys"])

@@ -7,12 +7,12 @@ the counts up, so a caller sees one table, not N shards.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RemoteProtocolError
-from ..specs import TableSpec, spec_from_dict
+from ..specs import TABLE_SPECS, TableSpec, spec_from_dict
 
 #: the counts a detailed TABLE_INFO reply carries beside the spec
 COUNTS = ("keys", "bytes", "admitted", "rejected", "evicted")
@@ -43,8 +43,9 @@ class TableInfo:
         return self.bytes
 
 
-def merge_info(texts: Sequence[bytes]) -> TableInfo:
-    """One :class:`TableInfo` from every pserver's detailed TABLE_INFO reply."""
+def merge_info(texts: Sequence[bytes], specs: Iterable[type[Any]] = TABLE_SPECS) -> TableInfo:
+    """One :class:`TableInfo` from every pserver's detailed TABLE_INFO reply (its spec one of
+    the classes ``specs``: the client's)."""
     bodies: list[dict[str, Any]] = [json.loads(text) for text in texts]
     for body in bodies:
         if not isinstance(body, dict) or "spec" not in body or any(not isinstance(body.get(k), int) for k in COUNTS):
@@ -52,4 +53,4 @@ def merge_info(texts: Sequence[bytes]) -> TableInfo:
     totals = {k: sum(int(b[k]) for b in bodies) for k in COUNTS}
     over_budget = sum(int(b.get("over_budget", 0)) for b in bodies)
     disk_bytes = sum(int(b.get("disk_bytes", 0)) for b in bodies)
-    return TableInfo(spec=spec_from_dict(bodies[0]["spec"]), **totals, over_budget=over_budget, disk_bytes=disk_bytes)
+    return TableInfo(spec=spec_from_dict(bodies[0]["spec"], specs), **totals, over_budget=over_budget, disk_bytes=disk_bytes)

@@ -31,7 +31,17 @@ import numpy as np
 from .. import wire
 from ..errors import ConfigError, RequestTimeout
 from ..sharding import SparseSharding
-from ..specs import MAX_DAYS, DenseTable, HashTable, SparseTable, TableSpec, is_table_spec, spec_from_dict, spec_to_dict
+from ..specs import (
+    MAX_DAYS,
+    TABLE_SPECS,
+    DenseTable,
+    HashTable,
+    SparseTable,
+    TableSpec,
+    is_table_spec,
+    spec_from_dict,
+    spec_to_dict,
+)
 from ..storage.hash.accessor import SAVE_MODES
 from ..tls import client_context
 from ..validate import seconds
@@ -73,6 +83,7 @@ class PSClient:
         ports_num: int = 1,
         ports_num_for_sparse: int = 0,
         busy_poll: float = 0.0,
+        specs: Sequence[type[Any]] = TABLE_SPECS,
     ) -> None:
         addresses = addresses_of(addresses)
         check_timing(timeout=timeout, retries=retries, backoff=backoff, deadline=deadline, heartbeat=heartbeat)
@@ -99,6 +110,11 @@ class PSClient:
         self._call: Call = self._pool.call
         self._versions = Versions()
         self._specs: dict[str, TableSpec] = {}
+        #: the table spec classes this client creates tables of and reads specs back as (a
+        #: pserver's TABLE_INFO, an export's manifest): ``specs``, and the class of each spec it
+        #: is given to create, so a kind defined outside aps needs naming only where this client
+        #: reads a table it did not create
+        self._spec_types: tuple[type[Any], ...] = tuple(specs)
         #: per sparse table, the small pulls in flight and those queued behind them
         self._coalescers: dict[str, PullCoalescer] = {}
         #: who owns which ids (aps/sharding.py), by spec type: built once per kind of table
@@ -171,10 +187,12 @@ class PSClient:
 
         A table with this name but a different spec raises :class:`ServerError` (TABLE_EXISTS).
         """
-        if not is_table_spec(spec):
+        if not is_table_spec(spec, self._spec_types):
             raise ConfigError(f"create_table needs a SparseTable, HashTable or DenseTable, got {spec!r}")
         await self._all(wire.CreateTable(spec_json=json.dumps(spec_to_dict(spec))), timeout)
         self._specs[spec.name] = spec
+        if type(spec) not in self._spec_types:  # a subclass of a known kind: read back as itself
+            self._spec_types = (*self._spec_types, type(spec))
 
     async def table_spec(self, name: str) -> TableSpec:
         """The spec of an existing table (asked from server 0 once, then cached)."""
@@ -182,7 +200,7 @@ class PSClient:
         if spec is None:
             reply = await self._budget(self._call(0, wire.TableInfo(table=name)))
             assert isinstance(reply, wire.TextReply)
-            spec = spec_from_dict(json.loads(reply.text))
+            spec = spec_from_dict(json.loads(reply.text), self._spec_types)
             self._specs[name] = spec
         return spec
 
@@ -190,7 +208,7 @@ class PSClient:
         """Table ``name``'s spec and contents summed over every pserver: ``.keys`` held (a hash
         table's keys), ``.bytes``, and a hash table's ``.admitted``, ``.rejected``, ``.evicted``."""
         replies = await self._all(wire.TableInfo(table=name, detail=1), timeout)
-        return merge_info([r.text for r in replies])  # type: ignore[attr-defined]
+        return merge_info([r.text for r in replies], self._spec_types)  # type: ignore[attr-defined]
 
     async def _sparse_spec(self, name: str) -> Sparse:
         spec = await self.table_spec(name)
@@ -501,7 +519,7 @@ class PSClient:
         async def first_root() -> tuple[str, str | None]:
             return self.addresses[0], (await self.checkpoint_roots()).get(self.addresses[0])
 
-        return await export(lambda msg: self._all(msg, timeout), first_root, self.num_servers, root, kind)
+        return await export(lambda msg: self._all(msg, timeout), first_root, self.num_servers, root, kind, self._spec_types)
 
     async def shrink(
         self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, days: int = 0,
@@ -594,6 +612,7 @@ def connect(
     ports_num: int = 1,
     ports_num_for_sparse: int = 0,
     busy_poll: float = 0.0,
+    specs: Sequence[type[Any]] = TABLE_SPECS,
 ) -> PSClient:
     """A client for the pservers at ``addresses`` (``host:port``, in server-index order).
 
@@ -611,10 +630,13 @@ def connect(
     spins. It cuts a one-at-a-time caller's latency by the kernel's (and a virtual machine's)
     wake-up time, at the cost of a busy CPU while it waits, and briefly blocks the event loop
     (aps/client/link.py, ``Link.busy_poll``). Not over TLS.
+    ``specs``: the table spec classes this client reads back (TABLE_INFO, an export's
+    manifest): the package's; add a kind of spec defined outside aps to read a table of it
+    that this client did not create (one it creates is read back as its own class).
     """
     return PSClient(
         addresses, token=token, timeout=timeout, retries=retries, trainer_id=trainer_id, max_frame=max_frame, backoff=backoff,
         ssl=ssl, deadline=deadline, heartbeat=heartbeat, ports_num=ports_num, ports_num_for_sparse=ports_num_for_sparse,
-        busy_poll=busy_poll,
+        busy_poll=busy_poll, specs=specs,
     )
 

@@ -301,7 +301,7 @@ class ServerCore:
 
     def _create_table(self, client_id: int, msg: wire.CreateTable, flags: int) -> Reply:
         try:
-            spec = spec_from_dict(json.loads(msg.spec_json))
+            spec = spec_from_dict(json.loads(msg.spec_json), self.kinds.spec_types())  # only kinds it serves
         except (ValueError, ConfigError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
             raise ServerError(ErrorCode.BAD_REQUEST, f"bad table spec: {exc}") from None
         return self.table_set.create(spec)

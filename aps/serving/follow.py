@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from ..errors import ConfigError
+from ..storage.table_classes import BySpecClass
 from .layout import ExportEntry, list_exports, read_manifest
-from .model import ServedModel, apply_delta, load_base
+from .model import SERVED_TABLES, ServedModel, apply_delta, load_base
 
 log = structlog.get_logger("aps.serving")
 
@@ -30,8 +32,11 @@ log = structlog.get_logger("aps.serving")
 class ExportFollower:
     """The newest model an export root gives, one :meth:`advance` at a time."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], served: BySpecClass[Any] = SERVED_TABLES) -> None:
+        """``served``: the class each kind of spec is served with (the exports' tables are read
+        by it, and a spec of no kind in it refuses the export)."""
         self.root = Path(root)
+        self.served = served
         self.model: ServedModel | None = None
         #: export version -> why it was not loaded (for good: it is not read again)
         self.refused: dict[int, str] = {}
@@ -46,7 +51,7 @@ class ExportFollower:
         model = self.model
         bases = [e for e in done if e.kind == "base" and e.version > current]
         for base in reversed(bases):  # the newest base that loads
-            loaded = self._load(base, lambda e: load_base(e.path, read_manifest(e.path)))
+            loaded = self._load(base, lambda e: load_base(e.path, read_manifest(e.path), self.served))
             if loaded is not None:
                 model = loaded
                 break
@@ -71,7 +76,7 @@ class ExportFollower:
         if previous != model.version:
             self._wait(delta.version, previous, model.version)
             return None
-        return apply_delta(model, delta.path, manifest)
+        return apply_delta(model, delta.path, manifest, self.served)
 
     def _load(self, entry: ExportEntry, load: Callable[[ExportEntry], ServedModel | None]) -> ServedModel | None:
         """``load(entry)``, or None with the export refused when it raises. Why so broad: a

@@ -206,19 +206,23 @@ def _content_errors(directory: Path) -> Iterator[None]:
         raise ConfigError(f"export {directory}: malformed ({type(exc).__name__}: {exc})") from exc
 
 
-def load_base(directory: Path, manifest: dict[str, Any]) -> ServedModel:
-    """The model of a base export (its manifest read and checked: layout.read_manifest)."""
+def load_base(directory: Path, manifest: dict[str, Any], served: BySpecClass[Any] = SERVED_TABLES) -> ServedModel:
+    """The model of a base export (its manifest read and checked: layout.read_manifest);
+    ``served``: the class each kind of spec is served with, and so the specs it may hold."""
     with _content_errors(directory):
         files = ExportFiles(directory, manifest)
         tables: dict[str, Served] = {}
-        specs = {name: spec_from_dict(entry["spec"]) for name, entry in manifest["tables"].items()}
+        specs = {name: spec_from_dict(entry["spec"], served.spec_types()) for name, entry in manifest["tables"].items()}
         for name, spec in specs.items():
-            tables[name] = _read_table(files, name, spec, manifest["tables"][name], None)
+            tables[name] = _read_table(files, name, spec, manifest["tables"][name], None, served)
         return _model(manifest, tables, specs, [int(manifest["version"])])
 
 
-def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -> ServedModel:
-    """A new model: ``model`` with the delta export written over it (``model`` is unchanged)."""
+def apply_delta(
+    model: ServedModel, directory: Path, manifest: dict[str, Any], served: BySpecClass[Any] = SERVED_TABLES
+) -> ServedModel:
+    """A new model: ``model`` with the delta export written over it (``model`` is unchanged;
+    ``served``: as for :func:`load_base`)."""
     if manifest.get("previous_version") != model.version:
         raise ConfigError(f"export {directory} follows version {manifest.get('previous_version')}, not {model.version}")
     with _content_errors(directory):
@@ -226,21 +230,23 @@ def apply_delta(model: ServedModel, directory: Path, manifest: dict[str, Any]) -
         tables = dict(model.tables)
         specs = dict(model.specs)
         for name, entry in manifest["tables"].items():
-            spec = spec_from_dict(entry["spec"])
+            spec = spec_from_dict(entry["spec"], served.spec_types())
             if name in specs and specs[name] != spec:
                 raise ConfigError(f"export {directory}: table {name!r} has another spec than in version {model.version}")
             specs[name] = spec
-            tables[name] = _read_table(files, name, spec, entry, tables.get(name))
+            tables[name] = _read_table(files, name, spec, entry, tables.get(name), served)
         return _model(manifest, tables, specs, [*model.exports, int(manifest["version"])])
 
 
-def _read_table(files: ExportFiles, name: str, spec: TableSpec, entry: dict[str, Any], old: Served | None) -> Served:
+def _read_table(
+    files: ExportFiles, name: str, spec: TableSpec, entry: dict[str, Any], old: Served | None, served: BySpecClass[Any]
+) -> Served:
     """Table ``name`` as export ``files`` leaves it, read by the served class of its spec
     (``old``: the table in the version the export follows, None for a base)."""
-    served = SERVED_TABLES.for_spec(spec)
-    if served is None:
+    table = served.for_spec(spec)
+    if table is None:
         raise ConfigError(f"export {files.directory}: table {name!r} has an unknown spec {spec!r}")
-    return served.read(files, name, spec, entry, old)  # type: ignore[no-any-return]
+    return table.read(files, name, spec, entry, old)  # type: ignore[no-any-return]
 
 
 def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str, TableSpec], exports: list[int]) -> ServedModel:

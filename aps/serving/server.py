@@ -19,11 +19,12 @@ from ..errors import ConfigError
 from ..server.config import ServerConfig
 from ..server.transport.listener import RequestServer
 from ..server.transport.metrics import RequestCollector
+from ..storage.table_classes import BySpecClass
 from ..telemetry import new_registry
 from ..validate import seconds
 from .core import ServingCore
 from .follow import ExportFollower
-from .model import warm_up
+from .model import SERVED_TABLES, warm_up
 
 log = structlog.get_logger("aps.serving")
 
@@ -34,7 +35,12 @@ DEFAULT_POLL = 0.2
 class ServingServer:
     """aps-serve: serves the newest model of the exports under ``root`` (see :func:`serve_exports`)."""
 
-    def __init__(self, root: str | os.PathLike[str], config: ServerConfig, poll: float = DEFAULT_POLL) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], config: ServerConfig, poll: float = DEFAULT_POLL,
+        served: BySpecClass[Any] = SERVED_TABLES,
+    ) -> None:
+        """``served``: the class aps-serve serves each kind of spec with (a kind of spec defined
+        outside aps is one more entry), and so the only specs an export it loads may hold."""
         seconds("poll", poll, None)
         if config.num_servers != 1 or config.server_index != 0:
             raise ConfigError("aps-serve is a cluster of one server: every export holds the whole model")
@@ -42,7 +48,7 @@ class ServingServer:
         self.poll = poll
         self.core = ServingCore(config, self.root)
         self.server = RequestServer(config, self.core, new_registry(RequestCollector(self.core.stats)))
-        self.follower = ExportFollower(self.root)
+        self.follower = ExportFollower(self.root, served)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -129,10 +135,10 @@ class ServingServer:
 
 async def serve_exports(
     root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-    poll: float = DEFAULT_POLL, **options: Any,
+    poll: float = DEFAULT_POLL, served: BySpecClass[Any] = SERVED_TABLES, **options: Any,
 ) -> ServingServer:
     """Start aps-serve inside the running event loop over the export root ``root`` and return it
-    once it listens (``server.port`` is the bound port). ``options``: any :class:`ServerConfig`
-    field (limits, TLS, ``metrics_port``, ...)."""
+    once it listens (``server.port`` is the bound port). ``served``: as for :class:`ServingServer`.
+    ``options``: any :class:`ServerConfig` field (limits, TLS, ``metrics_port``, ...)."""
     config = ServerConfig(host=host, port=port, token=token, exit_when_done=False, trainer_timeout=0.0, **options)
-    return await ServingServer(root, config, poll).start()
+    return await ServingServer(root, config, poll, served).start()

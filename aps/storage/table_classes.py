@@ -48,6 +48,12 @@ class BySpecClass(Generic[S]):
         """The entry for tables of ``spec`` (None: none is)."""
         return self._by_spec.get(type(spec))
 
+    def spec_types(self) -> tuple[type[TableSpec], ...]:
+        """The spec classes there is an entry for: the only ones a place that reads specs back
+        (``spec_from_dict``: a CREATE_TABLE, a manifest) should build, since it could act on no
+        other."""
+        return tuple(self._by_spec)
+
 
 class ByTableClass(BySpecClass[T]):
     """Entries (a server's kinds, a checkpoint's formats) looked up by the class of a store or

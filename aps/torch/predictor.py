@@ -53,7 +53,7 @@ from ..errors import ConfigError, DataError
 from ..models.ctr_eval import summarize, table_shape
 from ..serving.layout import list_exports, read_manifest
 from ..serving.model import ExportFiles  # aps-serve's reader of an export's files: no second reader
-from ..specs import DenseTable, HashTable, SparseTable, spec_from_dict
+from ..specs import TABLE_SPECS, DenseTable, HashTable, SparseTable, spec_from_dict
 from ..trainer.files import expand_inputs
 from ..trainer.model import Batch, WorkerContext
 from ..trainer.reader import Chunk, read_chunks
@@ -297,6 +297,7 @@ def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, D
     root = Path(root)
     done = {e.version: e for e in list_exports(root) if e.done}
     wanted = dict(specs)
+    known = (*TABLE_SPECS, *{type(spec) for spec in specs.values()})  # the model's own kinds read back as themselves
     out: dict[str, np.ndarray] = {}
     at: int | None = version
     while wanted:
@@ -308,7 +309,7 @@ def read_dense(root: str | os.PathLike[str], version: int, specs: Mapping[str, D
         try:
             files = ExportFiles(entry.path, manifest)
             for name in [n for n in wanted if n in manifest["tables"]]:
-                spec = spec_from_dict(manifest["tables"][name]["spec"])
+                spec = spec_from_dict(manifest["tables"][name]["spec"], known)
                 if type(spec) is not type(wanted[name]) or table_shape(spec) != table_shape(wanted[name]):
                     raise ConfigError(
                         f"export {entry.path}: table {name!r} is {_describe(spec)}, the model's is "
