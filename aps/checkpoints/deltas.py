@@ -1,11 +1,13 @@
 """Loading a base save and the delta saves after it: ``ps.load(base, deltas=[d1, d2, ...])``.
 
-A delta save (hash_checkpoint.py) holds a hash table's keys whose delta score passed its
-threshold since the save before it, and fixed and dense tables whole: no table to load alone,
-but put over its base, in order, it gives each pserver the rows the saving pservers held at the
-last delta for every key a save wrote (a delta records no deletions, so a key evicted after
-the base stays, as in aps-serve). Each delta's pserver count may differ from the base's and from
-the loading cluster's: its files move by logical shard like a base's.
+A delta save (hash_files.py) holds a hash table's keys whose delta score passed its
+threshold since the save before it, the keys deleted since then (a shrink, an eviction, a TTL)
+whose rows it does not hold, and fixed and dense tables whole: no table to load alone, but put
+over its base, in order, it gives each pserver the rows the saving pservers held at the last
+delta for every key a save wrote, without the keys they deleted since the base (as aps-serve
+does; a delta written before deletions were recorded lists none). Each delta's pserver count may
+differ from the base's and from the loading cluster's: its files move by logical shard like a
+base's.
 
 The chain is checked, never assumed: the base must be a ``base`` save, each delta must name it
 as its base (``base_save_id``), and every shard of each delta must name the save just before it

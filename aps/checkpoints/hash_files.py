@@ -5,8 +5,9 @@ held by one pserver (:class:`~aps.sharding.LogicalSharding` says which). So each
 one file per logical shard it owns, inside its own shard directory::
 
     shard-00001-of-00002/t0000-emb.l0001.npz   keys, values, optimizer state, show, click,
-    shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, last_day, and the admission
-    ...                                          counters (pending_keys, pending_counts)
+    shard-00001-of-00002/t0000-emb.l0003.npz   delta_score, last_step, last_day, the admission
+    ...                                          counters (pending_keys, pending_counts), and in
+                                                 a delta the keys deleted (deleted_keys)
 
 and a load onto ``m`` pservers reads, for each logical shard ``l`` it now owns, the file
 ``l`` from the shard directory of the old server that held ``l``: files move whole, no key is
@@ -17,7 +18,12 @@ Save modes (Paddle's CtrCommonAccessor): ``full`` writes every key; ``base`` the
 score ``0.1 (show - click) + click`` is at least the table's ``base_threshold``; ``delta`` the
 keys whose delta score is at least its ``delta_threshold``. The delta score counts the score
 pushed since the key was last written by a base or delta save (or since it was admitted): those
-saves reset it for the keys they wrote, and only after their shard is in place.
+saves reset it for the keys they wrote, and only after their shard is in place. A delta also
+lists, per logical shard, the keys deleted (shrink, ``max_keys`` eviction, TTL) since the last
+base or delta save whose row it does not write (``deleted_keys``, its count per logical shard
+in the manifest's ``deleted``), so a reader drops them (storage/hash/deleted.py); those saves
+forget the deleted keys they covered, again only once in place. Files without ``deleted_keys``
+(full and base saves, deltas written before it) list none.
 
 Files are ``.npz`` written without pickle and read with ``allow_pickle=False``; the caller makes
 them durable before the manifest that names them (one ``sync_tree`` for the whole shard, not an
@@ -27,7 +33,8 @@ fsync per file: 1024 fsyncs took seconds for a small table).
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,10 @@ from ..storage.hash.store import HashSparseStore
 #: what the manifest keeps of a store's counters besides its keys
 _COUNTERS = ("admitted", "rejected", "evicted", "pending_resets")
 _PENDING = ("pending_keys", "pending_counts")
+#: arrays a logical shard's file may lack: ``last_day`` (files written before keys kept it) and
+#: ``deleted_keys`` (only a delta save writes it; deltas written before it list no deletions)
+_OPTIONAL = frozenset({"last_day", "deleted_keys"})
+_NO_KEYS = np.empty(0, np.int64)
 
 
 def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
@@ -64,36 +75,66 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_hash_table(
     directory: Path, prefix: str, store: HashSparseStore, server: int, num_servers: int, mode: str = "full"
-) -> tuple[dict[str, Any], np.ndarray]:
+) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """Write the logical shards ``server`` of ``num_servers`` owns; returns the manifest entry
-    and the slab rows written (a base or delta save resets their delta score once it is in
-    place). Reads the store only: the caller holds its writes back meanwhile."""
+    and, for a base or delta save, what to run once the shard is in place
+    (:meth:`HashSparseStore.after_save`: the rows written start a new delta, the deleted keys
+    the save covered are forgotten). Reads the store only: the caller holds its writes back
+    meanwhile."""
     keys, rows = store.index.items()
     keep = selected(store, rows, mode)
-    keys, rows = keys[keep], rows[keep]
-    order, bounds = _by_logical(keys)
-    keys, rows = keys[order], rows[order]
-    pending_keys, pending_counts = store.pending_items()
-    p_order, p_bounds = _by_logical(pending_keys)
-    pending_keys, pending_counts = pending_keys[p_order], pending_counts[p_order]
+    written = _ByLogical.grouped(keys[keep], rows[keep])
+    covered = store.deleted.keys() if mode != "full" else _NO_KEYS
+    pending = _ByLogical.grouped(*store.pending_items())
+    deleted = _ByLogical.grouped(_deleted_not_written(covered, keys[keep])) if mode == "delta" else None
     slab = store.slab_arrays()
-    files, counts = {}, {}
+    files, counts, deleted_counts = {}, {}, {}
     for shard in LogicalSharding(num_servers).logical_shards_of(server):
-        lo, hi = bounds[shard], bounds[shard + 1]
-        at = rows[lo:hi]
-        arrays = {"keys": keys[lo:hi], **{name: arr[at] for name, arr in slab.items()}}
-        p_lo, p_hi = p_bounds[shard], p_bounds[shard + 1]
-        arrays.update(pending_keys=pending_keys[p_lo:p_hi], pending_counts=pending_counts[p_lo:p_hi])
+        shard_keys, at = written.part(shard)
+        arrays = {"keys": shard_keys, **{name: arr[at] for name, arr in slab.items()}, **dict(zip(_PENDING, pending.part(shard)))}
+        if deleted is not None:
+            (arrays["deleted_keys"],) = deleted.part(shard)
+            deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
         files[str(shard)] = f"{prefix}.l{shard:04d}.npz"
-        counts[str(shard)] = int(hi - lo)
+        counts[str(shard)] = int(shard_keys.shape[0])
         _write_npz(directory / files[str(shard)], arrays)
     entry = {
         "spec": spec_to_dict(store.spec), "kind": "hash", "mode": mode, "step": store.step, "pushes": store.pushes,
         "day": store.day,
         "logical_shards": LOGICAL_SHARDS, "files": files, "keys": counts,
+        **({"deleted": deleted_counts} if deleted is not None else {}),
         **{name: int(getattr(store, name)) for name in _COUNTERS},
     }
-    return entry, rows
+    if mode == "full":
+        return entry, None
+    _, rows_written = written.arrays
+    return entry, lambda: store.after_save(rows_written, covered)
+
+
+def _deleted_not_written(deleted: np.ndarray, written: np.ndarray) -> np.ndarray:
+    """What a delta lists as deleted: the keys deleted since the last base or delta save whose row
+    it does not write. A key deleted and admitted again is listed unless its new row is written:
+    a reader's row for it is from before the deletion, which the pserver no longer holds."""
+    return np.setdiff1d(deleted, written, assume_unique=True)
+
+
+@dataclass(frozen=True)
+class _ByLogical:
+    """Some keys and the arrays that go with them, sorted by the keys' logical shard then key,
+    so each logical shard's file takes one slice of each."""
+
+    arrays: tuple[np.ndarray, ...]
+    bounds: np.ndarray
+
+    @classmethod
+    def grouped(cls, keys: np.ndarray, *others: np.ndarray) -> _ByLogical:
+        order, bounds = _by_logical(keys)
+        return cls(tuple(a[order] for a in (keys, *others)), bounds)
+
+    def part(self, logical: int) -> tuple[np.ndarray, ...]:
+        """Each array's slice for logical shard ``logical``."""
+        lo, hi = self.bounds[logical], self.bounds[logical + 1]
+        return tuple(a[lo:hi] for a in self.arrays)
 
 
 def load_hash_table(
@@ -127,13 +168,15 @@ def apply_hash_delta(
     store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
 ) -> None:
     """Put a delta save's part of ``store``'s table (server ``shard`` of ``num_shards``'s) over
-    it: each saved key's row replaces the one held (or is added), the admission counters and
-    the clocks and counts become the delta's. ``sources`` as for :func:`load_hash_table`. Keys
-    the delta does not hold keep their rows (a delta records no deletions)."""
+    it: the keys it lists as deleted (``deleted_keys``) go, each saved key's row replaces the
+    one held (or is added), the admission counters and the clocks and counts become the
+    delta's. ``sources`` as for :func:`load_hash_table`. Other keys keep their rows; a delta
+    written before deletions were recorded lists none."""
     saved, now = LogicalSharding(saved_servers), LogicalSharding(num_shards)
     _check_entries(store.spec, sources, saved)
     pending: list[tuple[np.ndarray, np.ndarray]] = []
     for directory, arrays in _logical_files(store, sources, saved, now, shard):
+        store.delete_keys(arrays["deleted_keys"])  # counted as evicted until the delta's counts replace them below
         rows = store.index.lookup(arrays["keys"])
         held = rows >= 0
         for name, arr in store.slab_arrays().items():
@@ -148,20 +191,19 @@ def apply_hash_delta(
     _restore_clocks(store, sources, saved, now, shard)
 
 
-_NO_KEYS = np.empty(0, np.int64)
-
-
 def _logical_files(
     store: HashSparseStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved: LogicalSharding, now: LogicalSharding,
     shard: int,
 ) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
     """(directory, checked arrays) of each logical shard, saved under the ``saved`` sharding,
     that server ``shard`` owns ``now``."""
-    names = {"keys", *store.slab_arrays(), *_PENDING}
+    names = {"keys", *store.slab_arrays(), *_PENDING, "deleted_keys"}
     for l in now.logical_shards_of(shard):
         directory, entry = sources[saved.server_of(l)]
-        arrays = _read_logical(directory, entry["files"][str(l)], names, int(entry.get("day", 0)))
-        _check_logical(directory, entry["files"][str(l)], store, arrays, int(entry["keys"][str(l)]), l)
+        file = entry["files"][str(l)]
+        arrays = _read_logical(directory, file, names, int(entry.get("day", 0)))
+        _check_logical(directory, file, store, arrays, int(entry["keys"][str(l)]), l)
+        _check_deleted(directory, file, arrays["deleted_keys"], entry.get("deleted", {}).get(str(l)), l)
         yield directory, arrays
 
 
@@ -200,14 +242,17 @@ def _restore_clocks(
 
 def _read_logical(directory: Path, file: str, names: set[str], day: int) -> dict[str, np.ndarray]:
     """One logical shard's arrays by name. A file written before keys kept their last day has no
-    ``last_day``: its keys count as seen on the saved ``day`` (the manifest's, 0 when absent)."""
+    ``last_day``: its keys count as seen on the saved ``day`` (the manifest's, 0 when absent).
+    One without ``deleted_keys`` (a full or base save, or a delta from before deletions were
+    recorded) lists none."""
     try:
         with npyio.load(directory / file) as saved:
-            if set(saved.files) not in (names, names - {"last_day"}):
+            if not names - _OPTIONAL <= set(saved.files) <= names:
                 raise ConfigError(f"checkpoint {directory}: {file} holds arrays {sorted(saved.files)}, expected {sorted(names)}")
             arrays = npyio.members(saved, saved.files)
             if "last_day" not in arrays:
                 arrays["last_day"] = np.full(arrays["keys"].shape, day, np.int32)
+            arrays.setdefault("deleted_keys", _NO_KEYS)
             return arrays
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # absent, truncated, not an npz
         raise ConfigError(f"checkpoint {directory}: cannot read {file}: {exc}") from exc
@@ -232,3 +277,12 @@ def _check_logical(
         raise ConfigError(f"checkpoint {directory}: {file} admission counters are {pk.dtype}{list(pk.shape)} and {pc.dtype}{list(pc.shape)}")
     if keys.size and not (LogicalSharding.logical(keys) == logical).all():
         raise ConfigError(f"checkpoint {directory}: {file} holds keys of another logical shard than {logical}")
+
+
+def _check_deleted(directory: Path, file: str, deleted: np.ndarray, count: int | None, logical: int) -> None:
+    """A logical shard's deleted keys are int64 keys of that logical shard, as many as the
+    manifest says (a manifest from before deletions were recorded says nothing)."""
+    if deleted.dtype != np.int64 or deleted.ndim != 1 or (count is not None and deleted.shape != (int(count),)):
+        raise ConfigError(f"checkpoint {directory}: {file} deleted keys are {deleted.dtype}{list(deleted.shape)}, expected {count} int64")
+    if deleted.size and not (LogicalSharding.logical(deleted) == logical).all():
+        raise ConfigError(f"checkpoint {directory}: {file} lists deleted keys of another logical shard than {logical}")

@@ -50,7 +50,8 @@ def write_array(path: Path, array: np.ndarray) -> None:
         np.save(f, np.ascontiguousarray(array), allow_pickle=False)
 
 
-#: run once the shard is in place (a base or delta save resets the delta scores it wrote)
+#: run once the shard is in place (a base or delta save resets the delta scores it wrote and
+#: forgets the deleted keys it covered)
 AfterSave = Callable[[], None]
 
 
@@ -217,8 +218,9 @@ class DenseFormat(TableFormat):
 
 class HashFormat(TableFormat):
     """A hash table: one file per logical shard the server holds (hash_files.py), so a load onto
-    another cluster size moves whole files; a base or delta save writes some keys and resets their
-    delta scores once the shard is in place."""
+    another cluster size moves whole files; a base or delta save writes some keys (a delta also
+    the keys deleted since the save before it) and, once the shard is in place, resets their
+    delta scores and forgets the deleted keys it covered."""
 
     spec_type = HashTable
     store_type = HashSparseStore
@@ -229,12 +231,9 @@ class HashFormat(TableFormat):
     def write(
         self, directory: Path, prefix: str, store: HashSparseStore, shard: int, num_shards: int, mode: str, progress: tqdm
     ) -> tuple[dict[str, Any], AfterSave | None]:
-        entry, rows = write_hash_table(directory, prefix, store, shard, num_shards, mode)
+        entry, after = write_hash_table(directory, prefix, store, shard, num_shards, mode)
         progress.update(store.nbytes)
-        if mode == "full":
-            return entry, None
-
-        return entry, lambda: store.accessor.after_save(store.delta_score, rows)
+        return entry, after
 
     def load(self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int) -> HashSparseStore:
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
@@ -254,7 +253,7 @@ class HashFormat(TableFormat):
     def apply_delta(
         self, current: HashSparseStore, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int
     ) -> HashSparseStore:
-        """The delta's keys over the held ones (a delta records the keys that changed, not deletions)."""
+        """The delta's deleted keys dropped and its keys written over the held ones."""
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
         apply_hash_delta(current, sources, len(saved), shard, num_shards)
         return current

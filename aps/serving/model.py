@@ -2,14 +2,15 @@
 after it (aps/serving/layout.py).
 
 A :class:`ServedModel` is never changed once it serves: applying a delta builds a new one (a
-hash table's index and rows copied, then the delta's keys written over them; fixed and dense
-tables come whole in every export, so they are just replaced), off the event loop, and the
-server swaps one reference. A lookup therefore always reads one version, and a swap holds the
-loop for no longer than an assignment.
+hash table's index and rows copied, the keys the delta lists as deleted dropped, then its keys
+written over them; fixed and dense tables come whole in every export, so they are just
+replaced), off the event loop, and the server swaps one reference. A lookup therefore always
+reads one version, and a swap holds the loop for no longer than an assignment.
 
 Reads are the pserver's: a hash table's unknown key reads its initial row computed from (table
 seed, key) (init_kernels.py), so serving and training agree on keys that were never exported;
-a key a shrink deleted before a base is not in that base, nor in what is built from it.
+a key a shrink deleted before a base is not in that base, nor in what is built from it, and one
+deleted after it (a shrink, an eviction, a TTL) is dropped by the next delta, which lists it.
 
 Only the values are read of a shard's files (no optimizer state, no statistics), and every file
 read is checked against the SHA-256 the export's manifest gives for it before it is parsed. A
@@ -29,7 +30,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -64,14 +65,16 @@ class ServedHash:
     @classmethod
     def read(cls, files: ExportFiles, name: str, spec: HashTable, entry: dict[str, Any], old: Served | None) -> ServedHash:
         """Table ``name`` as export ``files`` leaves it: a base's keys in a new table, a delta's
-        written over a copy of the version before's (``old``; the delta's spec is that one's)."""
+        over a copy of the version before's (``old``; the delta's spec is that one's): the keys
+        it lists as deleted dropped (they read their initial row again), its keys written."""
         count = files.hash_keys(name, spec, entry["keys"])
         if old is None:
             store = cls(spec, count)
         else:
             store = old.copy()  # type: ignore[union-attr]
-        for keys, values in files.hash_parts(name, spec):
-            store.put(keys, values)
+        for part in files.hash_parts(name, spec):
+            store.delete(part.deleted)
+            store.put(part.keys, part.values)
         return store
 
     def __len__(self) -> int:
@@ -106,6 +109,12 @@ class ServedHash:
         self.slab.values[self.index.insert(keys)] = values
         if self.index.resizing:  # a version is built off the loop: finish the resize here, not in lookups
             self.index.rehash_step(self.index.slots)
+
+    def delete(self, keys: np.ndarray) -> None:
+        """Drop ``keys`` (unknown ones are skipped): they read their initial row again. Their
+        rows go back to the index's free list, for the keys put next."""
+        if keys.size:
+            self.index.delete(keys)
 
     def copy(self) -> ServedHash:
         twin = copy.copy(self)
@@ -255,6 +264,15 @@ def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str,
     )
 
 
+class HashPart(NamedTuple):
+    """One logical shard file of a hash table in an export: its keys, their values, and the keys
+    it lists as deleted (a delta's; empty otherwise)."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    deleted: np.ndarray = np.empty(0, np.int64)
+
+
 class ExportFiles:
     """Reads an export's shard files, each checked against its SHA-256 in the manifest."""
 
@@ -299,15 +317,20 @@ class ExportFiles:
     def hash_keys(self, name: str, spec: HashTable, claimed: int) -> int:
         """The keys hash table ``name`` has in this export, checked before its rows are
         allocated: each file's count must fit in the file's bytes (an uncompressed .npz holds
-        8 + dim values' bytes a key) and the manifest's total must be their sum."""
+        8 + dim values' bytes a key, and 8 a deleted key) and the manifest's total must be their
+        sum."""
         total = 0
         key_bytes = 8 + np.dtype(storage_dtype(spec.dtype)).itemsize * spec.dim
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
             for logical, file in entry["files"].items():
-                count = int(entry["keys"][logical])
-                if count < 0 or (count and count * key_bytes > self._size(f"{shard}/{file}")):
-                    raise ConfigError(f"export {self.directory}: {shard}/{file} claims {count} keys of table {name!r}, more than its bytes hold")
+                count, deleted = int(entry["keys"][logical]), int(entry.get("deleted", {}).get(logical, 0))
+                nbytes = count * key_bytes + deleted * 8
+                if count < 0 or deleted < 0 or (nbytes and nbytes > self._size(f"{shard}/{file}")):
+                    raise ConfigError(
+                        f"export {self.directory}: {shard}/{file} claims {count} keys and {deleted} deleted keys of table "
+                        f"{name!r}, more than its bytes hold"
+                    )
                 total += count
         if claimed != total:
             raise ConfigError(f"export {self.directory}: table {name!r} claims {claimed} keys, its files hold {total}")
@@ -325,19 +348,30 @@ class ExportFiles:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise ConfigError(f"export {self.directory}: cannot parse {relative}: {exc}") from exc
 
-    def hash_parts(self, name: str, spec: HashTable) -> Any:
-        """(keys, values) of every logical shard file of hash table ``name`` that holds keys (a
-        delta of a few keys leaves most of the 1024 files empty: those are not read)."""
+    def hash_parts(self, name: str, spec: HashTable) -> Iterator[HashPart]:
+        """What each logical shard file of hash table ``name`` holds that changes the table: its
+        keys and values, and in a delta the keys it lists as deleted. A file the manifest says
+        holds neither is not read (a delta of a few keys leaves most of the 1024 files empty);
+        a manifest without ``deleted`` (a base, a delta from before deletions were recorded)
+        lists none."""
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
             for logical, file in entry["files"].items():
-                count = int(entry["keys"][logical])
-                if count == 0:
+                count, deleted = int(entry["keys"][logical]), int(entry.get("deleted", {}).get(logical, 0))
+                if count == 0 and deleted == 0:
                     continue
-                keys, values = self._array(f"{shard}/{file}", ("keys", "values"))
-                if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != storage_dtype(spec.dtype) or values.shape != (count, spec.dim):
-                    raise ConfigError(f"export {self.directory}: {shard}/{file} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
-                yield keys, values
+                names = ("keys", "values", "deleted_keys") if deleted else ("keys", "values")
+                part = HashPart(*self._array(f"{shard}/{file}", names))
+                self._check_part(f"{shard}/{file}", part, spec, count, deleted)
+                yield part
+
+    def _check_part(self, relative: str, part: HashPart, spec: HashTable, count: int, deleted: int) -> None:
+        """A file's arrays have the counts the manifest gives and the table's dtypes."""
+        keys, values, gone = part
+        if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != storage_dtype(spec.dtype) or values.shape != (count, spec.dim):
+            raise ConfigError(f"export {self.directory}: {relative} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
+        if gone.dtype != np.int64 or gone.shape != (deleted,):
+            raise ConfigError(f"export {self.directory}: {relative} lists {gone.dtype}{gone.shape} deleted keys, expected {deleted} int64")
 
     def fixed_rows(self, name: str, spec: SparseTable) -> np.ndarray:
         """A fixed table's rows, put together from every shard's part."""

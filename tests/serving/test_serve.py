@@ -14,9 +14,11 @@ import pytest
 
 import aps
 from aps import wire
+from aps.digests import file_sha256
 from aps.errors import ErrorCode, ServerError
-from aps.serving.layout import MARKER
+from aps.serving.layout import MARKER, read_manifest, write_done
 from aps.serving.server import ServingServer, serve_exports
+from tests.checkpoints.test_hash_deltas import as_written_before_deletions
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,3 +149,38 @@ async def test_a_token_is_asked_for_as_by_aps_server(tmp_path: Path) -> None:
             assert (await client.pull_sparse("emb", np.array([1], np.int64), with_version=True))[1] == 1
     finally:
         await server.aclose()
+
+
+def as_exported_before_deletions(export: Path) -> None:
+    """Make a delta export look like one written before deltas listed deleted keys (no
+    ``deleted_keys``, no ``deleted`` counts) and sign it again."""
+    as_written_before_deletions(export)
+    manifest = read_manifest(export)
+    manifest["files"] = {relative: file_sha256(export / relative) for relative in manifest["files"]}
+    write_done(export, manifest)
+
+
+@pytest.mark.parametrize("old_delta", [False, True], ids=["delta", "delta-without-deleted-keys"])
+async def test_a_delta_drops_the_keys_deleted_since_the_export_before_it(old_delta: bool, tmp_path: Path) -> None:
+    """A key a shrink deleted after the base reads its initial row from the next delta on, as on
+    the pserver; one deleted and admitted again reads its new row; the others keep theirs. A delta
+    from before deltas listed deletions is applied as before: the deleted key keeps its row."""
+    keys = np.array([1, 2, 3, 4, 5], np.int64)  # 5 is never pushed
+    async with trained(tmp_path) as ps:
+        await push(ps, [1, 2, 3, 4])
+        await push(ps, [1, 2])  # scores 0.2 for 1 and 2, 0.1 for 3 and 4
+        await ps.export("ex", kind="base")
+        at_base = await ps.pull_sparse("emb", keys)
+        async with serving(tmp_path / "ex") as (server, client):
+            assert np.array_equal(await client.pull_sparse("emb", keys), at_base)
+            assert await ps.shrink("emb", threshold=0.15) == 2  # 3 and 4 go (score 0.098 after the decay)
+            await push(ps, [4])  # admitted again: its new row is in the delta
+            delta = await ps.export("ex", kind="delta")
+            now = await ps.pull_sparse("emb", keys)
+            assert not np.array_equal(now[2:4], at_base[2:4])
+            if old_delta:
+                as_exported_before_deletions(Path(delta.path))
+                now[2] = at_base[2]  # 3 keeps its row until the next base
+            assert await server.advance() and server.version == delta.version
+            assert np.array_equal(await client.pull_sparse("emb", keys), now)
+            assert (await client.table_info("emb")).keys == (4 if old_delta else 3)

@@ -325,3 +325,44 @@ def test_a_shrinks_plan_allocates_little_beyond_the_list_of_keys() -> None:
         tracemalloc.stop()
     assert len(dead) == n // 2
     assert peak < 30 * n, f"{peak / n:.1f} bytes a key"
+
+
+def test_the_keys_deleted_since_the_last_base_or_delta_save_are_kept_for_the_next_delta() -> None:
+    """A cap's eviction and a shrink log the keys they delete, from the store's first base or
+    delta save on (no delta can follow before one, so a store never exported logs nothing), each
+    key once; a save in place forgets the keys it covered, not the ones deleted after."""
+    cap = 32
+    store = HashSparseStore(HashTable("emb", dim=2, max_keys=cap))
+    zeros = np.zeros((cap, 2), np.float32)
+    first = np.arange(cap, dtype=np.int64)
+    store.push_grad(first, zeros, shows=np.arange(cap, dtype=np.float32))  # key i scores 0.1 i
+    assert store.shrink(threshold=0.15) == 2  # keys 0 and 1
+    assert store.deleted.keys().size == 0 and store.deleted.nbytes == 0  # no base or delta save yet
+
+    store.after_save(np.empty(0, np.int64), store.deleted.keys())  # a base save is in place
+    store.push_grad(np.array([0, 1, 100], np.int64), zeros[:3])  # at the cap: the lowest scores go
+    evicted = first[(store.index.lookup(first) < 0) & (first >= 2)]
+    assert evicted.size == cap // 16 + 1 and store.evicted == 2 + evicted.size
+    np.testing.assert_array_equal(store.deleted.keys(), evicted)
+    assert store.delete_keys(np.array([100, 100, 10**9], np.int64)) == 1  # an unknown key is no deletion
+    store.delete_keys(evicted[:1])  # not held: not logged twice
+    covered = store.deleted.keys()
+    np.testing.assert_array_equal(covered, np.sort(np.append(evicted, 100)))
+    assert store.deleted.nbytes == 8 * covered.size
+
+    store.delete_keys(np.array([0], np.int64))  # deleted after the save was written, before it is in place
+    store.after_save(np.empty(0, np.int64), covered)
+    np.testing.assert_array_equal(store.deleted.keys(), [0])
+
+
+def test_the_log_of_deleted_keys_is_compacted_to_each_key_once() -> None:
+    """A key deleted and admitted again over and over is logged once after a compaction, so the
+    log holds about the distinct keys deleted, not every deletion."""
+    store = HashSparseStore(HashTable("emb", dim=2))
+    store.after_save(np.empty(0, np.int64), np.empty(0, np.int64))
+    keys = np.arange(1 << 12, dtype=np.int64)
+    for _ in range(40):  # 160k deletions of 4k keys
+        store.push_grad(keys, np.zeros((keys.size, 2), np.float32))
+        store.delete_keys(keys)
+    np.testing.assert_array_equal(store.deleted.keys(), keys)
+    assert store.deleted.nbytes <= 8 * (1 << 16)

@@ -27,6 +27,9 @@ Why this shape:
   unseen for more than the table's ``ttl_days``. A counter the client advances, not the wall
   clock: every pserver counts the same days, so a reshard keeps them, and a replayed stream of
   old data ages keys by its own days.
+* Every key deleted (a shrink, a ``max_keys`` eviction, a TTL) since the last base or delta
+  save is kept for the next delta save (:mod:`.deleted`: 8 bytes a key until that save), so
+  aps-serve stops serving it at that delta rather than at the next base.
 * ``max_keys`` is a hard cap per shard: admitting past it first evicts the lowest-score keys
   (never a key in the push being applied), 1/16 of the cap at a time so the walk that finds them
   is paid once per many admissions; new keys that still do not fit are rejected.
@@ -67,6 +70,7 @@ from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
 from .compact import as_stored, storage_dtype, update_rows, write_rounded
+from .deleted import DeletedKeys
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
 from .slab import MIN_ROWS, RowSlab, most_that_fit
@@ -180,6 +184,8 @@ class HashSparseStore(HashChangeTracking):
         self._seed = table_seed(spec.name, spec.seed)
         #: which unseen keys are admitted: counts and draws (admission.py)
         self.admission = KeyAdmission(spec, self._seed)
+        #: the keys deleted since the last base or delta save, for the next delta (deleted.py)
+        self.deleted = DeletedKeys()
         self._init_hash_tracking(capacity)
 
     @property
@@ -436,10 +442,13 @@ class HashSparseStore(HashChangeTracking):
 
     def delete_keys(self, keys: np.ndarray) -> int:
         """Delete held ``keys`` (unknown ones are skipped); returns how many went, counted as
-        evicted. O(len(keys)): a caller that must stay responsive passes slices."""
-        count = int((self.index.delete(_check_keys(self.name, keys)) >= 0).sum())
-        self.evicted += count
-        return count
+        evicted and noted for the next delta save (:attr:`deleted`). O(len(keys)): a caller
+        that must stay responsive passes slices."""
+        keys = _check_keys(self.name, keys)
+        gone = keys[self.index.delete(keys) >= 0]
+        self.deleted.note(gone)
+        self.evicted += int(gone.shape[0])
+        return int(gone.shape[0])
 
     def shrink(
         self, decay: float | None = None, threshold: float | None = None, ttl: int | None = None, days: int = 0
@@ -477,10 +486,11 @@ class HashSparseStore(HashChangeTracking):
 
     @property
     def nbytes(self) -> int:
-        """Bytes reserved: the slab (values, optimizer state, statistics) and both indexes."""
+        """Bytes reserved: the slab (values, optimizer state, statistics), both indexes, change
+        tracking and the keys deleted since the last base or delta save."""
         pending = self.admission.nbytes
         tracking = self.tracking_nbytes + (self._row_keys.nbytes if self._row_keys is not None else 0)
-        return int(self.slab.nbytes + self.index.nbytes + pending + tracking)
+        return int(self.slab.nbytes + self.index.nbytes + pending + tracking + self.deleted.nbytes)
 
     @property
     def row_nbytes(self) -> int:
@@ -510,6 +520,13 @@ class HashSparseStore(HashChangeTracking):
         return {name: arr[rows] for name, arr in self.slab_arrays().items()}
 
     # ------------------------------------------------------------ checkpoints
+
+    def after_save(self, rows: np.ndarray, deleted: np.ndarray) -> None:
+        """A base or delta save is in place: the ``rows`` it wrote start a new delta (their delta
+        score is reset) and the ``deleted`` keys it covered (what :attr:`deleted` held when it
+        was written) are forgotten; deletions are recorded from now on."""
+        self.accessor.after_save(self.delta_score, rows)
+        self.deleted.forget(deleted)
 
     @property
     def pending_resets(self) -> int:
