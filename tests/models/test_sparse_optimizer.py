@@ -45,7 +45,20 @@ def test_sparse_optimizer_arguments() -> None:
     # no sparse_lr: the model's lr; the default: the model's optimizer on every table
     assert {t.name: t.optimizer for t in CtrDnn(sparse_optimizer="adagrad").tables()}[EMBEDDING] == aps.Adagrad(lr=0.001)
     assert {t.optimizer for t in CtrDnn().tables()} == {aps.Adam(lr=0.001)} and "sparse_optimizer" not in CtrDnn().describe()
-    with pytest.raises(aps.ConfigError, match="ctr_dnn sparse_optimizer must be one of same, adam, sgd, adagrad, got 'ftrl'"):
+    with pytest.raises(aps.ConfigError, match="ctr_dnn sparse_optimizer must be one of same, adam, sgd, adagrad, adagrad_rowwise, got 'ftrl'"):
         CtrDnn(sparse_optimizer="ftrl")
     with pytest.raises(aps.ConfigError, match="wide_deep sparse_lr must be a positive number, got -1"):
         build_model("wide_deep", ["sparse_optimizer=adagrad", "sparse_lr=-1"])
+
+
+def test_rowwise_adagrad_and_float16_values_as_model_arguments() -> None:
+    model = build_model("ctr_dnn", ["table=hash", "sparse_optimizer=adagrad_rowwise", "sparse_lr=0.05", "table_dtype=float16"])
+    emb = {t.name: t for t in model.tables()}[EMBEDDING]
+    assert emb.optimizer == aps.Adagrad(lr=0.05, rowwise=True) and emb.dtype == "float16"
+    assert model.describe()["table_dtype"] == "float16" and "table_dtype" not in CtrDnn(table="hash").describe()
+    with pytest.raises(aps.ConfigError, match="table_dtype=float16 stores hash tables' values: it needs table=hash"):
+        CtrDnn(table_dtype="float16")
+    with pytest.raises(aps.ConfigError, match="dtype must be one of float32, float16"):
+        CtrDnn(table="hash", table_dtype="int8")
+    with pytest.raises(aps.ConfigError, match="dense table has no rows"):
+        CtrDnn(optimizer="adagrad_rowwise")
