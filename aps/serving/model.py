@@ -40,7 +40,7 @@ from ..digests import bytes_sha256
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
-from ..storage.hash.compact import as_stored, storage_dtype
+from ..storage.hash.compact import as_stored, storage_dtype, value_row_nbytes
 from ..storage.hash.index import HashIndex
 from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
@@ -320,7 +320,7 @@ class ExportFiles:
         8 + dim values' bytes a key, and 8 a deleted key) and the manifest's total must be their
         sum."""
         total = 0
-        key_bytes = 8 + np.dtype(storage_dtype(spec.dtype)).itemsize * spec.dim
+        key_bytes = 8 + value_row_nbytes(spec.dtype, spec.dim)
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
             for logical, file in entry["files"].items():

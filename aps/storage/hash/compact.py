@@ -36,6 +36,12 @@ def storage_dtype(dtype: str) -> type:
     return STORAGE[dtype]
 
 
+def value_row_nbytes(dtype: str, dim: int) -> int:
+    """Bytes of one key's values as a table of ``dtype`` stores them (slab rows, checkpoint and
+    export files)."""
+    return np.dtype(STORAGE[dtype]).itemsize * dim
+
+
 def write_rounded(values: np.ndarray, rows: np.ndarray, new: np.ndarray) -> None:
     """``values[rows] = new`` (float32 rows, changed in place), rounded to ``values``' type and
     saturated at its largest finite value."""

@@ -69,7 +69,7 @@ from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
-from .compact import as_stored, storage_dtype, update_rows, write_rounded
+from .compact import as_stored, storage_dtype, update_rows, value_row_nbytes, write_rounded
 from .deleted import DeletedKeys
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
@@ -126,8 +126,8 @@ _NO_ROWS = np.empty(0, np.int64)
 def row_nbytes(spec: HashTable) -> int:
     """Bytes of one key's slab row: value, optimizer state and statistics."""
     template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
-    value_bytes = np.dtype(storage_dtype(spec.dtype)).itemsize * spec.dim
-    return value_bytes + sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values()) + STATS.itemsize
+    state = sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values())
+    return value_row_nbytes(spec.dtype, spec.dim) + state + STATS.itemsize
 
 
 def planned_nbytes(spec: HashTable, keys: int) -> int:
