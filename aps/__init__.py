@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Adam,
         Constant,
         DenseTable,
+        Disk,
         ExponentialDecay,
         Ftrl,
         HashTable,
@@ -62,7 +63,7 @@ _LAZY = {
     **dict.fromkeys(("PServer", "ServerConfig", "serve"), "server"),
     **dict.fromkeys(("read_checkpoint", "Checkpoint"), "checkpoints.reader"),
     **dict.fromkeys(("SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam",
-                     "Ftrl", "ExponentialDecay"), "specs"),
+                     "Ftrl", "ExponentialDecay", "Disk"), "specs"),
     **dict.fromkeys(("Trainer", "TrainOptions", "StepTrainer", "Strategy", "Model", "Batch", "Params", "Grads"),
                     "trainer"),
     **dict.fromkeys(("Fleet", "DistributedStrategy"), "fleet"),
@@ -75,7 +76,7 @@ __all__ = [
     "StepTrainer", "Model", "Batch", "Params", "Grads", "Fleet", "DistributedStrategy",
     "launch", "LocalCluster", "LaunchResult", "RoleResult", "PServerProcess",
     "SparseTable", "DenseTable", "HashTable", "Uniform", "Constant", "Normal", "SGD", "Adagrad", "Adam", "Ftrl",
-    "ExponentialDecay", "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
+    "ExponentialDecay", "Disk", "ApsError", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "ConnectionLost", "RequestTimeout",
     "ServerError", "ConfigError", "TokenMissing", "DataError", "WorkerFailed", "ErrorCode",
 ]
 

@@ -381,6 +381,25 @@ MAX_DAYS = 1 << 20
 
 #: how a hash table's values may be stored (HashTable.dtype)
 VALUE_DTYPES = ("float32", "float16")
+#: the least RAM a disk table's shard may be given (its caches and a few thousand hot rows)
+MIN_DISK_RAM = 16 << 20
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A hash table's cold rows kept on the pserver's local disk (``HashTable(disk=Disk(...))``).
+
+    ``ram_bytes``: what one pserver's shard may hold in memory: the hot rows with their index,
+    optimizer state and statistics, and the disk store's caches and write buffers. A pull or
+    push of a key on disk brings its row in; past the budget, the rows least recently pulled or
+    pushed go out to disk with their optimizer state and statistics. The files live under the
+    pserver's ``--data-dir`` (default: ``aps-disk`` inside its checkpoint root); a checkpoint
+    holds every row, so a restarted pserver rebuilds them from its checkpoint."""
+
+    ram_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ram_bytes", _int("Disk", "ram_bytes", self.ram_bytes, MIN_DISK_RAM, 1 << 50))
 
 
 @dataclass(frozen=True)
@@ -418,6 +437,7 @@ class HashTable:
     delta_threshold: float = 0.25
     ttl_days: int | None = None
     dtype: str = "float32"
+    disk: Disk | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -425,6 +445,8 @@ class HashTable:
         object.__setattr__(self, "dim", _int(owner, "dim", self.dim, 1, _MAX_DIM))
         if self.dtype not in VALUE_DTYPES:
             raise ConfigError(f"{owner}: dtype must be one of {', '.join(VALUE_DTYPES)}, got {self.dtype!r}")
+        if self.disk is not None:
+            _check_disk(owner, self)
         if self.ttl_days is not None:
             object.__setattr__(self, "ttl_days", _int(owner, "ttl_days", self.ttl_days, 0, MAX_DAYS))
         object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
@@ -443,6 +465,12 @@ class HashTable:
     @property
     def kind(self) -> str:
         return "hash"
+
+    @property
+    def tier(self) -> str | None:
+        """Where the shards keep cold rows: ``"disk"`` (:class:`Disk`) or None (all in RAM); the
+        pserver serves a disk table with a kind of its own."""
+        return "disk" if self.disk is not None else None
 
     def values_shape(self, keys: int) -> tuple[int, ...]:
         """``keys`` rows: a table of unbounded keys is held a part at a time (a trainer's slot
@@ -466,6 +494,17 @@ def is_table_spec(obj: object, specs: Iterable[type[Any]] = TABLE_SPECS) -> bool
     return isinstance(obj, tuple(specs))
 
 
+def _check_disk(owner: str, spec: HashTable) -> None:
+    """What a disk table does not do yet is refused here, not ignored on the pserver: a cap by
+    ``max_keys`` and deletion by ``ttl_days`` walk every key, and the disk tier does not walk its
+    cold rows yet."""
+    if not isinstance(spec.disk, Disk):
+        raise ConfigError(f"{owner}: disk must be a Disk, got {spec.disk!r}")
+    for name in ("max_keys", "ttl_days"):
+        if getattr(spec, name) is not None:
+            raise ConfigError(f"{owner}: a disk table does not take {name} yet (its cold rows are not walked by evictions)")
+
+
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(f"table name must match {_NAME_RE.pattern}, got {name!r}")
@@ -481,7 +520,7 @@ def _check_parts(name: str, init: Any, optimizer: Any) -> None:
 # ---------------------------------------------------------------- (de)serialisation
 
 #: what a table spec is made of: its initializer, its optimizer and the optimizer's decay
-_PARTS: tuple[type, ...] = (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl)
+_PARTS: tuple[type, ...] = (Uniform, Constant, Normal, ExponentialDecay, SGD, Adagrad, Adam, Ftrl, Disk)
 
 
 def _classes(specs: Iterable[type[Any]]) -> dict[str, type]:

@@ -42,17 +42,23 @@ class BySpecClass(Generic[S]):
     whose ``spec_type`` is a class attribute (the storage shards, aps-serve's served tables)."""
 
     def __init__(self, entries: Iterable[S]) -> None:
-        self._by_spec: dict[type, S] = {entry.spec_type: entry for entry in entries}
+        self._by_spec: dict[tuple[type, str | None], S] = {
+            (entry.spec_type, getattr(entry, "spec_tier", None)): entry for entry in entries
+        }
 
     def for_spec(self, spec: TableSpec) -> S | None:
-        """The entry for tables of ``spec`` (None: none is)."""
-        return self._by_spec.get(type(spec))
+        """The entry for tables of ``spec`` (None: none is). A spec with a storage tier (a hash
+        table's ``disk``) takes the entry for that tier where there is one, else its class's:
+        a place that reads rows alike from every tier (aps-serve) needs no entry of its own."""
+        tier = getattr(spec, "tier", None)
+        found = self._by_spec.get((type(spec), tier)) if tier is not None else None
+        return found if found is not None else self._by_spec.get((type(spec), None))
 
     def spec_types(self) -> tuple[type[TableSpec], ...]:
         """The spec classes there is an entry for: the only ones a place that reads specs back
         (``spec_from_dict``: a CREATE_TABLE, a manifest) should build, since it could act on no
         other."""
-        return tuple(self._by_spec)
+        return tuple(dict.fromkeys(spec_type for spec_type, _ in self._by_spec))
 
 
 class ByTableClass(BySpecClass[T]):
