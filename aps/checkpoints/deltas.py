@@ -29,13 +29,13 @@ from .shards import Shard, _check_consistent, _find_shards, load_shards
 
 def load_with_deltas(
     path: str | os.PathLike[str], deltas: list[str], shard: int, num_shards: int, max_table_bytes: int = 0,
-    formats: TableFormats = DEFAULT_FORMATS,
+    formats: TableFormats = DEFAULT_FORMATS, data_dir: Path | None = None,
 ) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from base save ``path`` with ``deltas``
     applied in order; returns ``(tables by name, extra)``, the extra of the last delta. The
     chain is checked from the manifests before any table file is read."""
     chain = _delta_chain(Path(path), deltas) if deltas else []
-    tables, extra = load_shards(path, shard, num_shards, max_table_bytes, formats=formats)
+    tables, extra = load_shards(path, shard, num_shards, max_table_bytes, formats=formats, data_dir=data_dir)
     for root, n, old in chain:
         manifest = old[0].manifest
         if sorted(manifest["tables"]) != sorted(tables):

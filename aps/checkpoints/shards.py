@@ -243,30 +243,31 @@ def _refuse_delta(where: Path | str, manifest: dict[str, Any]) -> None:
 
 def load_own_shard(
     directory: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0,
-    formats: TableFormats = DEFAULT_FORMATS,
+    formats: TableFormats = DEFAULT_FORMATS, data_dir: Path | None = None,
 ) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from its own saved shard directory alone
     (``shard-k-of-n``, same cluster size): what a restarted pserver resumes from, without the
     other servers' shards of that save. Returns ``(tables by name, extra)``.
-    ``max_table_bytes``: the server's size budget (hash tables are held to the keys it fits)."""
+    ``max_table_bytes``: the server's size budget (hash tables are held to the keys it fits);
+    ``data_dir``: where disk tables keep their cold rows (a reader without one loads none)."""
     own = SavedShard(shard, Path(directory), _read_manifest(Path(directory), shard, num_shards))
     _refuse_delta(directory, own.manifest)
     tables: dict[str, Shard] = {}
     for name, entry in own.manifest["tables"].items():
         spec = spec_from_dict(entry["spec"], formats.spec_types())
-        tables[name] = _format(formats, spec, directory, name, entry).load_own(spec, own, num_shards, max_table_bytes)
+        tables[name] = _format(formats, spec, directory, name, entry).load_own(spec, own, num_shards, max_table_bytes, data_dir)
     return tables, own.manifest.get("extra", {})
 
 
 def load_shards(
     path: str | os.PathLike[str], shard: int, num_shards: int, max_table_bytes: int = 0,
-    only: Collection[str] | None = None, formats: TableFormats = DEFAULT_FORMATS,
+    only: Collection[str] | None = None, formats: TableFormats = DEFAULT_FORMATS, data_dir: Path | None = None,
 ) -> tuple[dict[str, Shard], dict[str, Any]]:
     """Server ``shard`` of ``num_shards``'s tables from a checkpoint saved by any number of servers.
 
     Returns ``(tables by name, extra)``. Raises :class:`ConfigError` naming what is missing or
     inconsistent (absent shard dirs, mixed cluster sizes, differing specs, bad array shapes).
-    ``max_table_bytes``: as for :func:`load_own_shard`. ``only``: load just these tables (a
+    ``max_table_bytes`` and ``data_dir``: as for :func:`load_own_shard`. ``only``: load just these tables (a
     reader that needs one table of many reads no other's files); one the checkpoint lacks is a
     ConfigError naming those it has.
     """
@@ -285,7 +286,7 @@ def load_shards(
         entries = [(name, entry) for name, entry in entries if name in only]
     for name, entry in tqdm(entries, desc=f"loading {root.name}", unit="table", leave=False, disable=not sys.stderr.isatty()):
         spec = spec_from_dict(entry["spec"], formats.spec_types())
-        tables[name] = _format(formats, spec, root, name, entry).load(spec, old, shard, num_shards, max_table_bytes)
+        tables[name] = _format(formats, spec, root, name, entry).load(spec, old, shard, num_shards, max_table_bytes, data_dir)
     return tables, old[0].manifest.get("extra", {})
 
 

@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-root", metavar="DIR",
                         help="save and load paths clients name must lie in DIR (symlinks and .. resolved); relative "
                              "ones are taken from DIR (default: the working directory)")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="where disk tables (HashTable(disk=aps.Disk(...))) keep their cold rows, a directory per "
+                             "table made at its creation (default: aps-disk/server-INDEX under --checkpoint-root, else "
+                             "under the working directory)")
     parser.add_argument("--tls-cert", metavar="PATH", help="serve over TLS with this PEM certificate (chain); needs --tls-key")
     parser.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame in bytes (default 64 MiB)")
@@ -193,6 +197,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_host=args.metrics_host,
         metrics_port_file=args.metrics_port_file,
         checkpoint_root=args.checkpoint_root,
+        data_dir=args.data_dir,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         handshake_timeout=args.handshake_timeout,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import os
 from dataclasses import dataclass, field
 
@@ -92,6 +94,10 @@ class ServerConfig:
     #: directory; relative ones are taken from it. None: the working directory at start.
     #: ``init_model`` is the operator's own and is not confined.
     checkpoint_root: str | None = None
+    #: where disk tables keep their cold rows (a directory per table, emptied when the table is
+    #: made: a checkpoint is the durable copy). None: ``aps-disk/server-<index>`` inside
+    #: ``checkpoint_root`` (the working directory without one)
+    data_dir: str | None = None
     #: TLS: a PEM certificate (chain) and its private key; both or neither (None: plain TCP)
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -174,6 +180,13 @@ class ServerConfig:
         """Updates a gradient's parameters may be behind before it is dropped (inf: never)."""
         ratio = self.async_lagged_grad_discard_ratio
         return ratio * self.num_trainers if ratio > 0 else float("inf")
+
+    @property
+    def disk_dir(self) -> Path:
+        """Where this server's disk tables keep their cold rows (:attr:`data_dir`, or its default)."""
+        if self.data_dir is not None:
+            return Path(self.data_dir)
+        return Path(self.checkpoint_root or os.getcwd()) / "aps-disk" / f"server-{self.server_index}"
 
     def __post_init__(self) -> None:
         if not 0 <= self.server_index < self.num_servers:

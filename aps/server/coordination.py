@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,7 +172,7 @@ class SyncRounds:
         ids: np.ndarray | None,
         values: np.ndarray,
         final: bool,
-        apply: Callable[[np.ndarray | None, np.ndarray], None],
+        apply: Callable[[np.ndarray | None, np.ndarray], Awaitable[None] | None],
         result: Any = None,
     ) -> asyncio.Future[Any]:
         """Add one chunk; the returned future resolves to ``result`` once the round is applied."""
@@ -200,15 +200,16 @@ class SyncRounds:
             try:
                 all_values = [v for p in parts for v in p.values]
                 if ids is not None:
-                    apply(np.concatenate([i for p in parts for i in p.ids]), np.concatenate(all_values))
+                    outcome = apply(np.concatenate([i for p in parts for i in p.ids]), np.concatenate(all_values))
                 else:
-                    apply(None, _sum_dense(all_values))
+                    outcome = apply(None, _sum_dense(all_values))
             except BaseException as exc:  # the pushers must learn that the round failed
                 _fail(waiters, exc)
             else:
-                for w in waiters:
-                    if not w.done():
-                        w.set_result(result)
+                if isinstance(outcome, Awaitable):  # a kind applying off the loop: release them when it is done
+                    asyncio.ensure_future(outcome).add_done_callback(lambda task: _release(waiters, task, result))
+                else:
+                    _release(waiters, None, result)
         return waiter
 
     def withdraw(self, client_id: int, error: BaseException) -> list[asyncio.Future[Any]]:
@@ -234,6 +235,18 @@ class SyncRounds:
             for part in rnd.parts.values():
                 _fail(part.waiters, error)
         self._rounds.clear()
+
+
+def _release(waiters: list[asyncio.Future[Any]], applied: asyncio.Future[Any] | None, result: Any) -> None:
+    """Answer a round's pushers: ``result``, or the error its application (``applied``) ended with."""
+    if applied is not None:
+        error = asyncio.CancelledError() if applied.cancelled() else applied.exception()
+        if error is not None:
+            _fail(waiters, error)
+            return
+    for w in waiters:
+        if not w.done():
+            w.set_result(result)
 
 
 def _sum_dense(values: list[np.ndarray]) -> np.ndarray:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -41,6 +41,9 @@ from .transport.replay import ReplayCache
 from .transport.reply_size import check_float32_reply
 from .transport.service import AllDone, Reply
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 log = structlog.get_logger("aps.server")
 
 _FINAL = int(wire.Flag.FINAL)
@@ -66,7 +69,7 @@ class ServerCore:
         written and read (a new kind brings one of each)."""
         self.config = config
         #: the shards, their specs and kinds, their budget, and creating new ones (table_set.py)
-        self.table_set = TableSet(config, TableKinds(config.server_index, config.num_servers, kinds))
+        self.table_set = TableSet(config, TableKinds(config.server_index, config.num_servers, kinds, config.disk_dir))
         self.stats = ServerStats()
         #: gradient updates applied per table shard / dense block, and lagged pushes dropped
         self.versions = UpdateVersions(config.lag_limit)
@@ -111,6 +114,11 @@ class ServerCore:
         geo clients' next reads return every row, since all may have changed."""
         self.changes.tracking.drop_all()
         self.table_set.install(shards)
+
+    def quiet_locks(self) -> list[asyncio.Lock]:
+        """The locks of the shards whose requests run in threads (core_checkpoints.Tables)."""
+        locks = (self.table_set.kinds.of(shard).quiet(shard) for shard in self.table_set.tables.values())
+        return [lock for lock in locks if lock is not None]
 
     # the table set's parts, by the names the checkpoints, the collector and the tests read
     @property
@@ -317,7 +325,13 @@ class ServerCore:
             n, dim = len(msg.ids), shard.spec.dim
             check_float32_reply(self.config.max_frame, (n, dim), msg.table)
         values = kind.pull_rows(shard, msg.ids)
+        if isinstance(values, Awaitable):  # a kind that reads disk: the rows come from a thread
+            return self._pulled(msg.table, values)
         return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=values, version=self.versions.version(msg.table))
+
+    async def _pulled(self, table: str, values: Awaitable[np.ndarray]) -> wire.Message:
+        rows = await values
+        return wire.ArrayReply(op=wire.Op.PULL_SPARSE, values=rows, version=self.versions.version(table))
 
     # ----------------------------------------------------------------- the one push pipeline
 
@@ -334,11 +348,18 @@ class ServerCore:
             scale = 1.0 / self.config.num_trainers
             kept = replace(push, ids=None, values=_NO_VALUES)  # the round keeps its own copy of the values
 
-            def apply(ids: Any, rows: Any) -> None:
-                if kind.apply_round(shard, ids, rows, kept, scale, final):
+            def applied(counts: bool) -> None:
+                if counts:
                     self.versions.applied(msg.table, kept.part)
                 if kind.keyed:
                     self.hash_upkeep.after_push(shard)
+
+            def apply(ids: Any, rows: Any) -> Awaitable[None] | None:
+                counts = kind.apply_round(shard, ids, rows, kept, scale, final)
+                if isinstance(counts, Awaitable):
+                    return _then(counts, applied)
+                applied(counts)
+                return None
 
             # the future itself is the reply (and what the replay cache keeps), so a withdrawn
             # chunk can be found and forgotten by identity
@@ -348,21 +369,27 @@ class ServerCore:
             )
         if self.versions.lagged(msg.table, push.part, msg.based_on):
             return wire.Ok(op=op)  # dropped (counted): computed from parameters too old
-        kind.apply_grad(shard, push, final, client_id)
-        if final:
-            self.versions.applied(msg.table, push.part)
-        if kind.keyed:
-            self.hash_upkeep.after_push(shard)
-        return wire.Ok(op=op)
+        def applied(_: None = None) -> wire.Message:
+            if final:
+                self.versions.applied(msg.table, push.part)
+            if kind.keyed:
+                self.hash_upkeep.after_push(shard)
+            return wire.Ok(op=op)
+
+        done = kind.apply_grad(shard, push, final, client_id)
+        return _then(done, applied) if isinstance(done, Awaitable) else applied()
 
     def _push_delta(self, client_id: int, msg: wire.PushSparseDelta | wire.PushDenseDelta, flags: int) -> wire.Message:
         """GEO's delta push of any kind: accepted by its kind, then ``param += delta``."""
         by_ids, op = _PUSHES[type(msg)]
         shard, kind = self.table_set.get(msg.table, by_ids)
-        kind.apply_delta(shard, kind.accept(shard, msg, flags), bool(flags & _FINAL), client_id)
-        if kind.keyed:
-            self.hash_upkeep.after_push(shard)
-        return wire.Ok(op=op)
+        def applied(_: None = None) -> wire.Message:
+            if kind.keyed:
+                self.hash_upkeep.after_push(shard)
+            return wire.Ok(op=op)
+
+        done = kind.apply_delta(shard, kind.accept(shard, msg, flags), bool(flags & _FINAL), client_id)
+        return _then(done, applied) if isinstance(done, Awaitable) else applied()
 
     # ----------------------------------------------------------------- dense
 
@@ -439,6 +466,11 @@ class ServerCore:
         wire.Load: lambda self, client_id, msg, flags: self.checkpointing.load(msg),
         wire.Shrink: lambda self, client_id, msg, flags: self.hash_upkeep.shrink(msg),
     }
+
+
+async def _then(work: Awaitable[T], after: Callable[[T], R]) -> R:
+    """``after(await work)``: the rest of a request whose kind ran it off the loop."""
+    return after(await work)
 
 
 #: requests that change the tables: they wait behind the write gate while a save or load runs

@@ -10,6 +10,7 @@ back through it: what else a load resets (change tracking) stays the core's busi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -39,6 +40,10 @@ class Tables(Protocol):
     """The server's tables as a checkpoint sees them: read for a save, replaced by a load."""
 
     tables: dict[str, Shard]
+
+    def quiet_locks(self) -> list[asyncio.Lock]:
+        """The locks of the shards whose requests run in threads: a save holds them all."""
+        ...
 
     def install(self, shards: dict[str, Shard]) -> None:
         """Serve ``shards`` from now on, instead of every table held so far."""
@@ -129,10 +134,13 @@ class CheckpointHandlers:
         index, servers = self.config.server_index, self.config.num_servers
         started = time.monotonic()
         try:
-            await asyncio.to_thread(
-                save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id,
-                previous_save_id=self.previous_save_id, formats=self.formats,
-            )
+            async with contextlib.AsyncExitStack() as quiet:
+                for lock in self.held.quiet_locks():  # requests that run in threads (disk tables) finish first
+                    await quiet.enter_async_context(lock)
+                await asyncio.to_thread(
+                    save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id,
+                    previous_save_id=self.previous_save_id, formats=self.formats,
+                )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None
         if mode == "base":
@@ -154,7 +162,8 @@ class CheckpointHandlers:
         index, servers = self.config.server_index, self.config.num_servers
         try:
             shards, extra = await asyncio.to_thread(
-                load_with_deltas, path, deltas, index, servers, self.config.max_table_bytes, formats=self.formats
+                load_with_deltas, path, deltas, index, servers, self.config.max_table_bytes, formats=self.formats,
+                data_dir=self.config.disk_dir,
             )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"load from {shown!r} failed: {exc}") from None
@@ -166,7 +175,8 @@ class CheckpointHandlers:
     def _load_at_start(self, path: str) -> None:
         """Load at start (``init_model``), before anything is served."""
         shards, extra = load_shards(
-            path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes, formats=self.formats
+            path, self.config.server_index, self.config.num_servers, self.config.max_table_bytes, formats=self.formats,
+            data_dir=self.config.disk_dir,
         )
         self._install(path, shards, extra)
 
@@ -180,7 +190,9 @@ class CheckpointHandlers:
                 "(a server saves its own with --checkpoint-every, or on SIGTERM with --checkpoint-dir)"
             )
         path, manifest = found
-        shards, extra = load_own_shard(path, index, servers, self.config.max_table_bytes, formats=self.formats)
+        shards, extra = load_own_shard(
+            path, index, servers, self.config.max_table_bytes, formats=self.formats, data_dir=self.config.disk_dir
+        )
         self._install(str(path), shards, extra)
         self.resumed = str(path)
         log.warning(

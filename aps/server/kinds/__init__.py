@@ -11,9 +11,12 @@ mutate.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...storage.table_classes import ByTableClass
 from .base import Accepted, TableKind
 from .dense import DenseKind
+from .disk import DiskKind
 from .fixed import FixedKind
 from .hash import HashKind
 
@@ -21,11 +24,11 @@ from .hash import HashKind
 class TableKinds(ByTableClass[TableKind]):
     """The kinds registered, each built once for one server's place (server ``index`` of ``servers``)."""
 
-    def __init__(self, index: int, servers: int, kinds: tuple[type[TableKind], ...]) -> None:
-        super().__init__(cls(index, servers) for cls in kinds)
+    def __init__(self, index: int, servers: int, kinds: tuple[type[TableKind], ...], data_dir: Path | None = None) -> None:
+        super().__init__(cls(index, servers, data_dir) for cls in kinds)
 
 
 #: the kinds every pserver serves
-DEFAULT_KINDS: tuple[type[TableKind], ...] = (FixedKind, HashKind, DenseKind)
+DEFAULT_KINDS: tuple[type[TableKind], ...] = (FixedKind, HashKind, DiskKind, DenseKind)
 
-__all__ = ["Accepted", "DEFAULT_KINDS", "DenseKind", "FixedKind", "HashKind", "TableKind", "TableKinds"]
+__all__ = ["Accepted", "DEFAULT_KINDS", "DenseKind", "DiskKind", "FixedKind", "HashKind", "TableKind", "TableKinds"]

@@ -12,8 +12,11 @@ table kind is one subclass here, added to the kinds the core is built with.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,9 +61,14 @@ class TableKind(ABC):
     #: shrinkable (SHRINK, the scheduled shrinks) and grown or evicted ahead of need after pushes
     keyed: ClassVar[bool] = False
 
-    def __init__(self, index: int, servers: int) -> None:
+    #: a second kind for the same spec class, chosen by the spec's ``tier`` (a disk table)
+    spec_tier: ClassVar[str | None] = None
+
+    def __init__(self, index: int, servers: int, data_dir: Path | None = None) -> None:
         self.index = index
         self.servers = servers
+        #: where a kind that keeps rows on disk keeps them (a directory per table under it)
+        self.data_dir = data_dir
 
     # ---------------------------------------------------------------- making shards
 
@@ -87,8 +95,9 @@ class TableKind(ABC):
 
     # ---------------------------------------------------------------- requests
 
-    def pull_rows(self, store: Any, ids: np.ndarray) -> np.ndarray:
-        """PULL_SPARSE's rows (kinds addressed by ids)."""
+    def pull_rows(self, store: Any, ids: np.ndarray) -> np.ndarray | Awaitable[np.ndarray]:
+        """PULL_SPARSE's rows (kinds addressed by ids), or for a kind that reads disk an
+        awaitable of them (the core awaits it; the same for the applies below)."""
         raise NotImplementedError
 
     def pull_block(self, store: Any, block: int, offset: int, count: int, max_frame: int) -> np.ndarray:
@@ -101,11 +110,11 @@ class TableKind(ABC):
         refusal (ServerError) before anything is applied or joins a round."""
 
     @abstractmethod
-    def apply_grad(self, store: Any, push: Accepted, advance_step: bool, client: int) -> None:
+    def apply_grad(self, store: Any, push: Accepted, advance_step: bool, client: int) -> Awaitable[None] | None:
         """Apply an accepted async gradient push; ``advance_step``: the last chunk of a push."""
 
     @abstractmethod
-    def apply_delta(self, store: Any, push: Accepted, advance_step: bool, client: int) -> None:
+    def apply_delta(self, store: Any, push: Accepted, advance_step: bool, client: int) -> Awaitable[None] | None:
         """Apply an accepted GEO delta push (``param += delta``)."""
 
     def round_rows(self, push: Accepted) -> np.ndarray:
@@ -117,9 +126,16 @@ class TableKind(ABC):
         return final
 
     @abstractmethod
-    def apply_round(self, store: Any, ids: np.ndarray | None, rows: np.ndarray, push: Accepted, scale: float, final: bool) -> bool:
+    def apply_round(
+        self, store: Any, ids: np.ndarray | None, rows: np.ndarray, push: Accepted, scale: float, final: bool
+    ) -> bool | Awaitable[bool]:
         """Apply a completed sync round (every trainer's rows, ``scale`` = 1 / trainers);
         returns whether it counts as one more update of ``push.part``."""
+
+    def quiet(self, store: Any) -> asyncio.Lock | None:
+        """The lock a kind whose requests run in threads holds while one runs, which a save takes
+        to read the shard with none running (None: requests run on the loop, between saves)."""
+        return None
 
     # ---------------------------------------------------------------- reports
 

@@ -4,6 +4,7 @@ clicks for the statistics that admission, shrink and the base/delta exports read
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,8 @@ class HashKind(TableKind):
     by_ids = True
     keyed = True
 
-    def __init__(self, index: int, servers: int) -> None:
-        super().__init__(index, servers)
+    def __init__(self, index: int, servers: int, data_dir: Path | None = None) -> None:
+        super().__init__(index, servers, data_dir)
         self.sharding = LogicalSharding(servers)
 
     def new_nbytes(self, spec: HashTable) -> int:
@@ -44,6 +45,8 @@ class HashKind(TableKind):
         return claim_nbytes(spec, spec.max_keys or START_ROWS)
 
     def create(self, spec: HashTable, max_table_bytes: int) -> HashSparseStore:
+        if spec.disk is not None:  # a server built without the disk kind: never an all-RAM table instead
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {spec.name!r}: this server keeps no tables on disk")
         return HashSparseStore(spec, key_limit=budget_keys(spec, max_table_bytes) if max_table_bytes else None)
 
     def count_in_budget(self, store: HashSparseStore, budget: TablesBudget) -> None:

@@ -5,17 +5,19 @@ How a request goes: the keys the hot store lacks are looked up on disk in one ba
 rows found come into the hot store with their optimizer state and statistics, bitwise as they
 went out; then the hot store answers the pull or applies the push exactly as an all-RAM table
 does (admission, optimizer, statistics), so a disk table's rows equal an all-RAM table's after
-the same pushes. Room for what comes in is made first: the rows least recently pulled or pushed
-(a clock per hot row) go out to disk, never a row of the request being served.
+the same pushes. Room for what comes in is made first: rows not pulled or pushed lately go out
+to disk, never a row of the request being served.
 
-Why least recently used rather than the accessor's score: a row comes back whenever it is asked
+Why recency rather than the accessor's score: a row comes back whenever it is asked
 for, so the cost of a wrong choice is one read, and recency is what predicts the next read; the
 score decides which keys a table keeps at all (shrink, ``max_keys``), not where they live.
 
-What goes out is written only when needed: a row read from disk and not pushed since is still
-on disk as it is (``in_cold`` and not ``dirty``), so it just leaves RAM. The victims are picked a
-sixteenth of the hot rows at a time (one partial sort) and taken from that list as rooms are
-needed, skipping rows touched since it was made.
+Which rows go out is the CLOCK rule (second chance): a request sets its rows' reference bit; a
+hand sweeps the hot rows, clearing set bits and taking rows whose bit was clear, never a row of
+the request being served. It approximates least recently used at a constant cost an eviction,
+with no walk or sort of every row that would stall one request of a large table. What goes out
+is written only when needed: a row read from disk and not pushed since is still on disk as it
+is (``in_cold`` and not ``dirty``), so it just leaves RAM.
 
 Every method blocks on disk: the pserver runs them in a thread, one request of a table at a time
 (aps/server/kinds/disk.py). A cap by ``max_keys``, TTL days and change tracking (GEO) are not
@@ -24,10 +26,15 @@ supported yet: the spec refuses the first two, and a GEO read of changed rows is
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from ...errors import ErrorCode, ServerError
 from ...sharding import LogicalSharding
@@ -36,12 +43,42 @@ from .cold import ColdRows
 from .slab import most_that_fit
 from .store import HashSparseStore, planned_nbytes
 
-#: a hot row's bookkeeping besides its row and index entry: its clock (int64) and two flags
-_ROW_EXTRA = 10
+#: a hot row's bookkeeping besides its row and index entry: its key (int64) and five flags
+_ROW_EXTRA = 13
 #: the share of the RAM budget the disk store's block cache and write buffers take, and its cap
 _COLD_SHARE = 8
 _COLD_CAP = 64 << 20
 _NO_PENDING = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+#: the file in a disk table's directory naming the process that uses it
+_OWNER = "OWNER"
+
+
+def new_table_dir(data_dir: Path, table: str) -> Path:
+    """A new directory for one disk store of ``table`` under ``data_dir``, after removing those a
+    process no longer running left there (a pserver killed before it could remove its own)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for old in data_dir.glob(f"{table}.*"):
+        try:
+            pid = int((old / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not one of ours, or being made right now
+        if not _running(pid):
+            shutil.rmtree(old, ignore_errors=True)
+    made = Path(tempfile.mkdtemp(prefix=f"{table}.", dir=data_dir))
+    (made / _OWNER).write_text(str(os.getpid()))
+    return made
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def hot_keys(spec: HashTable) -> int:
@@ -59,6 +96,37 @@ def cold_cache_nbytes(spec: HashTable) -> int:
     return min(spec.disk.ram_bytes // _COLD_SHARE, _COLD_CAP)
 
 
+def _remove(cold: ColdRows, directory: Path) -> None:
+    cold.destroy()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@njit(cache=True)
+def clock_victims(referenced, held, pinned, hand, count, out):  # pragma: no cover - numba
+    """Up to ``count`` held, unpinned rows by the CLOCK rule into ``out``, from ``hand`` on;
+    returns (the hand's new place, rows found). Two turns at most: the first clears every
+    reference bit it passes, so the second finds any held, unpinned row. The rows taken are
+    pinned too; the caller unpins them."""
+    n = referenced.shape[0]
+    got = 0
+    for _ in range(2 * n):
+        if got == count:
+            break
+        row = hand
+        hand += 1
+        if hand == n:
+            hand = 0
+        if not held[row] or pinned[row]:
+            continue
+        if referenced[row]:
+            referenced[row] = False
+            continue
+        out[got] = row
+        pinned[row] = True  # taken: the second turn must not take it again
+        got += 1
+    return hand, got
+
+
 class DiskHashStore:
     """The keys one pserver holds of a disk table: hot rows in RAM, the rest in ``directory``."""
 
@@ -72,17 +140,20 @@ class DiskHashStore:
                               f"{capacity} hot rows; give it room for at least 1024")
         #: the hot rows: an all-RAM hash store of the same table, held to ``capacity`` keys
         self.hot = HashSparseStore(replace(spec, disk=None), rows=capacity, key_limit=capacity)
-        self.cold = ColdRows(directory, self.hot.row_nbytes, cold_cache_nbytes(spec))
+        self.cold = ColdRows(directory / "rows", self.hot.row_nbytes, cold_cache_nbytes(spec))
+        #: the files go when the shard does (a load replacing it, the table dropped, the server stopping)
+        self._finalizer = weakref.finalize(self, _remove, self.cold, directory)
         self.capacity = capacity
-        self.touched = np.zeros(capacity, np.int64)  # the clock at each hot row's last request
+        self.row_key = np.zeros(capacity, np.int64)  # the key each held hot row holds
+        self.held = np.zeros(capacity, np.bool_)  # the row holds a key
+        self.referenced = np.zeros(capacity, np.bool_)  # a request used it since the hand last passed
+        self.pinned = np.zeros(capacity, np.bool_)  # a row of the request being served (set while it runs)
         self.in_cold = np.zeros(capacity, np.bool_)  # its row is on disk too (as read, unless dirty)
         self.dirty = np.zeros(capacity, np.bool_)  # pushed since it came from disk
-        self.clock = 0
+        self.hand = 0  # where the CLOCK hand is
         self.cold_keys = 0  # keys on disk
         self.hot_in_cold = 0  # hot keys that are on disk too
         self.paged_in = self.paged_out = self.written_out = 0
-        self._queue_keys = self._queue_rows = np.empty(0, np.int64)  # victims planned, coldest first
-        self._queue_clock = 0  # the clock when they were planned
 
     @property
     def name(self) -> str:
@@ -105,104 +176,85 @@ class DiskHashStore:
 
     def push_grad(self, keys: np.ndarray, grads: np.ndarray, **kwargs: object) -> int:
         """:meth:`HashSparseStore.push_grad` after the keys on disk come into RAM."""
-        self._bring_in(keys, admitting=True)
+        new = self._bring_in(keys, admitting=True)
         admitted = self.hot.push_grad(keys, grads, **kwargs)  # type: ignore[arg-type]
-        self._mark_dirty(keys)
+        self._note_admitted(new)
         return admitted
 
     def push_delta(self, keys: np.ndarray, deltas: np.ndarray, **kwargs: object) -> int:
         """:meth:`HashSparseStore.push_delta` after the keys on disk come into RAM."""
-        self._bring_in(keys, admitting=True)
+        new = self._bring_in(keys, admitting=True)
         admitted = self.hot.push_delta(keys, deltas, **kwargs)  # type: ignore[arg-type]
-        self._mark_dirty(keys)
+        self._note_admitted(new)
         return admitted
 
-    def _mark_dirty(self, keys: np.ndarray) -> None:
-        rows = self.hot.index.lookup(np.asarray(keys, np.int64))
-        self.dirty[rows[rows >= 0]] = True
+    def _note_admitted(self, candidates: np.ndarray) -> None:
+        """Note the rows of the keys a push admitted (of ``candidates``: keys held nowhere before
+        it): held, referenced, and not on disk (they are written when they go out)."""
+        if not candidates.size:
+            return
+        rows = self.hot.index.lookup(candidates)
+        taken = rows >= 0
+        self._hold(candidates[taken], rows[taken])
 
-    def _bring_in(self, keys: np.ndarray, admitting: bool) -> None:
+    def _hold(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.row_key[rows] = keys
+        self.held[rows] = True
+        self.referenced[rows] = True
+
+    def _bring_in(self, keys: np.ndarray, admitting: bool) -> np.ndarray:
         """Read the rows of ``keys`` on disk into RAM (one batched read), making room for them
-        and, for a push (``admitting``), for every key it may admit."""
+        and, for a push (``admitting``), for every key it may admit. Returns the keys held
+        nowhere (a push may admit them)."""
         keys = np.asarray(keys, np.int64)
-        self.clock += 1
         rows = self.hot.index.lookup(keys)
         held = rows[rows >= 0]
-        self.touched[held] = self.clock
+        self.referenced[held] = True
+        if admitting:
+            self.dirty[held] = True
         absent = np.unique(keys[rows < 0])
         if not absent.size:
-            return
+            return absent
         if self.cold_keys:
             found, records = self.cold.fetch(absent)
         else:
             found, records = np.zeros(absent.shape[0], np.bool_), np.empty((0, self.hot.row_nbytes), np.uint8)
-        incoming = absent.size if admitting else int(found.sum())
-        self._make_room(incoming, held)
+        self._make_room(absent.size if admitting else int(found.sum()), held)
         if records.shape[0]:
             came = absent[found]
-            self.hot.restore(came, self._unpacked(records), _NO_PENDING)
-            new_rows = self.hot.index.lookup(came)
-            self.touched[new_rows] = self.clock
+            new_rows = self.hot.restore(came, self._unpacked(records), _NO_PENDING)
+            self._hold(came, new_rows)
             self.in_cold[new_rows] = True
-            self.dirty[new_rows] = False
+            self.dirty[new_rows] = admitting
             self.hot_in_cold += came.shape[0]
             self.paged_in += came.shape[0]
+        return absent[~found]
 
     # ------------------------------------------------------------ rows going out
 
     def _make_room(self, incoming: int, protected: np.ndarray) -> None:
-        """Send the least recently used hot rows to disk until ``incoming`` more keys fit, never a
-        row in ``protected`` (the request's own)."""
+        """Send hot rows to disk by the CLOCK rule until ``incoming`` more keys fit, never a row
+        in ``protected`` (the request's own)."""
         short = incoming - (self.capacity - len(self.hot))
         if short <= 0:
             return
         if short > self.capacity - protected.size:
             raise ServerError(ErrorCode.TOO_LARGE, f"table {self.name!r}: one request needs {incoming + protected.size} "
                               f"rows in RAM, more than the {self.capacity} its disk.ram_bytes holds")
-        guard = np.zeros(self.capacity, np.bool_)
-        guard[protected] = True
-        keys, rows = self._victims(short, guard)
-        self._send_out(keys, rows)
+        self.pinned[protected] = True
+        victims, got = np.empty(short, np.int64), 0
+        try:
+            self.hand, got = clock_victims(self.referenced, self.held, self.pinned, self.hand, short, victims)
+        finally:
+            self.pinned[protected] = False
+            self.pinned[victims[:got]] = False
+        if got < short:
+            raise ServerError(ErrorCode.INTERNAL, f"table {self.name!r}: found {got} of {short} rows to send to disk")
+        self._send_out(victims)
 
-    def _victims(self, count: int, guard: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` hot rows to send out, coldest first, none in ``guard`` (keys, rows): from the
-        planned list while it lasts (skipping rows gone or touched since), else from a new plan."""
-        got_keys: list[np.ndarray] = []
-        got_rows: list[np.ndarray] = []
-        need = count
-        for fresh in (False, True):
-            if fresh or not self._queue_rows.size:
-                self._plan(max(need, self.capacity // 16), guard)
-            keys, rows = self._queue_keys, self._queue_rows
-            usable = (~guard[rows]) & (self.touched[rows] <= self._queue_clock) & (self.hot.index.lookup(keys) == rows)
-            take = np.flatnonzero(usable)[:need]
-            got_keys.append(keys[take])
-            got_rows.append(rows[take])
-            guard[rows[take]] = True  # a new plan must not list them again
-            used = int(take[-1]) + 1 if take.size == need else rows.size
-            self._queue_keys, self._queue_rows = keys[used:], rows[used:]
-            need -= take.size
-            if not need:
-                break
-        keys, rows = np.concatenate(got_keys), np.concatenate(got_rows)
-        if keys.size < count:
-            raise ServerError(ErrorCode.INTERNAL, f"table {self.name!r}: found {keys.size} of {count} rows to send to disk")
-        return keys, rows
-
-    def _plan(self, count: int, guard: np.ndarray) -> None:
-        """List the ``count`` least recently used hot rows outside ``guard``, coldest first."""
-        keys, rows = self.hot.index.items()
-        free = ~guard[rows]
-        keys, rows = keys[free], rows[free]
-        if count < rows.size:
-            pick = np.argpartition(self.touched[rows], count)[:count]
-            keys, rows = keys[pick], rows[pick]
-        order = np.argsort(self.touched[rows], kind="stable")
-        self._queue_keys, self._queue_rows = keys[order], rows[order]
-        self._queue_clock = self.clock
-
-    def _send_out(self, keys: np.ndarray, rows: np.ndarray) -> None:
+    def _send_out(self, rows: np.ndarray) -> None:
         """Write the rows that disk lacks or holds stale, then drop all of them from RAM."""
+        keys = self.row_key[rows]
         write = ~self.in_cold[rows] | self.dirty[rows]
         if write.any():
             self.cold.write(keys[write], self._packed(rows[write]))
@@ -211,8 +263,8 @@ class DiskHashStore:
         self.cold_keys += rows.size - already
         self.hot_in_cold -= already
         self.hot.index.delete(keys)
-        self.in_cold[rows] = False
-        self.dirty[rows] = False
+        for flags in (self.held, self.referenced, self.in_cold, self.dirty):
+            flags[rows] = False
         self.paged_out += rows.size
 
     # ------------------------------------------------------------ records
@@ -255,13 +307,37 @@ class DiskHashStore:
             parts.append(self._unpacked(records[keep]))
         return np.concatenate(all_keys), {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
+    def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
+        """Put saved keys back with their rows (by name, as :meth:`HashSparseStore.restore`), as a
+        checkpoint load does: into RAM while it has room, the rest straight to disk."""
+        keys = np.asarray(keys, np.int64)
+        fit = min(keys.shape[0], self.capacity - len(self.hot))
+        rows = self.hot.restore(keys[:fit], {name: arr[:fit] for name, arr in arrays.items()}, pending)
+        self._hold(keys[:fit], rows)  # not on disk (in_cold clear): a row sent out is written
+        if fit < keys.shape[0]:
+            rest = slice(fit, None)
+            self.cold.write(keys[rest], self._records_of({name: arr[rest] for name, arr in arrays.items()}))
+            self.cold_keys += keys.shape[0] - fit
+
+    def _records_of(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Rows by name (as :meth:`HashSparseStore.slab_arrays`) as records (:meth:`_packed`'s layout)."""
+        slab = self.hot.slab
+        n = arrays["values"].shape[0]
+        stats = np.empty(n, self.hot.stats.dtype)
+        for field in stats.dtype.names or ():
+            stats[field] = arrays[field]
+        parts = [np.ascontiguousarray(arrays["values"], slab.values.dtype), *(np.ascontiguousarray(arrays[name], arr.dtype)
+                 for name, arr in slab.state.items()), stats]
+        return np.concatenate([part.view(np.uint8).reshape(n, -1) for part in parts], axis=1)
+
     # ------------------------------------------------------------ reports
 
     @property
     def nbytes(self) -> int:
         """Bytes in RAM: the hot store, each hot row's clock and flags, and the disk store's
         caches, write buffers, bloom filters and block indexes."""
-        return int(self.hot.nbytes + self.touched.nbytes + self.in_cold.nbytes + self.dirty.nbytes + self.cold.ram_nbytes)
+        flags = self.row_key.nbytes + sum(a.nbytes for a in (self.held, self.referenced, self.pinned, self.in_cold, self.dirty))
+        return int(self.hot.nbytes + flags + self.cold.ram_nbytes)
 
     @property
     def disk_nbytes(self) -> int:
@@ -276,5 +352,5 @@ class DiskHashStore:
                 "paged_in": self.paged_in, "paged_out": self.paged_out}
 
     def close(self) -> None:
-        """Close the disk store (a table dropped or replaced by a load)."""
-        self.cold.destroy()
+        """Close the disk store and remove its files (done anyway when the shard is collected)."""
+        self._finalizer()

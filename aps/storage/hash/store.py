@@ -546,10 +546,11 @@ class HashSparseStore(HashChangeTracking):
         """Count exactly these not-admitted keys (a delta's counters replace a base's)."""
         self.admission.replace(keys, counts)
 
-    def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
+    def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Put saved keys back with their rows (:meth:`slab_arrays` by name, one row per key)
-        and saved admission counters (keys, counts), as a checkpoint load does. The keys must
-        not be held; more than the shard may hold (``max_keys``, a size budget) is an error."""
+        and saved admission counters (keys, counts), as a checkpoint load does; returns the
+        rows the keys took. The keys must not be held; more than the shard may hold
+        (``max_keys``, a size budget) is an error."""
         keys = _check_keys(self.name, keys)
         if len(self) + keys.shape[0] > self.key_limit:
             raise _bad(ErrorCode.TOO_LARGE, self.name,
@@ -561,4 +562,5 @@ class HashSparseStore(HashChangeTracking):
         for name, arr in self.slab_arrays().items():
             arr[rows] = arrays[name]
         self.admission.restore(*pending)
+        return rows
 

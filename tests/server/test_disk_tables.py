@@ -1,0 +1,127 @@
+"""Disk tables (``HashTable(disk=aps.Disk(ram_bytes))``) through real pservers over TCP on port 0:
+rows bitwise equal to an all-RAM hash table's after the same pushes while most rows live on disk,
+TABLE_INFO's RAM and disk bytes, pings answered while disk requests run, a full save loaded onto
+another cluster size (as a disk table and as an all-RAM one), and what a disk table refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aps
+from aps.errors import ConfigError, ServerError
+from aps.storage.hash.disk_store import DiskHashStore
+
+pytestmark = pytest.mark.timeout(180)
+
+DIM = 8
+RAM = 16 << 20  # 16 MiB: about 130k hot rows of this spec
+
+
+def spec(disk: bool = True, name: str = "emb") -> aps.HashTable:
+    return aps.HashTable(name, dim=DIM, init=aps.Uniform(-0.01, 0.01), optimizer=aps.Adagrad(lr=0.05, rowwise=True),
+                         dtype="float16", disk=aps.Disk(ram_bytes=RAM) if disk else None)
+
+
+@contextlib.asynccontextmanager
+async def cluster(n: int, tmp: Path, tag: str) -> AsyncIterator[tuple[list[aps.PServer], aps.PSClient]]:
+    servers = []
+    try:
+        for k in range(n):
+            servers.append(await aps.serve(server_index=k, num_servers=n, checkpoint_root=str(tmp),
+                                           data_dir=str(tmp / f"data-{tag}-{k}")))
+        async with aps.connect([s.address for s in servers]) as ps:
+            yield servers, ps
+    finally:
+        for s in servers:
+            await s.aclose()
+
+
+KEYS = 400_000  # pushes draw from this many keys, about three times one server's hot rows
+
+
+def traffic(rounds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pushes of 40k keys and a pull of 5k after each (keys the table lacks among them)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rounds):
+        keys = rng.integers(0, KEYS, 40_000).astype(np.int64)
+        out.append((keys, rng.standard_normal((keys.size, DIM)).astype(np.float32), rng.integers(0, KEYS + 50_000, 5000).astype(np.int64)))
+    return out
+
+
+async def test_rows_equal_an_all_ram_table_and_info_counts_ram_and_disk(tmp_path: Path) -> None:
+    # the same table name on two clusters: a key's initial row comes from (table seed, key)
+    async with cluster(1, tmp_path, "a") as (servers, ps), cluster(1, tmp_path, "r") as (_, ram_ps):
+        await ps.create_table(spec())
+        await ram_ps.create_table(spec(disk=False))
+        for keys, grads, pulls in traffic(12):
+            await ps.push_sparse_grad("emb", keys, grads)
+            await ram_ps.push_sparse_grad("emb", keys, grads)
+            assert np.array_equal(await ps.pull_sparse("emb", pulls), await ram_ps.pull_sparse("emb", pulls))
+        disk, ram = await ps.table_info("emb"), await ram_ps.table_info("emb")
+        assert disk.keys == ram.keys > 270_000
+        assert disk.disk_bytes > 0 and ram.disk_bytes == 0
+        assert disk.ram_bytes <= 2 * RAM
+        stores = [s.core.tables["emb"] for s in servers]
+        assert all(isinstance(st, DiskHashStore) for st in stores)
+        assert sum(len(st.hot) for st in stores) < disk.keys / 2  # most rows are on disk
+        every = np.arange(KEYS, dtype=np.int64)
+        assert np.array_equal(await ps.pull_sparse("emb", every), await ram_ps.pull_sparse("emb", every))
+
+
+async def test_pings_answered_while_disk_requests_run(tmp_path: Path) -> None:
+    async with cluster(1, tmp_path, "p") as (_, ps):
+        await ps.create_table(spec())
+        pushes = traffic(10, seed=1)
+
+        async def work() -> None:
+            for keys, grads, pulls in pushes:
+                await asyncio.gather(ps.push_sparse_grad("emb", keys, grads), ps.pull_sparse("emb", pulls))
+
+        task = asyncio.create_task(work())
+        waits = []
+        while not task.done():
+            start = time.perf_counter()
+            await ps.ping()
+            waits.append(time.perf_counter() - start)
+            await asyncio.sleep(0.005)
+        await task
+        assert len(waits) >= 5
+        assert float(np.percentile(waits, 99)) < 0.25  # the loop is not held by disk reads
+
+
+async def test_full_save_loads_onto_another_cluster_size_bitwise(tmp_path: Path) -> None:
+    pushes = traffic(8, seed=2)
+    async with cluster(1, tmp_path, "s") as (_, ps):
+        await ps.create_table(spec())
+        for keys, grads, _ in pushes:
+            await ps.push_sparse_grad("emb", keys, grads)
+        every = np.arange(KEYS, dtype=np.int64)
+        before = await ps.pull_sparse("emb", every)
+        keys_before = (await ps.table_info("emb")).keys
+        await ps.save("ckpt")
+        with pytest.raises(ServerError, match="saved whole"):
+            await ps.save("ckpt-base", mode="base")
+    async with cluster(3, tmp_path, "l") as (servers, ps):
+        await ps.load("ckpt")
+        assert (await ps.table_info("emb")).keys == keys_before
+        assert all(isinstance(s.core.tables["emb"], DiskHashStore) for s in servers)
+        assert np.array_equal(await ps.pull_sparse("emb", every), before)
+
+
+def test_spec_refuses_what_a_disk_table_does_not_do() -> None:
+    with pytest.raises(ConfigError, match="max_keys"):
+        aps.HashTable("emb", dim=4, max_keys=100, disk=aps.Disk())
+    with pytest.raises(ConfigError, match="ttl_days"):
+        aps.HashTable("emb", dim=4, ttl_days=3, disk=aps.Disk())
+    with pytest.raises(ConfigError, match="ram_bytes"):
+        aps.Disk(ram_bytes=1000)
+    round_trip = aps.specs.spec_from_dict(aps.specs.spec_to_dict(spec()))
+    assert round_trip == spec() and round_trip.tier == "disk"
