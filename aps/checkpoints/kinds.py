@@ -20,13 +20,12 @@ from tqdm import tqdm
 
 from .. import npyio
 from ..errors import ConfigError, ServerError
-from ..sharding import DenseBlock, ModuloSharding, dense_blocks
+from ..sharding import LOGICAL_SHARDS, DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_to_dict
+from ..storage.hash.disk_store import DiskHashStore, new_table_dir
 from ..storage.hash.store import HashSparseStore, budget_keys
 from ..storage.table_classes import ByTableClass
 from ..storage.tables import DenseShard, SparseShard
-from ..sharding import LOGICAL_SHARDS
-from ..storage.hash.disk_store import DiskHashStore, new_table_dir
 from .disk_files import load_disk_table, write_disk_table
 from .hash_files import apply_hash_delta, load_hash_table, write_hash_table
 
@@ -76,12 +75,16 @@ class TableFormat(ABC):
         ``prefix``); returns its manifest entry and what to run once the shard is in place."""
 
     @abstractmethod
-    def load(self, spec: Any, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> Any:
+    def load(
+        self, spec: Any, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> Any:
         """Server ``shard`` of ``num_shards``'s part of a table, from every saved shard of a
         checkpoint written by ``len(saved)`` servers."""
 
     @abstractmethod
-    def load_own(self, spec: Any, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> Any:
+    def load_own(
+        self, spec: Any, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> Any:
         """Server ``own.index``'s part of a table from its own saved shard alone (same cluster size)."""
 
     # a whole table read back as one shard (reader.py): what each kind can answer
@@ -123,7 +126,9 @@ class FixedFormat(TableFormat):
         entry = {"spec": spec_to_dict(store.spec), "kind": store.spec.kind, "step": store.step, "rows": store.local_rows, "files": files}
         return entry, None
 
-    def load(self, spec: SparseTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> SparseShard:
+    def load(
+        self, spec: SparseTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> SparseShard:
         old_layout = ModuloSharding(len(saved))  # the saving cluster's
         new = self.store_type(spec, shard, num_shards, initialise=False)
         targets = new.state_arrays()
@@ -156,7 +161,9 @@ class FixedFormat(TableFormat):
     def rows(self, store: SparseShard, ids: np.ndarray) -> np.ndarray:
         return np.asarray(store.values)[ids]
 
-    def load_own(self, spec: SparseTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> SparseShard:
+    def load_own(
+        self, spec: SparseTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> SparseShard:
         entry = own.manifest["tables"][spec.name]
         table = self.store_type(spec, own.index, num_shards, initialise=False)
         _load_state(own, lambda: table.load_state({key: own.open(file) for key, file in entry["files"].items()}, int(entry["step"])))
@@ -184,7 +191,9 @@ class DenseFormat(TableFormat):
             blocks.append({"index": index, "start": block.start, "stop": block.stop, "step": store.steps[index], "files": files})
         return {"spec": spec_to_dict(store.spec), "kind": store.spec.kind, "blocks": blocks}, None
 
-    def load(self, spec: DenseTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> DenseShard:
+    def load(
+        self, spec: DenseTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> DenseShard:
         mine = [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == shard]
         new = DenseShard(spec, mine, initialise=False)
         old_blocks = _saved_blocks(spec, saved)
@@ -211,7 +220,9 @@ class DenseFormat(TableFormat):
             flat[block.start : block.stop] = store.values[index]
         return flat.reshape(store.spec.shape)
 
-    def load_own(self, spec: DenseTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> DenseShard:
+    def load_own(
+        self, spec: DenseTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> DenseShard:
         entry = own.manifest["tables"][spec.name]
         table = DenseShard(spec, [b for b in dense_blocks(spec.name, spec.size, num_shards) if b.server == own.index], initialise=False)
         arrays = {f"b{b['index']}.{key}": own.open(file) for b in entry["blocks"] for key, file in b["files"].items()}
@@ -238,7 +249,9 @@ class HashFormat(TableFormat):
         progress.update(store.nbytes)
         return entry, after
 
-    def load(self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> HashSparseStore:
+    def load(
+        self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> HashSparseStore:
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
         return load_hash_table(spec, sources, len(saved), shard, num_shards, _key_limit(spec, max_table_bytes))
 
@@ -249,7 +262,9 @@ class HashFormat(TableFormat):
         keys, _ = store.index.items()
         return np.sort(keys)
 
-    def load_own(self, spec: HashTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None) -> HashSparseStore:
+    def load_own(
+        self, spec: HashTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None,
+    ) -> HashSparseStore:
         sources = {own.index: (own.directory, own.manifest["tables"][spec.name])}
         return load_hash_table(spec, sources, num_shards, own.index, num_shards, _key_limit(spec, max_table_bytes))
 

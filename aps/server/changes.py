@@ -35,7 +35,10 @@ class ChangeReads:
     def read(self, client_id: int, msg: wire.PullSparseChanged) -> wire.Message:
         """PULL_SPARSE_CHANGED: the rows of ``msg.table`` changed since ``client_id`` last read
         them, at most a frame's worth (the rest is "more", kept for its next read)."""
-        shard, _ = self.tables.get(msg.table, by_ids=True)  # local: a fixed table's local rows, a hash table's slab rows
+        shard, kind = self.tables.get(msg.table, by_ids=True)  # local: a fixed table's local rows, a hash table's slab rows
+        if not kind.tracks_changes:
+            raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r} keeps no change tracking (a disk table): GEO's "
+                              "reads of changed rows need a table in RAM")
         new_client = not shard.is_tracked(client_id)
         local = shard.changed(client_id)
         if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.rolled_back()):

@@ -55,8 +55,23 @@ class ServerCollector(Collector):
             "aps_server_table_key_events", "Keys of a hash table admitted or evicted, and pushed occurrences rejected "
             "(over_budget: those for a size budget), by this pserver.", labels=["table", "event"]
         )
+        disk_bytes = GaugeMetricFamily("aps_server_table_disk_bytes", "Bytes of a disk table's rows on this pserver's disk.",
+                                       labels=["table"])
+        hot_keys = GaugeMetricFamily("aps_server_table_hot_keys", "Keys of a disk table whose rows this pserver holds in RAM.",
+                                     labels=["table"])
+        disk_events = CounterMetricFamily(
+            "aps_server_table_disk_events", "A disk table's keys asked for by pulls and pushes (requested_keys), rows "
+            "read from disk into RAM (paged_in: 1 - rate(paged_in) / rate(requested_keys) is the hit rate) and sent out "
+            "(paged_out), batched disk reads (disk_reads) and rows written (disk_written_rows), by this pserver.",
+            labels=["table", "event"],
+        )
         for name, shard in sorted(tables.items()):
             held = core.kinds.of(shard).gauges(shard)
+            if "disk_bytes" in held:
+                disk_bytes.add_metric([name], held["disk_bytes"])
+                hot_keys.add_metric([name], held["hot_keys"])
+                for event in DISK_EVENTS:
+                    disk_events.add_metric([name, event], held[event])
             values.add_metric([name], held["values"])
             if "rows" in held:
                 rows.add_metric([name], held["rows"])
@@ -67,7 +82,7 @@ class ServerCollector(Collector):
             size = _table_bytes(shard)
             if size is not None:
                 nbytes.add_metric([name], size)
-        yield from (rows, values, nbytes, keys, admission)
+        yield from (rows, values, nbytes, keys, admission, disk_bytes, hot_keys, disk_events)
 
 
 def _lagged_metrics(core: ServerCore) -> Iterator[Metric]:
@@ -90,6 +105,10 @@ def _lagged_metrics(core: ServerCore) -> Iterator[Metric]:
             "Updates a gradient may be behind before it is dropped (ratio x trainers); absent when the rule is off.",
             value=versions.limit,
         )
+
+
+#: a disk table's counts the metrics carry as events (DiskHashStore.counts)
+DISK_EVENTS = ("requested_keys", "paged_in", "paged_out", "disk_reads", "disk_written_rows")
 
 
 def _table_bytes(shard: Any) -> int | None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError
 from ..telemetry import check_metrics_options

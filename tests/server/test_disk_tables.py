@@ -125,3 +125,26 @@ def test_spec_refuses_what_a_disk_table_does_not_do() -> None:
         aps.Disk(ram_bytes=1000)
     round_trip = aps.specs.spec_from_dict(aps.specs.spec_to_dict(spec()))
     assert round_trip == spec() and round_trip.tier == "disk"
+
+
+async def test_geo_changed_reads_refused_and_disk_metrics_exported(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from aps.server.collector import server_registry
+
+    async with cluster(1, tmp_path, "m") as (servers, ps):
+        await ps.create_table(spec())
+        with pytest.raises(ServerError, match="keeps no change tracking"):
+            await ps.pull_sparse_changed("emb")
+        for keys, grads, pulls in traffic(6, seed=3):
+            await ps.push_sparse_grad("emb", keys, grads)
+            await ps.pull_sparse("emb", pulls)
+        text = generate_latest(server_registry(servers[0].core)).decode()
+        samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("aps_server_table")}
+        store = servers[0].core.tables["emb"]
+        assert samples['aps_server_table_disk_bytes{table="emb"}'] == store.disk_nbytes > 0
+        assert samples['aps_server_table_hot_keys{table="emb"}'] == len(store.hot)
+        requested = samples['aps_server_table_disk_events_total{event="requested_keys",table="emb"}']
+        assert requested == 6 * (40_000 + 5000)
+        assert 0 < samples['aps_server_table_disk_events_total{event="paged_in",table="emb"}'] < requested
+        assert samples['aps_server_table_disk_events_total{event="disk_reads",table="emb"}'] > 0

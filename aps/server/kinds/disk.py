@@ -33,6 +33,7 @@ class DiskKind(HashKind):
     spec_tier = "disk"
     store_type = DiskHashStore
     keyed = False
+    tracks_changes = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

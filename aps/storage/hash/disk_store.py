@@ -153,7 +153,7 @@ class DiskHashStore:
         self.hand = 0  # where the CLOCK hand is
         self.cold_keys = 0  # keys on disk
         self.hot_in_cold = 0  # hot keys that are on disk too
-        self.paged_in = self.paged_out = self.written_out = 0
+        self.requested_keys = self.paged_in = self.paged_out = self.written_out = 0
 
     @property
     def name(self) -> str:
@@ -207,6 +207,7 @@ class DiskHashStore:
         and, for a push (``admitting``), for every key it may admit. Returns the keys held
         nowhere (a push may admit them)."""
         keys = np.asarray(keys, np.int64)
+        self.requested_keys += keys.shape[0]
         rows = self.hot.index.lookup(keys)
         held = rows[rows >= 0]
         self.referenced[held] = True
@@ -346,10 +347,12 @@ class DiskHashStore:
 
     def counts(self) -> dict[str, int]:
         """TABLE_INFO's and STATS' numbers (as :meth:`HashSparseStore.counts`), with the keys
-        ``hot_keys`` in RAM, ``disk_bytes`` and the rows brought in and sent out."""
+        ``hot_keys`` in RAM, ``disk_bytes``, the keys requests asked for, the rows brought in
+        and sent out, the batched disk reads and the rows written."""
         hot = self.hot.counts()
         return {**hot, "keys": len(self), "bytes": self.nbytes, "disk_bytes": self.disk_nbytes, "hot_keys": len(self.hot),
-                "paged_in": self.paged_in, "paged_out": self.paged_out}
+                "requested_keys": self.requested_keys, "paged_in": self.paged_in, "paged_out": self.paged_out,
+                "disk_reads": self.cold.reads, "disk_written_rows": self.cold.written}
 
     def close(self) -> None:
         """Close the disk store and remove its files (done anyway when the shard is collected)."""
