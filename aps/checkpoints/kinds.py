@@ -279,7 +279,7 @@ class HashFormat(TableFormat):
 
 class DiskFormat(HashFormat):
     """A disk table: a hash table's files (disk_files.py), written from the rows in RAM and on
-    disk, read back into a disk store under the server's data directory; full saves only."""
+    disk, read back into a disk store under the server's data directory."""
 
     spec_tier = "disk"
     store_type = DiskHashStore
@@ -290,9 +290,9 @@ class DiskFormat(HashFormat):
     def write(  # type: ignore[override]
         self, directory: Path, prefix: str, store: DiskHashStore, shard: int, num_shards: int, mode: str, progress: tqdm
     ) -> tuple[dict[str, Any], AfterSave | None]:
-        entry = write_disk_table(directory, prefix, store, shard, num_shards, mode)
+        entry, after = write_disk_table(directory, prefix, store, shard, num_shards, mode)
         progress.update(self.nbytes(store))
-        return entry, None
+        return entry, after
 
     def load(  # type: ignore[override]
         self, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int, max_table_bytes: int,

@@ -71,8 +71,13 @@ class HashUpkeep:
     async def _shrink_off_loop(
         self, store: HashSparseStore, decay: float | None, threshold: float | None, ttl: int | None, days: int = 0
     ) -> wire.Message:
-        dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl, days)
-        evicted = await _delete_in_slices(store, dead)
+        quiet = self.table_set.kinds.of(store).quiet(store)
+        if quiet is not None:  # a kind whose requests run in threads (disk tables): its shrink too, whole
+            async with quiet:
+                evicted = await asyncio.to_thread(store.shrink, decay, threshold, ttl, days)
+        else:
+            dead = await asyncio.to_thread(store.shrink_plan, decay, threshold, ttl, days)
+            evicted = await _delete_in_slices(store, dead)
         self.stats.shrinks += 1
         self.stats.shrink_evicted += evicted
         log.info("shrink", table=store.name, evicted=evicted, keys=len(store), day=store.day)

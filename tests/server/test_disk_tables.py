@@ -1,7 +1,8 @@
 """Disk tables (``HashTable(disk=aps.Disk(ram_bytes))``) through real pservers over TCP on port 0:
 rows bitwise equal to an all-RAM hash table's after the same pushes while most rows live on disk,
 TABLE_INFO's RAM and disk bytes, pings answered while disk requests run, a full save loaded onto
-another cluster size (as a disk table and as an all-RAM one), and what a disk table refuses."""
+another cluster size, shrinks and base/delta exports equal to an all-RAM table's, the metrics,
+and what a disk table refuses."""
 
 from __future__ import annotations
 
@@ -107,8 +108,6 @@ async def test_full_save_loads_onto_another_cluster_size_bitwise(tmp_path: Path)
         before = await ps.pull_sparse("emb", every)
         keys_before = (await ps.table_info("emb")).keys
         await ps.save("ckpt")
-        with pytest.raises(ServerError, match="saved whole"):
-            await ps.save("ckpt-base", mode="base")
     async with cluster(3, tmp_path, "l") as (servers, ps):
         await ps.load("ckpt")
         assert (await ps.table_info("emb")).keys == keys_before
@@ -119,8 +118,6 @@ async def test_full_save_loads_onto_another_cluster_size_bitwise(tmp_path: Path)
 def test_spec_refuses_what_a_disk_table_does_not_do() -> None:
     with pytest.raises(ConfigError, match="max_keys"):
         aps.HashTable("emb", dim=4, max_keys=100, disk=aps.Disk())
-    with pytest.raises(ConfigError, match="ttl_days"):
-        aps.HashTable("emb", dim=4, ttl_days=3, disk=aps.Disk())
     with pytest.raises(ConfigError, match="ram_bytes"):
         aps.Disk(ram_bytes=1000)
     round_trip = aps.specs.spec_from_dict(aps.specs.spec_to_dict(spec()))
@@ -148,3 +145,47 @@ async def test_geo_changed_reads_refused_and_disk_metrics_exported(tmp_path: Pat
         assert requested == 6 * (40_000 + 5000)
         assert 0 < samples['aps_server_table_disk_events_total{event="paged_in",table="emb"}'] < requested
         assert samples['aps_server_table_disk_events_total{event="disk_reads",table="emb"}'] > 0
+
+
+def export_files(root: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every logical shard file of a save, by file name, its arrays by name."""
+    out = {}
+    for path in sorted(root.glob("shard-*/*.npz")):
+        with np.load(path) as saved:
+            out[path.name] = {name: saved[name] for name in saved.files}
+    return out
+
+
+async def test_shrink_and_base_delta_exports_equal_an_all_ram_tables(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "r").mkdir()
+    ttl_spec = {"ttl_days": 1}
+    disk_spec = aps.HashTable(**{**spec().__dict__, **ttl_spec})
+    ram_spec = aps.HashTable(**{**spec(disk=False).__dict__, **ttl_spec})
+    async with cluster(1, tmp_path / "d", "d") as (_, ps), cluster(1, tmp_path / "r", "r") as (_, ram_ps):
+        for client, table in ((ps, disk_spec), (ram_ps, ram_spec)):
+            await client.create_table(table)
+        pushes = traffic(8, seed=4)
+        for number, (keys, grads, _) in enumerate(pushes):
+            shows = np.full(keys.size, 1.0 + number % 3, np.float32)
+            for client in (ps, ram_ps):
+                await client.push_sparse_grad("emb", keys, grads, shows=shows)
+            if number == 3:
+                for client in (ps, ram_ps):
+                    await client.save("base", mode="base")
+                evicted = [await client.shrink("emb", decay=0.9, threshold=1.2, days=1) for client in (ps, ram_ps)]
+                assert evicted[0] == evicted[1] > 0
+        for client in (ps, ram_ps):
+            await client.save("delta", mode="delta")
+        assert (await ps.table_info("emb")).keys == (await ram_ps.table_info("emb")).keys
+        every = np.arange(KEYS, dtype=np.int64)
+        assert np.array_equal(await ps.pull_sparse("emb", every), await ram_ps.pull_sparse("emb", every))
+    for save in ("base", "delta"):
+        disk_files, ram_files = export_files(tmp_path / "d" / save), export_files(tmp_path / "r" / save)
+        assert disk_files.keys() == ram_files.keys() and len(disk_files) == 1024
+        for name, arrays in ram_files.items():
+            assert disk_files[name].keys() == arrays.keys(), name
+            for array, saved in arrays.items():
+                assert np.array_equal(disk_files[name][array], saved), (save, name, array)
+        if save == "delta":
+            assert sum(a["deleted_keys"].size for a in disk_files.values()) > 0

@@ -5,9 +5,10 @@ thread and the event loop keeps answering meanwhile (pings, other tables, stats)
 a table runs at a time, in arrival order (an asyncio lock, which wakes its waiters first come
 first served): a push's rows are in place before the pull after it reads them, as on any table.
 
-A disk table is not ``keyed`` here: its growth is the RAM budget it was given, its evictions
-are to disk, and a shrink's walk of every key would have to read every cold row, which the disk
-store does not do yet (the spec refuses ``max_keys`` and ``ttl_days`` for the same reason).
+A shrink of a disk table walks every row, in RAM and on disk, in a thread while the table's
+requests wait (hash_upkeep.py); there is no upkeep after pushes: its rows in RAM are reserved
+whole at creation and go out to disk as requests need room. GEO's reads of changed rows are
+refused (a disk table keeps no change tracking), and the spec refuses ``max_keys``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ T = TypeVar("T")
 class DiskKind(HashKind):
     spec_tier = "disk"
     store_type = DiskHashStore
-    keyed = False
     tracks_changes = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

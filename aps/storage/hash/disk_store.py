@@ -37,9 +37,10 @@ import numpy as np
 from numba import njit
 
 from ...errors import ErrorCode, ServerError
-from ...sharding import LogicalSharding
+from ...sharding import LOGICAL_SHARDS, LogicalSharding
 from ...specs import HashTable
-from .cold import ColdRows
+from .cold import WALK_ROWS, ColdRows
+from .evict import decay_and_judge
 from .slab import most_that_fit
 from .store import HashSparseStore, planned_nbytes
 
@@ -330,6 +331,96 @@ class DiskHashStore:
         parts = [np.ascontiguousarray(arrays["values"], slab.values.dtype), *(np.ascontiguousarray(arrays[name], arr.dtype)
                  for name, arr in slab.state.items()), stats]
         return np.concatenate([part.view(np.uint8).reshape(n, -1) for part in parts], axis=1)
+
+    # ------------------------------------------------------------ deletion, shrink, saves
+
+    def delete_keys(self, keys: np.ndarray) -> int:
+        """Delete ``keys`` wherever their rows are (unknown ones are skipped); counted as evicted
+        and noted for the next delta save, as :meth:`HashSparseStore.delete_keys`."""
+        keys = np.unique(np.asarray(keys, np.int64))
+        rows = self.hot.index.lookup(keys)
+        hot = rows >= 0
+        hot_rows = rows[hot]
+        hot_on_disk = keys[hot][self.in_cold[hot_rows]]
+        on_disk_too = int(hot_on_disk.size)
+        gone = self.hot.delete_keys(keys[hot])
+        for flags in (self.held, self.referenced, self.in_cold, self.dirty):
+            flags[hot_rows] = False
+        self.hot_in_cold -= on_disk_too
+        self.cold_keys -= on_disk_too
+        cold_only = keys[~hot]
+        if cold_only.size and self.cold_keys:
+            found, _ = self.cold.fetch(cold_only)
+            cold_only = cold_only[found]
+            self.hot.deleted.note(cold_only)
+            self.hot.evicted += int(cold_only.size)
+            self.cold_keys -= int(cold_only.size)
+            gone += int(cold_only.size)
+        self.cold.delete(np.concatenate([hot_on_disk, cold_only]))
+        return gone
+
+    def shrink(
+        self, decay: float | None = None, threshold: float | None = None, ttl: int | None = None, days: int = 0
+    ) -> int:
+        """:meth:`HashSparseStore.shrink` over every key: the hot rows' statistics in RAM, then
+        every row on disk, a logical shard at a time (decayed rows written back, dead ones
+        deleted). Returns how many keys were deleted. Reads and writes the whole table on disk."""
+        dead_hot = self.hot.shrink_plan(decay, threshold, ttl, days)  # advances the day; decays the hot rows
+        hot, rules = self.hot, self.hot.accessor
+        decay = rules.show_click_decay if decay is None else decay
+        threshold = rules.delete_threshold if threshold is None else threshold
+        deleted = 0
+        for logical in range(LOGICAL_SHARDS) if self.cold_keys else ():
+            for keys, records in list(self.cold.walk(logical)):
+                cold_only = hot.index.lookup(keys) < 0  # a hot row is the key's row: judged above
+                keys, records = keys[cold_only], records[cold_only]
+                if not keys.size:
+                    continue
+                rows = self._unpacked(records)
+                dead = np.empty(keys.shape[0], np.bool_)
+                decay_and_judge(rows["show"], rows["click"], rows["last_step"], rows["last_day"], keys.shape[0],
+                                np.arange(keys.shape[0], dtype=np.int64), float(decay), float(threshold),
+                                -1 if ttl is None else int(ttl), hot.step,
+                                -1 if self.spec.ttl_days is None else int(self.spec.ttl_days), hot.day,
+                                rules.nonclk_coeff, rules.click_coeff, dead)
+                self.cold.write(keys[~dead], self._records_of(rows)[~dead])
+                self.cold.delete(keys[dead])
+                hot.deleted.note(keys[dead])
+                hot.evicted += int(dead.sum())
+                self.cold_keys -= int(dead.sum())
+                deleted += int(dead.sum())
+        return deleted + self.delete_keys(dead_hot)
+
+    def after_save(self, keys: np.ndarray, deleted: np.ndarray) -> None:
+        """A base or delta save is in place (as :meth:`HashSparseStore.after_save`, by key): the
+        rows of ``keys`` it wrote start a new delta, in RAM and on disk, and the ``deleted`` keys
+        it covered are forgotten."""
+        rows = self.hot.index.lookup(keys)
+        hot_rows = rows[rows >= 0]
+        self.hot.after_save(hot_rows, deleted)
+        self.dirty[hot_rows] = True  # a copy on disk has the old delta score
+        cold_only = keys[rows < 0]
+        for at in range(0, cold_only.shape[0], WALK_ROWS):
+            part = cold_only[at : at + WALK_ROWS]
+            found, records = self.cold.fetch(part)
+            arrays = self._unpacked(records)
+            arrays["delta_score"][:] = 0.0
+            self.cold.write(part[found], self._records_of(arrays))
+
+    @property
+    def day(self) -> int:
+        """The shard's day (the hot store's clocks are the table's)."""
+        return self.hot.day
+
+    @property
+    def growth_due(self) -> bool:
+        """Never: the hot rows are reserved whole at creation (the RAM budget)."""
+        return False
+
+    @property
+    def eviction_due(self) -> int:
+        """Never ahead: rows go out to disk as requests need room, and no cap deletes keys."""
+        return 0
 
     # ------------------------------------------------------------ reports
 
