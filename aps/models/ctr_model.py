@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..specs import SGD, Adagrad, Adam, HashTable, Initializer, Optimizer, SparseTable, TableSpec
+from ..specs import SGD, Adagrad, Adam, Disk, HashTable, Initializer, Optimizer, SparseTable, TableSpec
 from ..trainer.model import Batch, Model, Params, WorkerContext
 from ..trainer.reader import Chunk
 from .criteo import CriteoFormat
@@ -108,6 +108,8 @@ class CriteoModel(Model):
     ``adagrad_rowwise`` is that row-wise Adagrad, one accumulator a row.
     ``table_dtype``: how the pservers store the hash tables' values (``float32``, or ``float16``:
     half the bytes, computed in float32; docs/concepts.md, "Compact rows").
+    ``table_disk_ram``: bytes of RAM each pserver gives each hash table, the rest of its rows on
+    the pserver's disk (None: all in RAM; docs/concepts.md, "Disk tables").
     """
 
     #: measured closest to one process's test AUC (README, "Against PyTorch"): dense fresh
@@ -123,6 +125,7 @@ class CriteoModel(Model):
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
         sparse_optimizer: str = "same", sparse_lr: float | None = None, table_dtype: str = "float32",
+        table_disk_ram: int | None = None,
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -147,6 +150,9 @@ class CriteoModel(Model):
         if table_dtype != "float32" and self.table_kind != "hash":
             raise ConfigError(f"{self.name} table_dtype={table_dtype} stores hash tables' values: it needs table=hash")
         self.table_dtype = str(table_dtype)
+        if given(table_disk_ram) and self.table_kind != "hash":
+            raise ConfigError(f"{self.name} table_disk_ram keeps hash tables' rows on disk: it needs table=hash")
+        self.disk = Disk(ram_bytes=table_disk_ram) if given(table_disk_ram) else None
         self.admission = {
             "admit_probability": admit_probability, "admit_count": admit_count,
             "max_keys": max_keys if given(max_keys) else None,
@@ -174,7 +180,7 @@ class CriteoModel(Model):
         if self.table_kind == "fixed":
             return SparseTable(name, self.format.buckets, dim, init, optimizer, seed=self.seed)
         try:
-            return HashTable(name, dim, init, optimizer, seed=self.seed, dtype=self.table_dtype, **self.admission)
+            return HashTable(name, dim, init, optimizer, seed=self.seed, dtype=self.table_dtype, disk=self.disk, **self.admission)
         except ConfigError as exc:
             raise ConfigError(f"{self.name} {exc}") from None
 
@@ -209,6 +215,7 @@ class CriteoModel(Model):
             **({"sparse_optimizer": self.sparse_optimizer, "sparse_lr": self.sparse_lr} if self.sparse_optimizer != "same" else {}),
             "table": self.table_kind, **(self.admission if self.table_kind == "hash" else {}),
             **({"table_dtype": self.table_dtype} if self.table_dtype != "float32" else {}),
+            **({"table_disk_ram": self.disk.ram_bytes} if self.disk is not None else {}),
             **({"l2": self.l2} if self.l2 else {}),
         }
 

@@ -25,7 +25,14 @@ from aps.trainer.reader import Chunk
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
 from tests.models.test_ctr_step_equality import (
-    MODELS, STEPS, STRATEGIES, Reference, assert_tables_equal, make_lines, max_rel_error, write_meta,
+    MODELS,
+    STEPS,
+    STRATEGIES,
+    Reference,
+    assert_tables_equal,
+    make_lines,
+    max_rel_error,
+    write_meta,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,11 +74,29 @@ RUNS = [(mode, opt) for mode in sorted(HASH_STRATEGIES) for opt in ("sgd", "adam
 @pytest.mark.parametrize("mode,optimizer", RUNS, ids=[f"{m}-{o}" for m, o in RUNS])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_hash_table_steps_equal_the_reference(name: str, mode: str, optimizer: str, tmp_path: Path, processes: Processes) -> None:
+    steps_equal_the_reference(name, mode, optimizer, tmp_path, processes)
+
+
+#: the modes a disk table serves (geo reads changed rows, which a disk table does not track)
+DISK_MODES = sorted(set(STRATEGIES))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", DISK_MODES)
+def test_disk_table_steps_equal_the_reference(mode: str, tmp_path: Path, processes: Processes) -> None:
+    """The same steps on disk tables (``table_disk_ram``): each mode's pushes and pulls reach the
+    disk kind's threads, sync rounds included, and give the reference's rows."""
+    steps_equal_the_reference("ctr_dnn", mode, "adam", tmp_path, processes, table_disk_ram=16 << 20)
+
+
+def steps_equal_the_reference(name: str, mode: str, optimizer: str, tmp_path: Path, processes: Processes, **model_args: object) -> None:
     cls, ref_grads = MODELS[name]
     model = cls(meta=write_meta(tmp_path / "meta.json"), hidden="5,4", embedding_size=3, batch_size=8,
-                optimizer=optimizer, lr=0.5 if optimizer == "sgd" else 0.05, init_range=0.5, table="hash")
+                optimizer=optimizer, lr=0.5 if optimizer == "sgd" else 0.05, init_range=0.5, table="hash", **model_args)
     assert all(isinstance(t, aps.HashTable) for t in model.sparse_tables())
-    servers = processes.start_servers(1, trainers=1)
+    assert all((t.disk is not None) == ("table_disk_ram" in model_args) for t in model.sparse_tables())
+    disk_dir = ("--data-dir", str(tmp_path / "disk")) if "table_disk_ram" in model_args else ()
+    servers = processes.start_servers(1, 1, *disk_dir)
     st = StepTrainer(model, HASH_STRATEGIES[mode], aps.ClusterSpec(servers, 1), 0).start()
     try:
         batches = list(st.batches(make_lines(1)))
