@@ -8,7 +8,8 @@ a checkpoint under it, gets every row at its next read: nothing it missed stays 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -32,33 +33,48 @@ class ChangeReads:
         #: change tracking over all sparse tables, bounded by max_tracking_bytes (tracking.py)
         self.tracking = TrackingBudget(config.max_tracking_bytes)
 
-    def read(self, client_id: int, msg: wire.PullSparseChanged) -> wire.Message:
+    def read(self, client_id: int, msg: wire.PullSparseChanged) -> wire.Message | Awaitable[wire.Message]:
         """PULL_SPARSE_CHANGED: the rows of ``msg.table`` changed since ``client_id`` last read
-        them, at most a frame's worth (the rest is "more", kept for its next read)."""
-        shard, kind = self.tables.get(msg.table, by_ids=True)  # local: a fixed table's local rows, a hash table's slab rows
-        if not kind.tracks_changes:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"table {msg.table!r} keeps no change tracking (a disk table): GEO's "
-                              "reads of changed rows need a table in RAM")
+        them, at most a frame's worth (the rest is "more", kept for its next read). A shard whose
+        requests run in threads (a disk table: its rows may be on disk) is read in one."""
+        shard, kind = self.tables.get(msg.table, by_ids=True)
+        # its change tracking was dropped (it was away too long, or over the tracking budget), or
+        # this shard was rolled back to a checkpoint under it (a resumed server): any row may have changed
+        lost = self.tracking.was_dropped(client_id, msg.table) or self.rolled_back()
+        quiet = kind.quiet(shard)
+        if quiet is None:
+            return self._charged(client_id, shard, self._changed(shard, client_id, msg.max_rows, lost))
+        return self._read_off_loop(quiet, shard, client_id, msg.max_rows, lost)
+
+    async def _read_off_loop(self, quiet: asyncio.Lock, shard: Shard, client_id: int, max_rows: int, lost: bool) -> wire.Message:
+        async with quiet:
+            reply = await asyncio.to_thread(self._changed, shard, client_id, max_rows, lost)
+        return self._charged(client_id, shard, reply)
+
+    def _charged(self, client_id: int, shard: Shard, reply: wire.Message) -> wire.Message:
+        """``reply``, once the client's tracking on ``shard`` is charged to the budget (on the loop)."""
+        self._charge(client_id, shard)
+        return reply
+
+    def _changed(self, shard: Shard, client_id: int, max_rows: int, lost: bool) -> wire.Message:
+        """The reply: the shard's changed rows for ``client_id`` (every row when a new client's
+        changes were ``lost``), at most a frame's worth. Touches the shard only (``local``: a
+        fixed table's local rows, a hash table's slab rows, a disk table's keys)."""
         new_client = not shard.is_tracked(client_id)
         local = shard.changed(client_id)
-        if new_client and (self.tracking.was_dropped(client_id, msg.table) or self.rolled_back()):
-            # its change tracking was dropped (it was away too long, or over the tracking budget),
-            # or this shard was rolled back to a checkpoint under it (a resumed server): any row
-            # may have changed
+        if new_client and lost:
             local = shard.all_rows()
         # at most what fits in one frame (ids int64 + rows float32 + headers); the rest is "more":
         # marked again in the client's own bitmap, so its next read sends them (with newer changes)
         fit = max(0, (self.config.max_frame - 64) // (8 + 4 * shard.spec.dim))
-        limit = min(msg.max_rows or len(local), fit)
+        limit = min(max_rows or len(local), fit)
         more = len(local) > limit
         if more:
             shard.mark_for(client_id, local[limit:])
-        self._charge(client_id, shard)
-        if more:
             if not limit:  # not even one row fits: refuse, keeping the rows for a later call
                 raise ServerError(
                     ErrorCode.TOO_LARGE,
-                    f"table {msg.table!r}: one row of {shard.spec.dim} float32 does not fit in the max frame of "
+                    f"table {shard.name!r}: one row of {shard.spec.dim} float32 does not fit in the max frame of "
                     f"{self.config.max_frame}",
                 )
             local = local[:limit]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.errors import ConfigError, ServerError
+from aps.errors import ConfigError
 from aps.storage.hash.disk_store import DiskHashStore
 
 pytestmark = pytest.mark.timeout(180)
@@ -72,7 +72,7 @@ async def test_rows_equal_an_all_ram_table_and_info_counts_ram_and_disk(tmp_path
         assert disk.ram_bytes <= 2 * RAM
         stores = [s.core.tables["emb"] for s in servers]
         assert all(isinstance(st, DiskHashStore) for st in stores)
-        assert sum(len(st.hot) for st in stores) < disk.keys / 2  # most rows are on disk
+        assert disk.keys - sum(len(st.hot) for st in stores) > 100_000  # rows only on disk
         every = np.arange(KEYS, dtype=np.int64)
         assert np.array_equal(await ps.pull_sparse("emb", every), await ram_ps.pull_sparse("emb", every))
 
@@ -124,27 +124,52 @@ def test_spec_refuses_what_a_disk_table_does_not_do() -> None:
     assert round_trip == spec() and round_trip.tier == "disk"
 
 
-async def test_geo_changed_reads_refused_and_disk_metrics_exported(tmp_path: Path) -> None:
+async def test_disk_metrics_exported(tmp_path: Path) -> None:
     from prometheus_client import generate_latest
 
     from aps.server.collector import server_registry
 
     async with cluster(1, tmp_path, "m") as (servers, ps):
         await ps.create_table(spec())
-        with pytest.raises(ServerError, match="keeps no change tracking"):
-            await ps.pull_sparse_changed("emb")
         for keys, grads, pulls in traffic(6, seed=3):
             await ps.push_sparse_grad("emb", keys, grads)
             await ps.pull_sparse("emb", pulls)
         text = generate_latest(server_registry(servers[0].core)).decode()
         samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("aps_server_table")}
         store = servers[0].core.tables["emb"]
-        assert samples['aps_server_table_disk_bytes{table="emb"}'] == store.disk_nbytes > 0
+        assert samples['aps_server_table_disk_bytes{table="emb"}'] == store.disk_nbytes  # 0 until RocksDB flushes
         assert samples['aps_server_table_hot_keys{table="emb"}'] == len(store.hot)
         requested = samples['aps_server_table_disk_events_total{event="requested_keys",table="emb"}']
         assert requested == 6 * (40_000 + 5000)
         assert 0 < samples['aps_server_table_disk_events_total{event="paged_in",table="emb"}'] < requested
         assert samples['aps_server_table_disk_events_total{event="disk_reads",table="emb"}'] > 0
+        assert samples['aps_server_table_disk_events_total{event="paged_out",table="emb"}'] == store.paged_out > 0
+
+
+async def test_geo_reads_of_changed_rows_equal_an_all_ram_tables(tmp_path: Path) -> None:
+    """A GEO reader's changed rows, while another client's pushes send rows to disk: the same
+    keys and rows as from an all-RAM table."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "r").mkdir()
+    async with cluster(1, tmp_path / "d", "d") as (servers, writer), cluster(1, tmp_path / "r", "r") as (ram_servers, ram_writer):
+        await writer.create_table(spec())
+        await ram_writer.create_table(spec(disk=False))
+        async with aps.connect([servers[0].address]) as reader, aps.connect([ram_servers[0].address]) as ram_reader:
+            for client in (reader, ram_reader):
+                assert (await client.pull_sparse_changed("emb"))[0].size == 0  # registers the reader
+            reads = 0
+            for number, (keys, grads, _) in enumerate(traffic(8, seed=5)):
+                await writer.push_sparse_grad("emb", keys, grads)
+                await ram_writer.push_sparse_grad("emb", keys, grads)
+                if number % 3 != 2:
+                    continue
+                (ids, rows), (ram_ids, ram_rows) = [await c.pull_sparse_changed("emb") for c in (reader, ram_reader)]
+                order, ram_order = np.argsort(ids), np.argsort(ram_ids)
+                assert np.array_equal(ids[order], ram_ids[ram_order]) and ids.size > 40_000
+                assert np.array_equal(rows[order], ram_rows[ram_order])
+                reads += 1
+            assert reads == 2
+        assert servers[0].core.tables["emb"].paged_out > 0
 
 
 def export_files(root: Path) -> dict[str, dict[str, np.ndarray]]:

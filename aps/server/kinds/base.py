@@ -61,8 +61,6 @@ class TableKind(ABC):
     #: shrinkable (SHRINK, the scheduled shrinks) and grown or evicted ahead of need after pushes
     keyed: ClassVar[bool] = False
 
-    #: keeps change tracking for GEO's reads of changed rows (PULL_SPARSE_CHANGED)
-    tracks_changes: ClassVar[bool] = True
     #: a second kind for the same spec class, chosen by the spec's ``tier`` (a disk table)
     spec_tier: ClassVar[str | None] = None
 

@@ -6,9 +6,9 @@ a table runs at a time, in arrival order (an asyncio lock, which wakes its waite
 first served): a push's rows are in place before the pull after it reads them, as on any table.
 
 A shrink of a disk table walks every row, in RAM and on disk, in a thread while the table's
-requests wait (hash_upkeep.py); there is no upkeep after pushes: its rows in RAM are reserved
-whole at creation and go out to disk as requests need room. GEO's reads of changed rows are
-refused (a disk table keeps no change tracking), and the spec refuses ``max_keys``.
+requests wait (hash_upkeep.py), and so does a GEO read of changed rows (changes.py); there is
+no upkeep after pushes: its rows in RAM are reserved whole at creation and go out to disk as
+requests need room. The spec refuses ``max_keys``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ T = TypeVar("T")
 class DiskKind(HashKind):
     spec_tier = "disk"
     store_type = DiskHashStore
-    tracks_changes = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -20,8 +20,10 @@ is written only when needed: a row read from disk and not pushed since is still 
 is (``in_cold`` and not ``dirty``), so it just leaves RAM.
 
 Every method blocks on disk: the pserver runs them in a thread, one request of a table at a time
-(aps/server/kinds/disk.py). A cap by ``max_keys``, TTL days and change tracking (GEO) are not
-supported yet: the spec refuses the first two, and a GEO read of changed rows is refused.
+(aps/server/kinds/disk.py). GEO's change tracking is the hot store's bitmaps over the hot rows;
+a row going out takes its changed bits along as its key, per client, so a GEO read returns the
+keys changed in RAM and on disk alike. A cap by ``max_keys`` is not supported yet (the spec
+refuses it).
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ class DiskHashStore:
         self.cold_keys = 0  # keys on disk
         self.hot_in_cold = 0  # hot keys that are on disk too
         self.requested_keys = self.paged_in = self.paged_out = self.written_out = 0
+        #: per tracked GEO client, keys changed since its last read whose rows went out to disk
+        self._cold_changed: dict[int, list[np.ndarray]] = {}
 
     @property
     def name(self) -> str:
@@ -264,10 +268,63 @@ class DiskHashStore:
         already = int(self.in_cold[rows].sum())
         self.cold_keys += rows.size - already
         self.hot_in_cold -= already
+        self._keep_changes(keys, rows)
         self.hot.index.delete(keys)
         for flags in (self.held, self.referenced, self.in_cold, self.dirty):
             flags[rows] = False
         self.paged_out += rows.size
+
+    # ------------------------------------------------------------ change tracking (GEO)
+
+    def _keep_changes(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Rows going out: a tracked client's change bit on each goes with its key to that
+        client's keys changed on disk (and is cleared, as another key will take the row)."""
+        for client in list(self.hot._dirty):
+            bitmap = self.hot._bitmap(client)
+            byte, bit = rows >> 3, (rows & 7).astype(np.uint8)
+            marked = (bitmap[byte] >> bit) & 1 == 1
+            if marked.any():
+                self._cold_changed.setdefault(client, []).append(keys[marked])
+                np.bitwise_and.at(bitmap, byte[marked], ~(np.uint8(1) << bit[marked]))
+
+    def track(self, client_id: int) -> None:
+        self.hot.track(client_id)
+
+    def is_tracked(self, client_id: int) -> bool:
+        return self.hot.is_tracked(client_id)
+
+    def untrack(self, client_id: int) -> bool:
+        self._cold_changed.pop(int(client_id), None)
+        return self.hot.untrack(client_id)
+
+    @property
+    def tracking_bytes(self) -> int:
+        """Bytes of one client's tracking: its bitmap over the hot rows and, at most, the keys
+        changed on disk the client with most of them has."""
+        on_disk = max((sum(part.nbytes for part in parts) for parts in self._cold_changed.values()), default=0)
+        return self.hot.tracking_bytes + on_disk
+
+    def changed(self, client_id: int) -> np.ndarray:
+        """Keys changed by others since ``client_id``'s last call, in RAM or on disk, ascending
+        (as :meth:`HashSparseStore.changed`, by key: a disk table's rows have no fixed place)."""
+        rows = self.hot.changed(client_id)
+        on_disk = self._cold_changed.pop(int(client_id), [])
+        return np.unique(np.concatenate([self.row_key[rows], *on_disk]))
+
+    def all_rows(self) -> np.ndarray:
+        """Every key held, ascending: what a client whose tracking was dropped reads next."""
+        return np.sort(np.concatenate([self.logical_rows(l)[0] for l in range(LOGICAL_SHARDS)]))
+
+    def mark_for(self, client_id: int, keys: np.ndarray) -> None:
+        """Mark ``keys`` changed for ``client_id`` alone (those a read could not fit)."""
+        rows = self.hot.index.lookup(keys)
+        self.hot.mark_for(client_id, rows[rows >= 0])
+        if (rows < 0).any():
+            self._cold_changed.setdefault(int(client_id), []).append(keys[rows < 0])
+
+    def changed_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, float32 rows) of ``keys``: what a changed-row read sends (their rows come in)."""
+        return keys, self.pull(keys)
 
     # ------------------------------------------------------------ records
 
