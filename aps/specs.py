@@ -495,13 +495,8 @@ def is_table_spec(obj: object, specs: Iterable[type[Any]] = TABLE_SPECS) -> bool
 
 
 def _check_disk(owner: str, spec: HashTable) -> None:
-    """What a disk table does not do yet is refused here, not ignored on the pserver: a cap by
-    ``max_keys`` would look for the lowest scores among every key on disk each time the cap is
-    reached, which the disk tier does not do (a shrink, with ``ttl_days``, walks them)."""
     if not isinstance(spec.disk, Disk):
         raise ConfigError(f"{owner}: disk must be a Disk, got {spec.disk!r}")
-    if spec.max_keys is not None:
-        raise ConfigError(f"{owner}: a disk table does not take max_keys yet (use shrinks, or ttl_days, to bound it)")
 
 
 def _check_name(name: str) -> None:

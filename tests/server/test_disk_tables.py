@@ -115,9 +115,9 @@ async def test_full_save_loads_onto_another_cluster_size_bitwise(tmp_path: Path)
         assert np.array_equal(await ps.pull_sparse("emb", every), before)
 
 
-def test_spec_refuses_what_a_disk_table_does_not_do() -> None:
-    with pytest.raises(ConfigError, match="max_keys"):
-        aps.HashTable("emb", dim=4, max_keys=100, disk=aps.Disk())
+def test_spec_checks_the_disk_part() -> None:
+    with pytest.raises(ConfigError, match="disk must be a Disk"):
+        aps.HashTable("emb", dim=4, disk=1 << 30)
     with pytest.raises(ConfigError, match="ram_bytes"):
         aps.Disk(ram_bytes=1000)
     round_trip = aps.specs.spec_from_dict(aps.specs.spec_to_dict(spec()))
@@ -214,3 +214,26 @@ async def test_shrink_and_base_delta_exports_equal_an_all_ram_tables(tmp_path: P
                 assert np.array_equal(disk_files[name][array], saved), (save, name, array)
         if save == "delta":
             assert sum(a["deleted_keys"].size for a in disk_files.values()) > 0
+
+
+async def test_max_keys_evicts_the_lowest_scores_among_keys_in_ram_and_on_disk(tmp_path: Path) -> None:
+    cap = 220_000
+    capped = aps.HashTable(**{**spec().__dict__, "max_keys": cap})
+    rng = np.random.default_rng(6)
+    async with cluster(1, tmp_path, "c") as (servers, ps):
+        await ps.create_table(capped)
+        store = servers[0].core.tables["emb"]
+        for at in range(0, 320_000, 40_000):
+            keys = np.arange(at, at + 40_000, dtype=np.int64)
+            shows = (1 + (keys * 7919) % 1000).astype(np.float32)  # each key's score, the same every push
+            await ps.push_sparse_grad("emb", keys, rng.standard_normal((keys.size, DIM)).astype(np.float32), shows=shows)
+            held = store.all_rows()
+            assert held.size == len(store) <= cap
+        info = await ps.table_info("emb")
+        assert info.keys == held.size and info.evicted == 320_000 - held.size > 0
+        assert store.paged_out > 0 and len(store.hot) < held.size  # keys were on disk when the cap evicted
+        score = 1 + (np.arange(320_000) * 7919) % 1000
+        gone = np.setdiff1d(np.arange(320_000), held)
+        last = np.arange(280_000, 320_000)  # the last push's keys: never evicted by their own push
+        assert np.isin(last, held).all()
+        assert score[np.setdiff1d(gone, last)].max() <= score[np.setdiff1d(held, last)].min() + 1

@@ -22,8 +22,9 @@ is (``in_cold`` and not ``dirty``), so it just leaves RAM.
 Every method blocks on disk: the pserver runs them in a thread, one request of a table at a time
 (aps/server/kinds/disk.py). GEO's change tracking is the hot store's bitmaps over the hot rows;
 a row going out takes its changed bits along as its key, per client, so a GEO read returns the
-keys changed in RAM and on disk alike. A cap by ``max_keys`` is not supported yet (the spec
-refuses it).
+keys changed in RAM and on disk alike. A cap by ``max_keys`` counts every key; reaching it
+evicts the lowest scores among all of them (one walk of the rows on disk, for a sixteenth of the
+cap at a time, as an all-RAM table evicts), inside the push that reaches it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +44,7 @@ from ...errors import ErrorCode, ServerError
 from ...sharding import LOGICAL_SHARDS, LogicalSharding
 from ...specs import HashTable
 from .cold import WALK_ROWS, ColdRows
-from .evict import decay_and_judge
+from .evict import decay_and_judge, evictions_now
 from .slab import most_that_fit
 from .store import HashSparseStore, planned_nbytes
 
@@ -142,7 +144,7 @@ class DiskHashStore:
             raise ServerError(ErrorCode.TOO_LARGE, f"table {spec.name!r}: disk.ram_bytes={spec.disk.ram_bytes} holds "
                               f"{capacity} hot rows; give it room for at least 1024")
         #: the hot rows: an all-RAM hash store of the same table, held to ``capacity`` keys
-        self.hot = HashSparseStore(replace(spec, disk=None), rows=capacity, key_limit=capacity)
+        self.hot = HashSparseStore(replace(spec, disk=None, max_keys=None), rows=capacity, key_limit=capacity)
         self.cold = ColdRows(directory / "rows", self.hot.row_nbytes, cold_cache_nbytes(spec))
         #: the files go when the shard does (a load replacing it, the table dropped, the server stopping)
         self._finalizer = weakref.finalize(self, _remove, self.cold, directory)
@@ -181,17 +183,58 @@ class DiskHashStore:
 
     def push_grad(self, keys: np.ndarray, grads: np.ndarray, **kwargs: object) -> int:
         """:meth:`HashSparseStore.push_grad` after the keys on disk come into RAM."""
-        new = self._bring_in(keys, admitting=True)
-        admitted = self.hot.push_grad(keys, grads, **kwargs)  # type: ignore[arg-type]
-        self._note_admitted(new)
-        return admitted
+        return self._push(keys, lambda: self.hot.push_grad(keys, grads, **kwargs))  # type: ignore[arg-type]
 
     def push_delta(self, keys: np.ndarray, deltas: np.ndarray, **kwargs: object) -> int:
         """:meth:`HashSparseStore.push_delta` after the keys on disk come into RAM."""
+        return self._push(keys, lambda: self.hot.push_delta(keys, deltas, **kwargs))  # type: ignore[arg-type]
+
+    def _push(self, keys: np.ndarray, apply: Callable[[], int]) -> int:
+        """Bring the keys in, keep ``max_keys`` (evicting the lowest scores among every key, and
+        admitting no more new keys than the cap has room for), apply, note the admitted rows."""
         new = self._bring_in(keys, admitting=True)
-        admitted = self.hot.push_delta(keys, deltas, **kwargs)  # type: ignore[arg-type]
+        cap = self.spec.max_keys
+        if cap is None or not new.size:
+            admitted = apply()
+        else:
+            evict = evictions_now(cap, len(self), int(new.size))
+            if evict:
+                self.delete_keys(self._lowest_scores(evict, np.unique(np.asarray(keys, np.int64))))
+            limit = self.hot.key_limit
+            self.hot.key_limit = min(limit, len(self.hot) + max(0, cap - len(self)))  # new keys past the cap: rejected
+            try:
+                admitted = apply()
+            finally:
+                self.hot.key_limit = limit
         self._note_admitted(new)
         return admitted
+
+    def _lowest_scores(self, count: int, protected: np.ndarray) -> np.ndarray:
+        """The ``count`` keys (at most) of lowest score (the accessor's) among every key in RAM
+        and on disk, none in ``protected`` (sorted): one walk of the rows on disk, keeping at most
+        twice ``count`` candidates at a time."""
+        rules = self.hot.accessor
+        keys, rows = self.hot.index.items()
+        cand_keys, cand_scores = keys, rules.score(self.hot.show[rows], self.hot.click[rows])
+
+        def keep(more_keys: np.ndarray, more_scores: np.ndarray) -> None:
+            nonlocal cand_keys, cand_scores
+            free = ~np.isin(more_keys, protected, assume_unique=False)
+            cand_keys = np.concatenate([cand_keys, more_keys[free]])
+            cand_scores = np.concatenate([cand_scores, more_scores[free]])
+            if cand_keys.size > 2 * count:
+                low = np.argpartition(cand_scores, count)[:count]
+                cand_keys, cand_scores = cand_keys[low], cand_scores[low]
+
+        keep(np.empty(0, np.int64), np.empty(0, cand_scores.dtype))
+        for logical in range(LOGICAL_SHARDS) if self.cold_keys else ():
+            for disk_keys, records in self.cold.walk(logical):
+                cold_only = self.hot.index.lookup(disk_keys) < 0
+                stats = self._unpacked(records[cold_only])
+                keep(disk_keys[cold_only], rules.score(stats["show"], stats["click"]))
+        if cand_keys.size > count:
+            cand_keys = cand_keys[np.argpartition(cand_scores, count)[:count]]
+        return cand_keys
 
     def _note_admitted(self, candidates: np.ndarray) -> None:
         """Note the rows of the keys a push admitted (of ``candidates``: keys held nowhere before
