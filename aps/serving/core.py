@@ -140,8 +140,9 @@ class ServingCore:
                 "refused": {str(v): why for v, why in self.refused.items()},
                 "waiting": {str(v): why for v, why in self.waiting.items()},
             },
-            "tables": {} if model is None else {
-                name: {"kind": model.specs[name].kind, "keys": len(t), "bytes": t.nbytes} for name, t in model.tables.items()
+            "tables": {} if model is None else {  # rows: what a row is held as (a served class of one's own may not say)
+                name: {"kind": model.specs[name].kind, "keys": len(t), "bytes": t.nbytes, "rows": getattr(t, "held_dtype", None)}
+                for name, t in model.tables.items()
             },
             **self.stats.as_dict(),
         }

@@ -60,7 +60,12 @@ class ServedHash:
         # slots for ``capacity`` keys at once: no resize while a base is put in
         self.index = HashIndex(max(1, capacity), slots=2 * capacity)
         #: the rows, values only, grown as a pserver's hash table grows its own (slab.py)
-        self.slab = RowSlab(self.index, spec.dim, name=spec.name)
+        self.slab = self._new_slab()
+
+    def _new_slab(self) -> RowSlab:
+        """The slab of the rows held: float32 values (a float16 table's exported values widened,
+        as numba's kernels have no float16)."""
+        return RowSlab(self.index, self.spec.dim, name=self.spec.name)
 
     @classmethod
     def read(cls, files: ExportFiles, name: str, spec: HashTable, entry: dict[str, Any], old: Served | None) -> ServedHash:
@@ -89,6 +94,11 @@ class ServedHash:
     def nbytes(self) -> int:
         return int(self.slab.nbytes + self.index.nbytes)
 
+    @property
+    def held_dtype(self) -> str:
+        """What a row is held as (STATS says it)."""
+        return str(self.slab.values.dtype)
+
     def check_ids(self, keys: np.ndarray) -> None:
         """Any int64 is a key (an unknown one reads its initial row)."""
 
@@ -97,18 +107,27 @@ class ServedHash:
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
         rows, unknown_count = self.index.gather(keys, self.slab.values, out)  # the pserver's pull kernel
         if unknown_count:
-            unknown = np.flatnonzero(rows < 0)
-            init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
-            if self.spec.dtype != "float32":  # as a pserver's compact table reads it
-                out[unknown] = as_stored(out[unknown], self.spec.dtype)
+            self._initial_rows(keys, rows, out)
         return out
+
+    def _initial_rows(self, keys: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """``out[i]``: the initial row of ``keys[i]`` where ``rows[i] < 0`` (a key not held), as
+        a pserver reads it (rounded as a compact table stores it)."""
+        unknown = np.flatnonzero(rows < 0)
+        init_key_rows(self.spec.init, self.seed, keys[unknown], unknown, out)
+        if self.spec.dtype != "float32":  # as a pserver's compact table reads it
+            out[unknown] = as_stored(out[unknown], self.spec.dtype)
 
     def put(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set the rows of ``keys`` (unique), inserting the keys not held yet."""
         self.slab.fit(keys.shape[0])  # doubles the rows as a pserver's slab does
-        self.slab.values[self.index.insert(keys)] = values
+        self._write(self.index.insert(keys), values)
         if self.index.resizing:  # a version is built off the loop: finish the resize here, not in lookups
             self.index.rehash_step(self.index.slots)
+
+    def _write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Hold ``values`` (as exported) in slab ``rows``."""
+        self.slab.values[rows] = values
 
     def delete(self, keys: np.ndarray) -> None:
         """Drop ``keys`` (unknown ones are skipped): they read their initial row again. Their
@@ -123,10 +142,13 @@ class ServedHash:
         return twin
 
 
-def warm_up() -> None:
-    """Load (or compile, on a first run) the kernels a lookup runs, so that the first lookup a
-    server answers does not wait for them."""
-    ServedHash(HashTable("warm_up", dim=1), 1).pull(np.zeros(1, np.int64))
+def warm_up(table: type[ServedHash] | None = None) -> None:
+    """Load (or compile, on a first run) the kernels that loading rows into a hash table of class
+    ``table`` (default :class:`ServedHash`) and looking them up run, so that neither the first
+    export loaded nor the first lookup a server answers waits for them."""
+    store = (table or ServedHash)(HashTable("warm_up", dim=1), 1)
+    store.put(np.zeros(1, np.int64), np.ones((1, 1), np.float32))
+    store.pull(np.arange(2, dtype=np.int64))
 
 
 class _Whole:
@@ -139,6 +161,11 @@ class _Whole:
     @property
     def nbytes(self) -> int:
         return int(self.values.nbytes)
+
+    @property
+    def held_dtype(self) -> str:
+        """What a row is held as: float32, as exported (fixed and dense tables are served as they are)."""
+        return str(self.values.dtype)
 
 
 class ServedFixed(_Whole):

@@ -24,7 +24,8 @@ from ..telemetry import new_registry
 from ..validate import seconds
 from .core import ServingCore
 from .follow import ExportFollower
-from .model import SERVED_TABLES, warm_up
+from .model import warm_up
+from .rows_option import DEFAULT_ROWS, HASH_TABLES, served_tables
 
 log = structlog.get_logger("aps.serving")
 
@@ -37,15 +38,20 @@ class ServingServer:
 
     def __init__(
         self, root: str | os.PathLike[str], config: ServerConfig, poll: float = DEFAULT_POLL,
-        served: BySpecClass[Any] = SERVED_TABLES,
+        served: BySpecClass[Any] | None = None, rows: str = DEFAULT_ROWS,
     ) -> None:
-        """``served``: the class aps-serve serves each kind of spec with (a kind of spec defined
-        outside aps is one more entry), and so the only specs an export it loads may hold."""
+        """``served``: the class aps-serve serves each kind of spec with (default: aps's; a kind
+        of spec defined outside aps is one more entry), and so the only specs an export it loads
+        may hold. ``rows``: what hash tables hold their rows as, ``"exported"`` (float32) or
+        ``"int8"`` (int8 codes and a float32 scale a row: aps/serving/rows_option.py); only
+        ``"exported"`` with ``served``."""
         seconds("poll", poll, None)
+        served = served_tables(rows, served)
         if config.num_servers != 1 or config.server_index != 0:
             raise ConfigError("aps-serve is a cluster of one server: every export holds the whole model")
         self.root = os.fspath(root)
         self.poll = poll
+        self.rows = rows
         self.core = ServingCore(config, self.root)
         self.server = RequestServer(config, self.core, new_registry(RequestCollector(self.core.stats)))
         self.follower = ExportFollower(self.root, served)
@@ -65,7 +71,7 @@ class ServingServer:
         return None if self.core.model is None else self.core.model.version
 
     async def start(self) -> ServingServer:
-        await asyncio.gather(asyncio.to_thread(warm_up), self.advance())
+        await asyncio.gather(asyncio.to_thread(warm_up, HASH_TABLES.get(self.rows)), self.advance())
         await self.server.start()
         self._task = asyncio.create_task(self._follow(), name="aps-serve follow")
         return self
@@ -135,10 +141,11 @@ class ServingServer:
 
 async def serve_exports(
     root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-    poll: float = DEFAULT_POLL, served: BySpecClass[Any] = SERVED_TABLES, **options: Any,
+    poll: float = DEFAULT_POLL, served: BySpecClass[Any] | None = None, rows: str = DEFAULT_ROWS, **options: Any,
 ) -> ServingServer:
     """Start aps-serve inside the running event loop over the export root ``root`` and return it
-    once it listens (``server.port`` is the bound port). ``served``: as for :class:`ServingServer`.
+    once it listens (``server.port`` is the bound port). ``served`` and ``rows`` (``"int8"``:
+    hash tables' rows held as int8 with a scale a row): as for :class:`ServingServer`.
     ``options``: any :class:`ServerConfig` field (limits, TLS, ``metrics_port``, ...)."""
     config = ServerConfig(host=host, port=port, token=token, exit_when_done=False, trainer_timeout=0.0, **options)
-    return await ServingServer(root, config, poll, served).start()
+    return await ServingServer(root, config, poll, served, rows).start()
