@@ -20,13 +20,13 @@ from tqdm import tqdm
 
 from .. import npyio
 from ..errors import ConfigError, ServerError
-from ..sharding import LOGICAL_SHARDS, DenseBlock, ModuloSharding, dense_blocks
+from ..sharding import DenseBlock, ModuloSharding, dense_blocks
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_to_dict
 from ..storage.hash.disk_store import DiskHashStore, new_table_dir
 from ..storage.hash.store import HashSparseStore, budget_keys
 from ..storage.table_classes import ByTableClass
 from ..storage.tables import DenseShard, SparseShard
-from .disk_files import load_disk_table, write_disk_table
+from .disk_files import SNAPSHOT_KIND, load_disk_snapshot, load_disk_table, write_disk_snapshot, write_disk_table
 from .hash_files import apply_hash_delta, load_hash_table, write_hash_table
 
 
@@ -278,8 +278,9 @@ class HashFormat(TableFormat):
 
 
 class DiskFormat(HashFormat):
-    """A disk table: a hash table's files (disk_files.py), written from the rows in RAM and on
-    disk, read back into a disk store under the server's data directory."""
+    """A disk table (disk_files.py): a full save is a snapshot (its rows in RAM in one file, its
+    rows on disk as RocksDB's hard-linked checkpoint), a base or delta save a hash table's files;
+    either loads into a disk store under the server's data directory."""
 
     spec_tier = "disk"
     store_type = DiskHashStore
@@ -290,7 +291,10 @@ class DiskFormat(HashFormat):
     def write(  # type: ignore[override]
         self, directory: Path, prefix: str, store: DiskHashStore, shard: int, num_shards: int, mode: str, progress: tqdm
     ) -> tuple[dict[str, Any], AfterSave | None]:
-        entry, after = write_disk_table(directory, prefix, store, shard, num_shards, mode)
+        if mode == "full":
+            entry, after = write_disk_snapshot(directory, prefix, store), None
+        else:
+            entry, after = write_disk_table(directory, prefix, store, shard, num_shards, mode)
         progress.update(self.nbytes(store))
         return entry, after
 
@@ -299,22 +303,33 @@ class DiskFormat(HashFormat):
         data_dir: Path | None = None,
     ) -> DiskHashStore:
         sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
-        return load_disk_table(spec, sources, len(saved), shard, num_shards, _table_dir(data_dir, spec))
+        return _load_disk(spec, sources, len(saved), shard, num_shards, data_dir)
 
     def load_own(  # type: ignore[override]
         self, spec: HashTable, own: SavedShard, num_shards: int, max_table_bytes: int, data_dir: Path | None = None
     ) -> DiskHashStore:
         sources = {own.index: (own.directory, own.manifest["tables"][spec.name])}
-        return load_disk_table(spec, sources, num_shards, own.index, num_shards, _table_dir(data_dir, spec))
+        return _load_disk(spec, sources, num_shards, own.index, num_shards, data_dir)
 
     def rows(self, store: DiskHashStore, ids: np.ndarray) -> np.ndarray:  # type: ignore[override]
         return store.pull(ids)
 
     def keys(self, store: DiskHashStore) -> np.ndarray:  # type: ignore[override]
-        return np.sort(np.concatenate([store.logical_rows(l)[0] for l in range(LOGICAL_SHARDS)]))
+        return store.all_rows()
 
     def apply_delta(self, current: Any, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int) -> Any:
-        raise ConfigError(f"table {spec.name!r}: a disk table loads full saves only, not deltas")
+        raise ConfigError(f"table {spec.name!r}: a disk table loads base saves and snapshots, not deltas over them yet")
+
+
+def _load_disk(
+    spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved: int, shard: int, num_shards: int,
+    data_dir: Path | None,
+) -> DiskHashStore:
+    """A disk table's shard from its snapshots (a full save) or from a hash table's files."""
+    directory = _table_dir(data_dir, spec)
+    if any(entry.get("kind") == SNAPSHOT_KIND for _, entry in sources.values()):
+        return load_disk_snapshot(spec, sources, saved, shard, num_shards, directory)
+    return load_disk_table(spec, sources, saved, shard, num_shards, directory)
 
 
 def _table_dir(data_dir: Path | None, spec: HashTable) -> Path | None:

@@ -17,11 +17,14 @@ logical shard's rows are one key range, which a checkpoint writes a file at a ti
 
 The directory is the shard's working copy, not a durable one: it is emptied when the shard is
 made (a checkpoint holds every row, and a restarted pserver loads it), so the database writes no
-write-ahead log. Every call blocks on disk: a pserver runs them off its event loop.
+write-ahead log. A checkpoint holds a snapshot of the database (RocksDB's checkpoint: its files
+hard-linked), and a load on the same cluster size starts from that snapshot's files, linked
+again. Every call blocks on disk: a pserver runs them off its event loop.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,15 +52,23 @@ class ColdRows:
     """Records of ``record_nbytes`` bytes by int64 key, in a RocksDB database at ``directory``;
     ``cache_bytes`` of RAM for its block cache and write buffers together."""
 
-    def __init__(self, directory: Path, record_nbytes: int, cache_bytes: int) -> None:
+    def __init__(self, directory: Path, record_nbytes: int, cache_bytes: int, *, snapshot: Path | None = None,
+                 read_only: bool = False) -> None:
+        """An empty database at ``directory`` (whatever it held is removed: the module's note);
+        with ``snapshot``, one that starts as that snapshot (:meth:`snapshot`); ``read_only``:
+        the database at ``directory`` as it is, for reading (a snapshot another shard loads)."""
         if rocksdict is None:
             raise ConfigError("a disk table needs the rocksdict package (pip install rocksdict)")
         self.directory = Path(directory)
         self.record_nbytes = record_nbytes
-        shutil.rmtree(self.directory, ignore_errors=True)  # the module's note: a working copy
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            if snapshot is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            else:
+                _link_tree(snapshot, self.directory)
         options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
+        options.create_if_missing(not read_only)
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(BLOOM_BITS, False)
         table.set_block_cache(rocksdict.Cache(max(cache_bytes // 2, 1 << 20)))
@@ -67,10 +78,18 @@ class ColdRows:
         options.set_write_buffer_size(max(cache_bytes // 4, 1 << 20))
         options.set_max_write_buffer_number(2)
         options.set_max_background_jobs(2)
-        self._db = rocksdict.Rdict(str(self.directory), options)
+        access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
+        self._db = rocksdict.Rdict(str(self.directory), options, access_type=access)
         self._write_options = rocksdict.WriteOptions()
         self._write_options.disable_wal = True
         self.reads = self.read_keys = self.found_keys = self.written = 0
+
+    def snapshot(self, target: Path) -> None:
+        """A snapshot of every row at ``target`` (a directory that must not exist yet): the write
+        buffers are flushed to files, which RocksDB's checkpoint hard-links (it never changes a
+        file once written), so it costs little more than the flush however big the table."""
+        self._db.flush()  # the rows in write buffers reach files (there is no log to replay)
+        rocksdict.Checkpoint(self._db).create_checkpoint(str(target))
 
     # ------------------------------------------------------------ rows
 
@@ -175,3 +194,18 @@ class ColdRows:
         """Close the database and remove its directory."""
         self.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Make ``target`` a copy of the snapshot ``source``: its table files hard-linked (immutable;
+    the database deletes its own link, never the snapshot's), the rest (the manifest and
+    options, which a database appends to or rewrites) copied; copied whole across filesystems."""
+    target.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.suffix == ".sst":
+            try:
+                os.link(path, target / path.name)
+                continue
+            except OSError:
+                pass
+        shutil.copy2(path, target / path.name)

@@ -135,7 +135,10 @@ def clock_victims(referenced, held, pinned, hand, count, out):  # pragma: no cov
 class DiskHashStore:
     """The keys one pserver holds of a disk table: hot rows in RAM, the rest in ``directory``."""
 
-    def __init__(self, spec: HashTable, directory: Path) -> None:
+    def __init__(self, spec: HashTable, directory: Path, *, snapshot: Path | None = None) -> None:
+        """An empty shard whose files go under ``directory``; with ``snapshot``, one whose rows on
+        disk start as that snapshot of a shard of the same table (:meth:`ColdRows.snapshot`),
+        its rows in RAM then put back with :meth:`install_hot`."""
         if spec.disk is None:
             raise ValueError(f"table {spec.name!r} is not a disk table")
         self.spec = spec
@@ -145,7 +148,7 @@ class DiskHashStore:
                               f"{capacity} hot rows; give it room for at least 1024")
         #: the hot rows: an all-RAM hash store of the same table, held to ``capacity`` keys
         self.hot = HashSparseStore(replace(spec, disk=None, max_keys=None), rows=capacity, key_limit=capacity)
-        self.cold = ColdRows(directory / "rows", self.hot.row_nbytes, cold_cache_nbytes(spec))
+        self.cold = ColdRows(directory / "rows", self.hot.row_nbytes, cold_cache_nbytes(spec), snapshot=snapshot)
         #: the files go when the shard does (a load replacing it, the table dropped, the server stopping)
         self._finalizer = weakref.finalize(self, _remove, self.cold, directory)
         self.capacity = capacity
@@ -506,6 +509,31 @@ class DiskHashStore:
             arrays = self._unpacked(records)
             arrays["delta_score"][:] = 0.0
             self.cold.write(part[found], self._records_of(arrays))
+
+    def hot_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """The rows in RAM, for a snapshot: (keys, rows by name, ``in_cold``, ``dirty``); beside
+        :meth:`ColdRows.snapshot`, whose copy of a key in RAM is stale where ``dirty``."""
+        keys, rows = self.hot.index.items()
+        return keys, {name: arr[rows] for name, arr in self.hot.slab_arrays().items()}, self.in_cold[rows], self.dirty[rows]
+
+    def install_hot(self, keys: np.ndarray, rows: dict[str, np.ndarray], in_cold: np.ndarray, dirty: np.ndarray,
+                    pending: tuple[np.ndarray, np.ndarray], cold_keys: int) -> None:
+        """Put a snapshot's rows in RAM back (:meth:`hot_rows`) over its rows on disk (the
+        ``snapshot`` this shard was made from, holding ``cold_keys`` keys), with the admission
+        counters; more rows than fit in RAM is an error (a snapshot of a shard of this table
+        never has more)."""
+        taken = self.hot.restore(keys, rows, pending)
+        self._hold(keys, taken)
+        self.in_cold[taken] = in_cold
+        self.dirty[taken] = dirty
+        self.cold_keys = int(cold_keys)
+        self.hot_in_cold = int(in_cold.sum())
+
+    def put_records(self, keys: np.ndarray, records: np.ndarray) -> None:
+        """Rows of keys not held, as records of this table (another shard's, :meth:`ColdRows.walk`),
+        straight to disk: a load onto another cluster size."""
+        self.cold.write(keys, records)
+        self.cold_keys += int(keys.shape[0])
 
     @property
     def day(self) -> int:
