@@ -97,6 +97,25 @@ def load_disk_table(
     return store
 
 
+def apply_disk_delta(
+    store: DiskHashStore, sources: dict[int, tuple[Path, dict[str, Any]]], saved_servers: int, shard: int, num_shards: int
+) -> None:
+    """Put a delta save's part of ``store``'s table over it (as
+    :func:`~.hash_files.apply_hash_delta`): the keys it lists as deleted go, each saved key's row
+    replaces the one held, in RAM or on disk, or is added; the admission counters and the clocks
+    and counts become the delta's."""
+    saved, now = LogicalSharding(saved_servers), LogicalSharding(num_shards)
+    _check_entries(store.spec, sources, saved)
+    pending: list[tuple[np.ndarray, np.ndarray]] = []
+    names = list(store.hot.slab_arrays())
+    for _directory, arrays in _logical_files(store.hot, sources, saved, now, shard):
+        store.delete_keys(np.concatenate([arrays["deleted_keys"], arrays["keys"]]))  # counts: the delta's, below
+        store.restore(arrays["keys"], {name: arrays[name] for name in names}, (_NO_KEYS, _NO_KEYS))
+        pending.append((arrays["pending_keys"], arrays["pending_counts"]))
+    store.hot.replace_pending(np.concatenate([k for k, _ in pending]), np.concatenate([c for _, c in pending]))
+    _restore_clocks(store.hot, sources, saved, now, shard)
+
+
 #: the manifest entry kind of a disk table's snapshot (a full save)
 SNAPSHOT_KIND = "hash_disk"
 #: what a snapshot's file of rows in RAM holds beside the rows by name

@@ -26,7 +26,14 @@ from ..storage.hash.disk_store import DiskHashStore, new_table_dir
 from ..storage.hash.store import HashSparseStore, budget_keys
 from ..storage.table_classes import ByTableClass
 from ..storage.tables import DenseShard, SparseShard
-from .disk_files import SNAPSHOT_KIND, load_disk_snapshot, load_disk_table, write_disk_snapshot, write_disk_table
+from .disk_files import (
+    SNAPSHOT_KIND,
+    apply_disk_delta,
+    load_disk_snapshot,
+    load_disk_table,
+    write_disk_snapshot,
+    write_disk_table,
+)
 from .hash_files import apply_hash_delta, load_hash_table, write_hash_table
 
 
@@ -317,8 +324,13 @@ class DiskFormat(HashFormat):
     def keys(self, store: DiskHashStore) -> np.ndarray:  # type: ignore[override]
         return store.all_rows()
 
-    def apply_delta(self, current: Any, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int) -> Any:
-        raise ConfigError(f"table {spec.name!r}: a disk table loads base saves and snapshots, not deltas over them yet")
+    def apply_delta(  # type: ignore[override]
+        self, current: DiskHashStore, spec: HashTable, saved: list[SavedShard], shard: int, num_shards: int
+    ) -> DiskHashStore:
+        """The delta's deleted keys dropped and its keys written over the held ones, in RAM or on disk."""
+        sources = {o.index: (o.directory, o.manifest["tables"][spec.name]) for o in saved}
+        apply_disk_delta(current, sources, len(saved), shard, num_shards)
+        return current
 
 
 def _load_disk(

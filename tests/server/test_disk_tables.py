@@ -205,6 +205,12 @@ async def test_shrink_and_base_delta_exports_equal_an_all_ram_tables(tmp_path: P
         assert (await ps.table_info("emb")).keys == (await ram_ps.table_info("emb")).keys
         every = np.arange(KEYS, dtype=np.int64)
         assert np.array_equal(await ps.pull_sparse("emb", every), await ram_ps.pull_sparse("emb", every))
+    # an online job's restart from the base and its delta, onto another cluster size
+    async with cluster(2, tmp_path / "d", "b") as (_, ps), cluster(2, tmp_path / "r", "c") as (_, ram_ps):
+        for client in (ps, ram_ps):
+            await client.load("base", deltas=["delta"])
+        assert (await ps.table_info("emb")).keys == (await ram_ps.table_info("emb")).keys > 0
+        assert np.array_equal(await ps.pull_sparse("emb", every), await ram_ps.pull_sparse("emb", every))
     for save in ("base", "delta"):
         disk_files, ram_files = export_files(tmp_path / "d" / save), export_files(tmp_path / "r" / save)
         assert disk_files.keys() == ram_files.keys() and len(disk_files) == 1024
