@@ -380,7 +380,10 @@ MAX_DAYS = 1 << 20
 
 
 #: how a hash table's values may be stored (HashTable.dtype)
-VALUE_DTYPES = ("float32", "float16")
+VALUE_DTYPES = ("float32", "float16", "bfloat16")
+#: how a hash table's optimizer state may be stored (HashTable.state_dtype): not float16, whose
+#: range does not hold Adam's second moments (aps/storage/hash/compact.py)
+STATE_DTYPES = ("float32", "bfloat16")
 #: the least RAM a disk table's shard may be given (its caches and a few thousand hot rows)
 MIN_DISK_RAM = 16 << 20
 
@@ -415,9 +418,13 @@ class HashTable:
     least the second (docs/operations.md). ``ttl_days``: a shrink deletes the keys no push
     reached for more than this many days (the reference's unseen days, counted by the ``days``
     a shrink is given; None: never by age).
-    ``dtype``: how the pservers store the values, ``"float32"`` or ``"float16"`` (half the bytes;
-    pulls convert to float32 and the optimizer computes in float32, writing back rounded to the
-    nearest float16, saturating at +-65504; see docs/concepts.md, "Compact rows").
+    ``dtype``: how the pservers store the values, ``"float32"``, ``"float16"`` or ``"bfloat16"``
+    (half the bytes; pulls convert to float32 and the optimizer computes in float32, writing back
+    rounded to nearest, saturating at the largest finite value; see docs/concepts.md, "Compact
+    rows"). ``state_dtype``: how they store the optimizer's float state (Adam's moments,
+    Adagrad's sums): ``"float32"`` or ``"bfloat16"``, computed in float32 the same way.
+    ``disk``: keep the cold rows on the pservers' disks (:class:`Disk`; docs/concepts.md, "Disk
+    tables").
     """
 
     #: pulled and pushed by ids, which are keys (see SparseTable)
@@ -438,6 +445,7 @@ class HashTable:
     ttl_days: int | None = None
     dtype: str = "float32"
     disk: Disk | None = None
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -445,6 +453,8 @@ class HashTable:
         object.__setattr__(self, "dim", _int(owner, "dim", self.dim, 1, _MAX_DIM))
         if self.dtype not in VALUE_DTYPES:
             raise ConfigError(f"{owner}: dtype must be one of {', '.join(VALUE_DTYPES)}, got {self.dtype!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ConfigError(f"{owner}: state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
         if self.disk is not None:
             _check_disk(owner, self)
         if self.ttl_days is not None:

@@ -21,6 +21,7 @@ import numpy as np
 import structlog
 
 from ..specs import HashTable
+from ..storage.hash.compact import decode
 from ..storage.hash.slab import RowSlab
 from .int8_kernels import dequantize_rows, quantize_rows
 from .model import ExportFiles, Served, ServedHash
@@ -62,8 +63,8 @@ class ServedInt8Hash(ServedHash):
         return "int8"
 
     def _write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Quantize ``values`` (float32 or float16, as exported) into slab ``rows``."""
-        self._nonfinite += quantize_rows(np.ascontiguousarray(values, dtype=np.float32), rows, self.slab.values, self.scales)
+        """Quantize ``values`` (as exported: float32, float16, bfloat16's bits) into slab ``rows``."""
+        self._nonfinite += quantize_rows(np.ascontiguousarray(decode(values)), rows, self.slab.values, self.scales)
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys`` as float32: held rows dequantized, an unknown key's initial row as a

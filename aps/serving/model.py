@@ -40,7 +40,7 @@ from ..digests import bytes_sha256
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
-from ..storage.hash.compact import as_stored, storage_dtype, value_row_nbytes
+from ..storage.hash.compact import as_stored, decode, storage_dtype, value_row_nbytes
 from ..storage.hash.index import HashIndex
 from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
@@ -126,8 +126,8 @@ class ServedHash:
             self.index.rehash_step(self.index.slots)
 
     def _write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Hold ``values`` (as exported) in slab ``rows``."""
-        self.slab.values[rows] = values
+        """Hold ``values`` (as exported: float32, float16, bfloat16's bits) in slab ``rows``, as float32."""
+        self.slab.values[rows] = decode(values)
 
     def delete(self, keys: np.ndarray) -> None:
         """Drop ``keys`` (unknown ones are skipped): they read their initial row again. Their

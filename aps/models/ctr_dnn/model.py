@@ -69,13 +69,14 @@ class CtrDnn(CriteoModel):
         sparse_lr: float | None = None,
         table_dtype: str = "float32",
         table_disk_ram: int | None = None,
+        table_state_dtype: str = "float32",
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
             sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr, table_dtype=table_dtype,
-            table_disk_ram=table_disk_ram,
+            table_disk_ram=table_disk_ram, table_state_dtype=table_state_dtype,
         )
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:

@@ -73,6 +73,7 @@ class WideDeep(CriteoModel):
         table_dtype: str = "float32",
         wide_lr: float = 0.05,
         table_disk_ram: int | None = None,
+        table_state_dtype: str = "float32",
     ) -> None:
         # checked here, not when the wide part is made: a bad value fails whatever wide_optimizer is
         wide_lr = positive_float(self.name, "wide_lr", wide_lr)
@@ -82,7 +83,7 @@ class WideDeep(CriteoModel):
             init_range=init_range, meta=meta, seed=seed, bias_correction=bias_correction,
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
             sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr, table_dtype=table_dtype,
-            table_disk_ram=table_disk_ram,
+            table_disk_ram=table_disk_ram, table_state_dtype=table_state_dtype,
         )
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:

@@ -69,7 +69,7 @@ from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
-from .compact import as_stored, storage_dtype, update_rows, value_row_nbytes, write_rounded
+from .compact import as_stored, read_rows, storage_dtype, stored_state, update_rows, value_row_nbytes, write_rounded
 from .deleted import DeletedKeys
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
@@ -123,9 +123,14 @@ PushKernel = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray
 _NO_ROWS = np.empty(0, np.int64)
 
 
+def _state_template(spec: HashTable) -> dict[str, np.ndarray]:
+    """One fresh row of the optimizer state, as the table stores it (``state_dtype``)."""
+    return stored_state(optim.new_sparse_state(spec.optimizer, 1, spec.dim), spec.state_dtype)
+
+
 def row_nbytes(spec: HashTable) -> int:
     """Bytes of one key's slab row: value, optimizer state and statistics."""
-    template = optim.new_sparse_state(spec.optimizer, 1, spec.dim)
+    template = _state_template(spec)
     state = sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values())
     return value_row_nbytes(spec.dtype, spec.dim) + state + STATS.itemsize
 
@@ -170,11 +175,13 @@ class HashSparseStore(HashChangeTracking):
         capacity = min(int(rows or spec.max_keys or MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
         #: the rows (values, optimizer state, statistics) and their growth (slab.py)
-        self.slab = RowSlab(self.index, spec.dim, optim.new_sparse_state(spec.optimizer, 1, spec.dim), STATS,
+        self.slab = RowSlab(self.index, spec.dim, _state_template(spec), STATS,
                             name=spec.name, max_rows=self.key_limit, extra_claim=_pending_claim(spec),
                             value_dtype=storage_dtype(spec.dtype))
-        #: values stored in fewer bits than float32: computed on float32 copies (compact.py)
-        self.compact = spec.dtype != "float32"
+        #: values or optimizer state stored in fewer bits than float32: computed on float32
+        #: copies (compact.py); ``compact_values``: the values are
+        self.compact_values = spec.dtype != "float32"
+        self.compact = self.compact_values or spec.state_dtype != "float32"
         self.day = 0  # days counted by shrinks (the module's note)
         self.step = 0  # completed optimizer applications (lr decay, last_step)
         self.pushes = 0  # push calls: the admission draws' counter
@@ -226,17 +233,17 @@ class HashSparseStore(HashChangeTracking):
         unknown."""
         keys = _check_keys(self.name, keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        if self.compact:
+        if self.compact_values:
             rows = self.index.lookup(keys)
             held = np.flatnonzero(rows >= 0)
-            out[held] = self.slab.values[rows[held]]
+            out[held] = read_rows(self.slab.values, rows[held])
             unknown = keys.shape[0] - held.shape[0]
         else:
             rows, unknown = self.index.gather(keys, self.slab.values, out)
         if unknown:
             at = np.flatnonzero(rows < 0)
             init_key_rows(self.spec.init, self._seed, keys[at], at, out)
-            if self.compact:  # the row a push admitting the key would store
+            if self.compact_values:  # the row a push admitting the key would store
                 out[at] = as_stored(out[at], self.spec.dtype)
         return out
 
@@ -382,7 +389,7 @@ class HashSparseStore(HashChangeTracking):
             self._grow(len(self) + keys.shape[0])
         rows = self.index.insert(keys)
         self._note_keys(keys, rows)
-        if self.compact:
+        if self.compact_values:
             fresh = np.empty((keys.shape[0], self.spec.dim), np.float32)
             init_key_rows(self.spec.init, self._seed, keys, np.arange(keys.shape[0], dtype=np.int64), fresh)
             write_rounded(self.slab.values, rows, fresh)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tracking import ChangeTracking
+from .compact import read_rows
 from .index import HashIndex
 
 
@@ -70,7 +71,7 @@ class HashChangeTracking(ChangeTracking):
     def changed_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(keys, float32 values) of held ``rows``: what a changed-row read sends."""
         assert self._row_keys is not None
-        return self._row_keys[rows], self.values[rows].astype(np.float32, copy=False)
+        return self._row_keys[rows], read_rows(self.values, rows)
 
     def _mark_pushed(self, rows: np.ndarray, new: np.ndarray, client: int | None) -> None:
         """Change tracking: the pushed rows are marked for every tracked client but the pusher,
