@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import aps
-from aps.storage.hash.index import PREPARE_LOAD, HashIndex
+from aps.storage.hash.index import MAX_LOAD, PREPARE_LOAD, HashIndex
 from aps.storage.hash.slab import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES
 from aps.storage.hash.store import HashSparseStore
 from aps.storage.pages import fault_in_zeros
@@ -65,7 +65,7 @@ def test_a_resize_starts_on_the_slot_array_made_and_mapped_ahead() -> None:
     assert not index.resize_ahead_due(int(0.7 * slots)), "a key limit below the resize point needs no next array"
     index.prepare_resize()
     spare = index._spare
-    assert spare.shape[0] == 2 * slots and resident_share(spare) == 1.0
+    assert spare.shape[0] == index._next_slots() > slots and resident_share(spare) == 1.0
     assert not index.resize_ahead_due(1 << 30), "made once"
     n = at
     while not index.resizing:  # pushes small beside the table: the resize is the one made ahead
@@ -73,6 +73,19 @@ def test_a_resize_starts_on_the_slot_array_made_and_mapped_ahead() -> None:
         n += 100
     assert index._t is spare, "the resize drains into the array made ahead"
     assert (index.lookup(keys[:n]) >= 0).all() and len(index) == n
+
+
+def test_an_owner_of_small_pushes_has_the_next_slot_array_made_only_when_they_could_reach_the_resize() -> None:
+    """The array made ahead is held beside the current one until the resize drains it (1.4 times
+    its slots), so an owner that says how many keys its pushes bring gets it late for small ones."""
+    index = HashIndex(1 << 21, slots=1 << 16)
+    keys = random_keys(1 << 20, seed=4)
+    resize_at = int(MAX_LOAD * index.slots)
+    index.insert(keys[: math.ceil(PREPARE_LOAD * index.slots)])
+    assert index.resize_ahead_due(1 << 30) and not index.resize_ahead_due(1 << 30, coming=100)
+    index.insert(keys[len(index) : resize_at - 100])
+    assert index.resize_ahead_due(1 << 30, coming=100)
+    assert index.resize_ahead_due(1 << 30, coming=10 * index.slots), "never later than PREPARE_LOAD"
 
 
 def test_a_resize_of_another_size_drops_the_array_made_ahead() -> None:

@@ -111,9 +111,9 @@ async def test_two_hash_tables_and_a_fixed_table_share_one_budget() -> None:
 async def test_a_capped_table_claims_its_cap_with_the_index_peak_when_created_and_evicts_by_score() -> None:
     cap = budget_keys(spec(), BUDGET)  # the most keys whose slab and settled index fit: what was checked
     alone = HashSparseStore(spec(max_keys=cap))
-    for part in np.array_split(distinct_keys(11_000, seed=7), 11):
+    for part in np.array_split(distinct_keys(16_300, seed=7), 11):
         alone.push_grad(part, np.ones((len(part), DIM), np.float32))
-    burst = distinct_keys(8_000, seed=8)
+    burst = distinct_keys(7_000, seed=8)
     alone.push_grad(burst, np.ones((len(burst), DIM), np.float32))  # a resize sized for the burst, the old array beside it
     assert planned_nbytes(spec(), cap) <= BUDGET < alone.nbytes <= claim_nbytes(spec(), cap)
     async with server() as (srv, ps):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aps.storage.hash import index as index_module
 from aps.storage.hash.index import HashIndex
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -50,6 +53,19 @@ def check_gather(index: HashIndex, keys: np.ndarray, want: list[int], capacity: 
 @settings(max_examples=150, deadline=None)
 @given(ops_st)
 def test_index_behaves_like_a_dict(ops):
+    run_against_a_dict(ops)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops_st)
+def test_tiny_slot_arrays_of_any_size_behave_like_a_dict(ops):
+    """Slot arrays from 16 slots up, in steps of 16 (not powers of two): long runs that wrap
+    around the end, deletes that shift keys back across it, and a resize every few inserts."""
+    with mock.patch.object(index_module, "_MIN_SLOTS", 16):
+        run_against_a_dict(ops)
+
+
+def run_against_a_dict(ops):
     capacity = 4000
     index = HashIndex(capacity)
     model = DictModel()
@@ -158,3 +174,22 @@ def test_tombstones_are_dropped_by_a_rehash():
     assert index.slots == 1024  # sized for one key again
     assert index.lookup(np.array([-5, 0, 49_999], np.int64)).tolist()[1:] == [-1, -1]
     assert len(index) == 1
+
+
+def test_the_keys_of_one_logical_shard_spread_over_every_part_of_the_slots():
+    """A pserver's keys share the top bits of their hash (they name the logical shard), and a
+    load inserts a logical shard at a time: probes must start from other bits, or those keys
+    crowd one stretch of the slots (a 5M-key load once ran for minutes)."""
+    from aps.sharding import LogicalSharding
+
+    rng = np.random.default_rng(11)
+    keys = rng.integers(I64_MIN, I64_MAX, 8_000_000, dtype=np.int64, endpoint=True)
+    keys = np.unique(keys[LogicalSharding.logical(keys) == 5])
+    assert len(keys) > 6_000
+    index = HashIndex(len(keys))
+    index.insert(keys)
+    while not index.rehash_step(1 << 20):
+        pass
+    held = index._t[:, 2] > 0
+    parts = held[: len(held) // 16 * 16].reshape(16, -1).sum(axis=1)
+    assert parts.min() > 0.6 * len(keys) / 16, parts  # each sixteenth of the slots holds its share

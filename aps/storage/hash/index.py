@@ -2,34 +2,43 @@
 
 Why not a dict: a hash table shard holds tens of millions of keys, and a push looks up thousands
 per request; a Python dict costs ~100 bytes and a bytecode round trip per key. Here a slot is
-16 bytes, and every bulk operation is one compiled loop.
+12 bytes, and every bulk operation is one compiled loop.
 
-Layout. A slot array is int64[slots, 2]: (key, state) side by side, so a probe that finds its key
-reads one cache line, not two. ``state == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a
-slot holding slab row ``r``. The state is never in the key, so every int64 bit pattern (0, -1,
-the extremes) is a valid key; and empty is 0 so a fresh slot array is ``np.zeros``, which the OS
-maps lazily: creating a large table touches no memory. The probe starts at splitmix64(key)
-masked to the power-of-two slot count and goes on linearly; a delete shifts the rest of its run
-back over the hole (Knuth's algorithm R), so the current slot array never holds a tombstone and
-a table kept full by evictions (a ``max_keys`` cap) never resizes to drop them; only an old
-array being drained (below) marks deletes with tombstones, as its probes must cross them. Slab
-rows come from a free list (rows deleted) and then from a high-water mark (rows never used), so
-the slab itself never moves when keys come and go.
+Layout. A slot array is int32[slots, 3]: the key's low and high halves and the state, side by
+side, so a probe that finds its key reads one cache line (two for the one slot in eight that
+straddles a line), not two. ``state == 0`` is an empty slot, ``-1`` a tombstone, ``r + 1`` a slot
+holding slab row ``r``: rows are below :data:`MAX_ROWS`, so the state fits 32 bits, and a slot
+is 12 bytes where (int64 key, int64 state) was 16, a quarter of the index's memory. The state is
+never in the key, so every int64 bit pattern (0, -1, the extremes) is a valid key; and empty is
+0 so a fresh slot array is ``np.zeros``, which the OS maps lazily: creating a large table
+touches no memory. The probe starts at splitmix64(key) scaled to the slot count (its low 32 bits
+times the count, over 2^32: any count works, not only powers of two) and goes on linearly; a
+delete shifts the rest of its run back over the hole (Knuth's algorithm R), so the current slot
+array never holds a tombstone and a table kept full by evictions (a ``max_keys`` cap) never
+resizes to drop them; only an old array being drained (below) marks deletes with tombstones, as
+its probes must cross them. Slab rows come from a free list (rows deleted) and then from a
+high-water mark (rows never used), so the slab itself never moves when keys come and go.
 
-Resizing in pieces. When keys pass 70% of the slots, a new slot array is made (sized for 2x the
-live keys) and the old one is drained into it *incrementally*, as Redis does: every key lives
-in exactly one of the two, a lookup tries the new one then the old, an insert goes to the new
-one, and each call moves ``RESIZE_PACE`` old slots per key it inserts, which ends the drain long
-before the new array fills. A caller that wants the drain done sooner or at a quiet time calls
-:meth:`rehash_step` with a slot budget (each call is O(budget), e.g. 1 M slots in a few ms)
-between requests, or runs it in an executor thread (the kernels release the GIL) while no other
-call uses the index: the index has one writer at a time, like every table on a pserver. The old
-array is drained in slot order; a probe of it skips the slots below the drain's cursor (as if
-tombstones: :func:`_find`), so the pages behind the cursor go back to the OS as the drain passes
-them (:mod:`.pages`). The new slot array is written at random places from the resize's first
-insert, so its pages would all be faulted in by that one call (0.4 s for 16 M slots on a 2-core
-VM); an owner that must stay responsive makes it ahead with :meth:`prepare_resize` (in a thread,
-once keys pass :data:`PREPARE_LOAD` of the slots), and the resize then starts on mapped memory.
+Growth by 1.4, not 2. When keys pass :data:`MAX_LOAD` (70%) of the slots, the new slot array is
+sized for the keys at load 1/2, so the load stays within [0.5, 0.7] and a key costs 17-24 bytes
+of slots; doubling a power of two let it fall to 0.35 (34 bytes a key at 12-byte slots, 46 at
+16). The price is more resizes: they move 3.5 keys per key inserted, not 2 (about 18 ns a slot
+drained), in pieces beside the inserts.
+
+Resizing in pieces. A new slot array is made and the old one is drained into it
+*incrementally*, as Redis does: every key lives in exactly one of the two, a lookup tries the
+new one then the old, an insert goes to the new one, and each call moves ``RESIZE_PACE`` old
+slots per key it inserts, which ends the drain long before the new array fills. A caller that
+wants the drain done sooner or at a quiet time calls :meth:`rehash_step` with a slot budget
+(each call is O(budget), e.g. 1 M slots in a few ms) between requests, or runs it in an
+executor thread (the kernels release the GIL) while no other call uses the index: the index has
+one writer at a time, like every table on a pserver. The old array is drained in slot order; a
+probe of it skips the slots below the drain's cursor (as if tombstones: :func:`_find`), so the
+pages behind the cursor go back to the OS as the drain passes them (:mod:`.pages`). The new slot
+array is written at random places from the resize's first insert, so its pages would all be
+faulted in by that one call (0.4 s for 16 M slots on a 2-core VM); an owner that must stay
+responsive makes it ahead with :meth:`prepare_resize` (in a thread, once keys pass
+:data:`PREPARE_LOAD` of the slots), and the resize then starts on mapped memory.
 """
 
 from __future__ import annotations
@@ -50,13 +59,25 @@ MAX_LOAD = 0.7
 #: resize drains the current array both are held (a push of new keys 5% of the slots is needed
 #: to pass from here to the resize in one go; the owner makes it before the next insert)
 PREPARE_LOAD = 0.65
-#: old slots moved per inserted key while a resize drains (>= 4 ends the drain in time)
-RESIZE_PACE = 8
-#: rows are int32 on the free list
+#: a resize drains into the slot array made ahead if the keys fill at most this share of it: the
+#: drain (the old slots / RESIZE_PACE inserts) then ends before the keys reach MAX_LOAD
+_SPARE_LOAD = 0.6
+#: old slots moved per inserted key while a resize drains: >= 4 ends the drain before the new
+#: array fills; 32 ends it within a ninth of the inserts until the next resize, as the old array
+#: is held until then (its drained pages given back as it goes: half of it on average; 8 held it
+#: through 45% of them, 15 bytes a key at 50M keys), for 0.6 us more per key inserted meanwhile
+RESIZE_PACE = 32
+#: rows are int32 in the slots' state and on the free list
 MAX_ROWS = (1 << 31) - 2
-_KEY = 0  # slot columns
-_ROW = 1
+_LO = 0  # slot columns: the key's low 32 bits, its high 32 bits, the state
+_HI = 1
+_ROW = 2
+#: bytes of one slot
+SLOT_NBYTES = 12
 _MIN_SLOTS = 1024
+_MAX_SLOTS = 1 << 32
+#: slot counts are multiples of it (192 bytes, three cache lines)
+_SLOT_ROUND = 16
 #: a bulk call asks for key i + _AHEAD's slot while it probes key i, so a batch's cache misses
 #: overlap instead of coming one after another (measured at 10 M keys: 10k lookups 170 us at 64,
 #: 440 us probing one key at a time)
@@ -74,8 +95,30 @@ _CURSOR = 5  # old slots below it are drained: never read again, their pages giv
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _start(key: np.int64, mask: int) -> int:
-    return np.int64(mix64(np.uint64(key)) & np.uint64(mask))
+def _start(key: np.int64, size: int) -> int:
+    """The probe's first slot: the low 32 bits of the key's hash scaled to ``size`` (< 2^32).
+    Never the top bits: they name the key's logical shard (aps/sharding.py), so a pserver's
+    keys share them, and scaled they would crowd a few stretches of the slots."""
+    low = mix64(np.uint64(key)) & np.uint64(0xFFFFFFFF)
+    return np.int64((low * np.uint64(size)) >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _next(s: int, size: int) -> int:
+    s += 1
+    return 0 if s == size else s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _halves(key: np.int64) -> tuple[np.int32, np.int32]:
+    """The key's low and high 32 bits, as the slot's int32 columns hold them."""
+    k = np.int64(key)
+    return np.int32((k << 32) >> 32), np.int32(k >> 32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _key_at(t: np.ndarray, s: int) -> np.int64:
+    return (np.int64(t[s, _HI]) << 32) | (np.int64(t[s, _LO]) & 0xFFFFFFFF)
 
 
 @njit(cache=True, nogil=True)
@@ -86,17 +129,17 @@ def _find(t: np.ndarray, key: np.int64, lo: int) -> int:
     size = t.shape[0]
     if size == 0:
         return -1
-    mask = size - 1
-    s = _start(key, mask)
+    klo, khi = _halves(key)
+    s = _start(key, size)
     for _ in range(size - lo):
         if s < lo:
             s = lo
         r = t[s, _ROW]
         if r == _EMPTY:
             return -1
-        if r > 0 and t[s, _KEY] == key:
+        if r > 0 and t[s, _LO] == klo and t[s, _HI] == khi:
             return s
-        s = (s + 1) & mask
+        s = _next(s, size)
     return -1
 
 
@@ -104,31 +147,41 @@ def _find(t: np.ndarray, key: np.int64, lo: int) -> int:
 def _place(t: np.ndarray, key: np.int64, row: int) -> int:
     """Put ``key`` (known to be absent) in its first free slot; returns 1 if that slot was empty
     (one more slot in use), 0 if it was a tombstone."""
-    mask = t.shape[0] - 1
-    s = _start(key, mask)
+    size = t.shape[0]
+    s = _start(key, size)
     while t[s, _ROW] > 0:
-        s = (s + 1) & mask
+        s = _next(s, size)
     fresh = 1 if t[s, _ROW] == _EMPTY else 0
-    t[s, _KEY] = key
+    klo, khi = _halves(key)
+    t[s, _LO] = klo
+    t[s, _HI] = khi
     t[s, _ROW] = row + 1
     return fresh
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _ask_one(t, key):
+    """Prefetch ``key``'s first slot of ``t``: both ends, as one slot in eight straddles a line."""
+    s = _start(key, t.shape[0])
+    prefetch(t, s, 0)
+    prefetch(t, s, SLOT_NBYTES - 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _ask(t, old, key):
     """Prefetch ``key``'s first slot in both slot arrays."""
-    prefetch(t, _start(key, t.shape[0] - 1), 0)
+    _ask_one(t, key)
     if old.shape[0]:
-        prefetch(old, _start(key, old.shape[0] - 1), 0)
+        _ask_one(old, key)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _row_of(t, old, lo, key):
     s = _find(t, key, 0)
     if s >= 0:
-        return t[s, _ROW] - 1
+        return np.int64(t[s, _ROW]) - 1
     s = _find(old, key, lo)
-    return old[s, _ROW] - 1 if s >= 0 else -1
+    return np.int64(old[s, _ROW]) - 1 if s >= 0 else -1
 
 
 @njit(cache=True, nogil=True)
@@ -199,20 +252,22 @@ def _remove(t, i):
     """Empty slot ``i`` of the current slot array, which holds no tombstones: the rest of its
     run moves back over the hole where a key's probe start allows (Knuth's algorithm R), so
     every key stays reachable and the run only ever shrinks."""
-    mask = t.shape[0] - 1
+    size = t.shape[0]
     j = i
     while True:
-        j = (j + 1) & mask
+        j = _next(j, size)
         if t[j, _ROW] == _EMPTY:
             break
-        home = _start(t[j, _KEY], mask)
+        home = _start(_key_at(t, j), size)
         # the key at j may fill the hole at i unless its home lies cyclically in (i, j]
         stays = (i < home <= j) if i <= j else (home > i or home <= j)
         if not stays:
-            t[i, _KEY] = t[j, _KEY]
+            t[i, _LO] = t[j, _LO]
+            t[i, _HI] = t[j, _HI]
             t[i, _ROW] = t[j, _ROW]
             i = j
-    t[i, _KEY] = 0
+    t[i, _LO] = 0
+    t[i, _HI] = 0
     t[i, _ROW] = _EMPTY
 
 
@@ -222,7 +277,7 @@ def _delete(t, old, free, meta, keys, out):
         key = keys[i]
         s = _find(t, key, 0)
         if s >= 0:
-            row = t[s, _ROW] - 1
+            row = np.int64(t[s, _ROW]) - 1
             _remove(t, s)
             meta[_USED] -= 1
         else:
@@ -230,7 +285,7 @@ def _delete(t, old, free, meta, keys, out):
             if s < 0:
                 out[i] = -1
                 continue
-            row = old[s, _ROW] - 1
+            row = np.int64(old[s, _ROW]) - 1
             old[s, _ROW] = _TOMB
             meta[_OLD_LIVE] -= 1
         free[meta[_NFREE]] = row
@@ -248,7 +303,7 @@ def _migrate(t, old, meta, budget):
     for s in range(cursor, stop):
         r = old[s, _ROW]
         if r > 0:
-            meta[_USED] += _place(t, old[s, _KEY], r - 1)
+            meta[_USED] += _place(t, _key_at(old, s), np.int64(r) - 1)
             meta[_OLD_LIVE] -= 1
     meta[_CURSOR] = stop
 
@@ -259,8 +314,8 @@ def _collect(t, lo, keys, rows, n):
     from ``n``; new n."""
     for s in range(lo, t.shape[0]):
         if t[s, _ROW] > 0:
-            keys[n] = t[s, _KEY]
-            rows[n] = t[s, _ROW] - 1
+            keys[n] = _key_at(t, s)
+            rows[n] = np.int64(t[s, _ROW]) - 1
             n += 1
     return n
 
@@ -272,7 +327,7 @@ def _keys_of(t, lo, marked, keys, n):
     for s in range(lo, t.shape[0]):
         r = t[s, _ROW]
         if r > 0 and marked[r - 1]:
-            keys[n] = t[s, _KEY]
+            keys[n] = _key_at(t, s)
             n += 1
     return n
 
@@ -285,15 +340,16 @@ def _keys_array(keys: np.ndarray) -> np.ndarray:
 
 
 def _slot_count(live: int) -> int:
-    """Slots for ``live`` keys: a power of two with load <= 1/2 right after a resize."""
-    return max(_MIN_SLOTS, 1 << max(0, (2 * live - 1).bit_length()))
+    """Slots for ``live`` keys: load 1/2 right after a resize (rounded up to :data:`_SLOT_ROUND`
+    slots, at least :data:`_MIN_SLOTS`), at most 2^32 as :func:`_start` needs (MAX_ROWS keys fit)."""
+    return min(_MAX_SLOTS, max(_MIN_SLOTS, -(-2 * live // _SLOT_ROUND) * _SLOT_ROUND))
 
 
 def index_nbytes(keys: int) -> int:
     """Bytes of an index holding ``keys`` keys right after a resize to them: its slot array and
-    its free list of ``keys`` rows. Between resizes the slots are up to twice that; a size
-    budget (a pserver's --max-table-bytes) counts this figure per key."""
-    return _slot_count(keys) * 16 + 4 * keys
+    its free list at its longest (``keys`` rows, deleted). Between resizes the slots are up to
+    1.4 times that; a size budget (a pserver's --max-table-bytes) counts this figure per key."""
+    return _slot_count(keys) * SLOT_NBYTES + 4 * keys
 
 
 #: a HashIndex's counters (int64[6]) beside its arrays
@@ -302,34 +358,41 @@ _META_NBYTES = 48
 
 def index_claim_nbytes(keys: int) -> int:
     """The most bytes a :class:`HashIndex` for up to ``keys`` keys holds: its free list, and its
-    slot array beside the one it drains (half its size) or the one made ahead for the next
-    resize (made only while keys may pass the current array's load: then it is this array).
-    A resize is sized for the keys held, so the last array is at most :func:`index_nbytes`'s."""
-    slots = index_nbytes(keys) - 4 * keys
-    return index_nbytes(keys) + slots // 2 + _META_NBYTES
+    slot array beside the one it drains or the one made ahead for the next resize (made only
+    while keys may pass the current array's load: then it is this array). A growth sizes the
+    new array for more than MAX_LOAD of the old one's slots at load 1/2, so the smaller of two
+    arrays held is under 5/7 of the larger; and a resize is sized for the keys held, so the
+    larger is at most :func:`index_nbytes`'s."""
+    slots = _slot_count(keys)
+    return index_nbytes(keys) + (slots * 5 // 7) * SLOT_NBYTES + _META_NBYTES
 
 
 def _slots(size: int) -> np.ndarray:
     """An empty slot array: ``np.zeros``, so the OS maps its pages only as keys land in them."""
-    return np.zeros((size, 2), np.int64)
+    return np.zeros((size, 3), np.int32)
 
 
 class HashIndex:
-    """Key -> slab row for up to ``row_capacity`` keys (grown with :meth:`grow_rows`).
+    """Key -> slab row for up to ``row_capacity`` keys (grown with :meth:`grow_rows`), in a slot
+    array of at least ``slots`` slots to start with.
 
     Rows are int64 in every result: a row in ``[0, row_capacity)``, or -1 for "absent".
+
+    The free list holds the rows deletes gave back, and grows with them (by doubling, before a
+    delete that may need it), not with the row capacity: a table that never deletes keeps none,
+    and a zeroed array sized to the capacity was not free either, as an allocation that glibc
+    serves from memory a process freed before is cleared, every page made resident, where a
+    fresh mapping costs nothing until written.
     """
 
-    def __init__(self, row_capacity: int, slots: int = _MIN_SLOTS) -> None:
+    def __init__(self, row_capacity: int, slots: int = 0) -> None:
         if not 0 <= row_capacity <= MAX_ROWS:
             raise ValueError(f"row capacity {row_capacity} is outside [0, {MAX_ROWS}]")
-        size = _slot_count(0)
-        while size < slots:
-            size *= 2
-        self._t = _slots(size)
+        self._t = _slots(min(_MAX_SLOTS, max(_MIN_SLOTS, -(-slots // _SLOT_ROUND) * _SLOT_ROUND)))
         self._old = _slots(0)
         self._spare = _slots(0)  # the next resize's slot array, made ahead (prepare_resize)
-        self._free = np.zeros(row_capacity, np.int32)
+        self._capacity = int(row_capacity)
+        self._free = np.zeros(0, np.int32)
         self._meta = np.zeros(6, np.int64)
 
     # ------------------------------------------------------------ sizes
@@ -339,7 +402,7 @@ class HashIndex:
 
     @property
     def row_capacity(self) -> int:
-        return int(self._free.shape[0])
+        return self._capacity
 
     @property
     def free_rows(self) -> int:
@@ -402,12 +465,13 @@ class HashIndex:
                 return out
             if self.resizing:  # a drain that did not keep pace: finish it (bounded by the old array)
                 self.rehash_step(self._old.shape[0])
-            self._start_resize(len(self) + (n - done))
+            self._start_resize(len(self) + (n - done), growth=True)
 
     def delete(self, keys: np.ndarray) -> np.ndarray:
         """Remove keys; returns the row each held (now free), -1 where absent. Repeats are fine."""
         keys = _keys_array(keys)
         out = np.empty(keys.shape[0], np.int64)
+        self._free_room(keys.shape[0])
         _delete(self._t, self._old, self._free, self._meta, keys, out)
         return out
 
@@ -439,9 +503,16 @@ class HashIndex:
         """Allow rows up to ``row_capacity`` (never shrinks; the slab's owner grows it alongside)."""
         if row_capacity > MAX_ROWS:
             raise ValueError(f"row capacity {row_capacity} exceeds {MAX_ROWS}")
-        if row_capacity > self.row_capacity:
-            free = np.zeros(row_capacity, np.int32)
-            free[: self._meta[_NFREE]] = self._free[: self._meta[_NFREE]]
+        self._capacity = max(self._capacity, int(row_capacity))
+
+    def _free_room(self, more: int) -> None:
+        """Make the free list able to take ``more`` rows (a delete of ``more`` keys): double it,
+        at most to the rows held."""
+        nfree = int(self._meta[_NFREE])
+        need = nfree + min(more, len(self))
+        if need > self._free.shape[0]:
+            free = np.empty(min(self._capacity, max(need, 2 * self._free.shape[0], 1024)), np.int32)
+            free[:nfree] = self._free[:nfree]
             self._free = free
 
     # ------------------------------------------------------------ resizing
@@ -453,14 +524,21 @@ class HashIndex:
         """Slots of the resize an insert starts at the load limit (:data:`MAX_LOAD`)."""
         return _slot_count(self._max_used() + 1)
 
-    def resize_ahead_due(self, key_limit: int) -> bool:
+    def resize_ahead_due(self, key_limit: int, coming: int | None = None) -> bool:
         """True when :meth:`prepare_resize` has work: keys fill :data:`PREPARE_LOAD` of the
         slots, no resize is draining, none was made ahead, and ``key_limit`` (the most keys the
-        owner will insert) lets keys reach the load that starts a resize."""
+        owner will insert) lets keys reach the load that starts a resize. ``coming``: the most
+        new keys the owner's next inserts are likely to bring (its pushes' size), if it knows;
+        then not before they could reach that load, as the array made ahead is held beside the
+        current one from then on (1.4 times its slots: 25 bytes a key more at 12-byte slots),
+        which for small pushes is well after PREPARE_LOAD."""
+        due_at = PREPARE_LOAD * self._t.shape[0]
+        if coming is not None:
+            due_at = max(due_at, self._max_used() - coming)
         return (
             not self.resizing
             and self._spare.shape[0] != self._next_slots()
-            and self._meta[_USED] >= PREPARE_LOAD * self._t.shape[0]
+            and self._meta[_USED] >= due_at
             and key_limit > self._max_used()
         )
 
@@ -472,23 +550,27 @@ class HashIndex:
         fault_in_zeros(spare)
         self._spare = spare
 
-    def _start_resize(self, live: int) -> None:
-        """Begin draining into a slot array sized for ``live`` keys: the one made ahead if it is
-        that size, else a fresh one (allocated lazily: zeros)."""
+    def _start_resize(self, live: int, *, growth: bool) -> None:
+        """Begin draining into a slot array sized for ``live`` keys, allocated lazily (zeros);
+        or into the one made ahead: for a ``growth`` (an insert past the load limit) if ``live``
+        keys fill at most :data:`_SPARE_LOAD` of it (it was sized for the keys at the limit, and
+        an insert may bring more), else if it is that size."""
         self._old = self._t
         self._meta[_OLD_LIVE] = len(self)
         self._meta[_CURSOR] = 0
         size = _slot_count(live)
-        self._t = self._spare if self._spare.shape[0] == size else _slots(size)
+        spare = self._spare.shape[0]
+        fits = live <= _SPARE_LOAD * spare if growth else spare == size
+        self._t = self._spare if fits else _slots(size)
         self._spare = _slots(0)
         self._meta[_USED] = 0
 
     def rehash(self, slots: int | None = None) -> None:
-        """Start a resize now (to hold ``slots`` keys at load 1/4; default: the keys held), e.g.
+        """Start a resize now (to hold ``slots`` keys at load 1/2; default: the keys held), e.g.
         to drop tombstones after a large delete. Finish it with :meth:`rehash_step`."""
         if self.resizing:
             self.rehash_step(self._old.shape[0])
-        self._start_resize(len(self) if slots is None else int(slots))
+        self._start_resize(len(self) if slots is None else int(slots), growth=False)
 
     def rehash_step(self, budget: int) -> bool:
         """Drain at most ``budget`` old slots into the new array; True when no resize is left.

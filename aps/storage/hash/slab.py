@@ -165,6 +165,12 @@ class RowSlab:
         return min(self.capacity - self.index.rows_used, max(MIN_ROWS, want))
 
     @property
+    def _keys_coming(self) -> int:
+        """New keys the next pushes may bring: what the slab maps rows ahead for, at least
+        :data:`MIN_ROWS` (the index makes its next slot array no sooner than they need it)."""
+        return max(MIN_ROWS, MAP_AHEAD_PUSHES * self._recent_new)
+
+    @property
     def _map_ahead_due(self) -> bool:
         rows = self._map_ahead_rows
         return rows > 0 and self._mapped - self.index.rows_used <= rows // 2
@@ -176,7 +182,7 @@ class RowSlab:
         (:attr:`_map_ahead_rows`), or the index should make its next slot array
         (:meth:`HashIndex.resize_ahead_due`). A server then runs it off its event loop before a
         push has to do any of it inline."""
-        return self._slab_growth_due or self._map_ahead_due or self.index.resize_ahead_due(self.capacity)
+        return self._slab_growth_due or self._map_ahead_due or self.index.resize_ahead_due(self.capacity, self._keys_coming)
 
     def reserve(self) -> None:
         """Do what :attr:`growth_due` asks: double the slab (up to ``max_rows`` rows and what
@@ -193,7 +199,7 @@ class RowSlab:
             self.grow(min(self.max_rows, 2 * self.capacity), partial=True)
         if self._map_ahead_due:
             self._map_ahead()
-        if self.index.resize_ahead_due(self.capacity):  # keys never pass the slab's rows
+        if self.index.resize_ahead_due(self.capacity, self._keys_coming):  # keys never pass the slab's rows
             self.index.prepare_resize()
 
     def _map_ahead(self) -> None:
