@@ -385,7 +385,7 @@ VALUE_DTYPES = ("float32", "float16", "bfloat16")
 #: range does not hold Adam's second moments (aps/storage/hash/compact.py)
 STATE_DTYPES = ("float32", "bfloat16")
 #: the least RAM a disk table's shard may be given (its caches and a few thousand hot rows)
-MIN_DISK_RAM = 16 << 20
+MIN_DISK_RAM = 4 << 20
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,7 @@ def write_disk_table(
     pending = _ByLogical.grouped(*hot.pending_items())
     covered = hot.deleted.keys() if mode != "full" else _NO_KEYS
     files, counts, deleted_counts, written = {}, {}, {}, []
-    for shard in LogicalSharding(num_servers).logical_shards_of(server):
-        keys, rows = store.logical_rows(shard)
+    for shard, keys, rows in store.logical_rows(LogicalSharding(num_servers).logical_shards_of(server)):
         keep = hot.accessor.saved(rows["show"], rows["click"], rows["delta_score"], mode)
         order = np.argsort(keys[keep], kind="stable")
         shard_keys = keys[keep][order]

@@ -18,8 +18,8 @@ from tests.faults.cluster import Cluster, wait_for
 from tests.faults.test_checkpoints import own_checkpoints, stamp
 
 SPEC = aps.HashTable("emb", dim=8, init=aps.Uniform(-0.01, 0.01), optimizer=aps.Adagrad(lr=0.05, rowwise=True),
-                     dtype="float16", disk=aps.Disk(ram_bytes=16 << 20))  # about 130k rows in RAM
-BEFORE = np.arange(300_000, dtype=np.int64)  # pushed before the checkpoint: more than RAM holds
+                     dtype="float16", disk=aps.Disk(ram_bytes=4 << 20))  # about 36k rows in RAM
+BEFORE = np.arange(100_000, dtype=np.int64)  # pushed before the checkpoint: more than RAM holds
 DURING = np.arange(1_000_000, 2_000_000, dtype=np.int64)  # pushed while the pserver is killed
 
 
@@ -27,8 +27,8 @@ async def fill(address: str) -> np.ndarray:
     async with aps.connect([address]) as ps:
         await ps.create_table(SPEC)
         rng = np.random.default_rng(0)
-        for at in range(0, BEFORE.size, 50_000):
-            keys = BEFORE[at : at + 50_000]
+        for at in range(0, BEFORE.size, 20_000):
+            keys = BEFORE[at : at + 20_000]
             await ps.push_sparse_grad("emb", keys, rng.standard_normal((keys.size, 8)).astype(np.float32))
         return await ps.pull_sparse("emb", BEFORE)
 
@@ -39,8 +39,8 @@ async def push_until_killed(address: str) -> int:
     try:
         async with aps.connect([address], timeout=5.0) as ps:
             rng = np.random.default_rng(1)
-            for at in range(0, DURING.size, 20_000):
-                keys = DURING[at : at + 20_000]
+            for at in range(0, DURING.size, 5_000):
+                keys = DURING[at : at + 5_000]
                 await ps.push_sparse_grad("emb", keys, rng.standard_normal((keys.size, 8)).astype(np.float32))
                 done += 1
     except aps.ApsError:
@@ -65,7 +65,7 @@ def test_sigkill_during_disk_writes_then_resume_loses_nothing_checkpointed(proce
 
     async def kill_during_pushes() -> int:
         pushing = asyncio.create_task(push_until_killed(address))
-        await asyncio.sleep(1.5)  # rows of the fill are going out to disk meanwhile
+        await asyncio.sleep(0.5)  # rows of the fill are going out to disk meanwhile
         cluster.servers[0].send_signal(signal.SIGKILL)
         return await pushing
 

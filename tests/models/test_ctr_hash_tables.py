@@ -84,7 +84,7 @@ def test_disk_table_steps_equal_the_reference(mode: str, tmp_path: Path, process
     reads of changed rows reach the disk kind's threads, sync rounds included, and give the
     reference's rows."""
     optimizer = "sgd" if mode == "geo" else "adam"
-    steps_equal_the_reference("ctr_dnn", mode, optimizer, tmp_path, processes, table_disk_ram=16 << 20)
+    steps_equal_the_reference("ctr_dnn", mode, optimizer, tmp_path, processes, table_disk_ram=4 << 20)
 
 
 def steps_equal_the_reference(name: str, mode: str, optimizer: str, tmp_path: Path, processes: Processes, **model_args: object) -> None:

@@ -116,7 +116,7 @@ async def test_rows_over_the_wire_across_a_reshard_from_geo_served_and_on_disk(t
         await ps.load("ckpt")
         assert all(s.core.tables["emb"].values.dtype == np.uint16 for s in servers)
         assert np.array_equal(await ps.pull_sparse("emb", keys), rows)
-    on_disk = aps.HashTable(**{**spec.__dict__, "disk": aps.Disk(ram_bytes=16 << 20)})
+    on_disk = aps.HashTable(**{**spec.__dict__, "disk": aps.Disk(ram_bytes=4 << 20)})
     async with cluster(1, tmp_path) as (_, ps):  # the same pushes on a disk table: the same rows
         await ps.create_table(on_disk)
         for picks, grads in pushes:

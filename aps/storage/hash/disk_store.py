@@ -33,7 +33,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -359,7 +359,7 @@ class DiskHashStore:
 
     def all_rows(self) -> np.ndarray:
         """Every key held, ascending: what a client whose tracking was dropped reads next."""
-        return np.sort(np.concatenate([self.logical_rows(l)[0] for l in range(LOGICAL_SHARDS)]))
+        return np.sort(np.concatenate([keys for _, keys, _ in self.logical_rows(range(LOGICAL_SHARDS))]))
 
     def mark_for(self, client_id: int, keys: np.ndarray) -> None:
         """Mark ``keys`` changed for ``client_id`` alone (those a read could not fit)."""
@@ -400,17 +400,27 @@ class DiskHashStore:
 
     # ------------------------------------------------------------ the whole table
 
-    def logical_rows(self, logical: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Every key of logical shard ``logical`` with its row by name (as
-        :meth:`HashSparseStore.slab_arrays`), those in RAM over their copies on disk."""
-        keys, _ = self.hot.index.items()
-        hot = keys[LogicalSharding.logical(keys) == logical]
-        all_keys, parts = [hot], [self.hot.rows_of(hot)]
-        for cold_keys, records in self.cold.walk(logical):
-            keep = ~np.isin(cold_keys, hot, assume_unique=True)
-            all_keys.append(cold_keys[keep])
-            parts.append(self._unpacked(records[keep]))
-        return np.concatenate(all_keys), {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    def logical_rows(self, logicals: Iterable[int]) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray]]]:
+        """For each logical shard of ``logicals``: (it, its keys, their rows by name as
+        :meth:`HashSparseStore.slab_arrays`), the rows in RAM over their copies on disk. The keys
+        in RAM are grouped once, the rows on disk walked a logical shard at a time."""
+        keys, rows = self.hot.index.items()
+        logical_of = LogicalSharding.logical(keys)
+        order = np.argsort(logical_of, kind="stable")
+        keys, rows = keys[order], rows[order]
+        bounds = np.searchsorted(logical_of[order], np.arange(LOGICAL_SHARDS + 1))
+        slab = self.hot.slab_arrays()
+        for logical in logicals:
+            at = slice(bounds[logical], bounds[logical + 1])
+            hot = keys[at]
+            all_keys, parts = [hot], [{name: arr[rows[at]] for name, arr in slab.items()}]
+            if self.cold_keys:
+                held = np.sort(hot)
+                for cold_keys, records in self.cold.walk(logical):
+                    keep = ~np.isin(cold_keys, held, assume_unique=True)
+                    all_keys.append(cold_keys[keep])
+                    parts.append(self._unpacked(records[keep]))
+            yield logical, np.concatenate(all_keys), {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def restore(self, keys: np.ndarray, arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray]) -> None:
         """Put saved keys back with their rows (by name, as :meth:`HashSparseStore.restore`), as a
