@@ -35,6 +35,17 @@ loaded by ``--init-model`` in 4.2 s to serving (an empty server: 0.5 s), 1,025 M
 after it, the sampled keys equal. 50M keys (the default; load average 1.1 at the start): filled
 at 0.66 M keys/s, 10,193 MiB resident, 210 bytes per key (met), saved in 56.4 s (8.00 GB,
 peak 12,147 MiB), loaded in 32.0 s to serving, 10,147 MiB after, the sampled keys equal.
+
+Issue 35's compact rows (2026-11-28, after the index's 12-byte slots, commit dfa8a1c; before
+it in brackets, run just before on the same machine; bench/README.md, "Compact rows"):
+``--keys 5000000 --rowwise --dtype float16`` 101-106 resident bytes per key over two runs
+(113-117), 67-80 after a load (73-86); ``--keys 50000000 --rowwise --dtype float16`` 92 (119),
+77 after a load (117), loaded in 13.3 s (21.1); ``--keys 5000000`` (Adagrad, float32) 194
+(199). The issue's aim of <= 80 resident bytes per key at dim 16 with row-wise Adagrad and
+float16 values is not met after a fill (met after a load at 50M keys). What a key costs moves
+with the index's resize cycle (17-24 bytes of slots a key, more while a resize drains) at the
+moment the fill stops, and at 5M keys with the 50-75 MB that do not grow with the keys (rows
+mapped ahead, the heap the 200,000-key pushes leave).
 """
 
 from __future__ import annotations
