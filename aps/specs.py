@@ -384,6 +384,12 @@ VALUE_DTYPES = ("float32", "float16", "bfloat16")
 #: how a hash table's optimizer state may be stored (HashTable.state_dtype): not float16, whose
 #: range does not hold Adam's second moments (aps/storage/hash/compact.py)
 STATE_DTYPES = ("float32", "bfloat16")
+#: how a hash table keeps each key's statistics (HashTable.stats): all of them (24 bytes), or
+#: what the CTR accessor needs (16 bytes; aps/storage/hash/stats.py)
+STATS_LAYOUTS = ("full", "compact")
+#: the most days a compact-statistics table's ttl_days and one shrink's day tick may be (a key's
+#: last day is 16 bits, counted modulo 2^16)
+MAX_COMPACT_DAYS = (1 << 15) - 1
 #: the least RAM a disk table's shard may be given (its caches and a few thousand hot rows)
 MIN_DISK_RAM = 4 << 20
 
@@ -424,7 +430,10 @@ class HashTable:
     rows"). ``state_dtype``: how they store the optimizer's float state (Adam's moments,
     Adagrad's sums): ``"float32"`` or ``"bfloat16"``, computed in float32 the same way.
     ``disk``: keep the cold rows on the pservers' disks (:class:`Disk`; docs/concepts.md, "Disk
-    tables").
+    tables"). ``stats``: ``"full"`` keeps each key's show, click, delta score, last day and last
+    step (24 bytes); ``"compact"`` what the CTR accessor needs, 16 bytes: no last step, so a
+    shrink's ``ttl`` in steps is refused, and days in 16 bits, so ``ttl_days`` and a shrink's
+    ``days`` are at most 32,767 (docs/concepts.md, "Compact rows").
     """
 
     #: pulled and pushed by ids, which are keys (see SparseTable)
@@ -446,6 +455,7 @@ class HashTable:
     dtype: str = "float32"
     disk: Disk | None = None
     state_dtype: str = "float32"
+    stats: str = "full"
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -457,8 +467,11 @@ class HashTable:
             raise ConfigError(f"{owner}: state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
         if self.disk is not None:
             _check_disk(owner, self)
+        if self.stats not in STATS_LAYOUTS:
+            raise ConfigError(f"{owner}: stats must be one of {', '.join(STATS_LAYOUTS)}, got {self.stats!r}")
         if self.ttl_days is not None:
-            object.__setattr__(self, "ttl_days", _int(owner, "ttl_days", self.ttl_days, 0, MAX_DAYS))
+            most = MAX_COMPACT_DAYS if self.stats == "compact" else MAX_DAYS
+            object.__setattr__(self, "ttl_days", _int(owner, "ttl_days", self.ttl_days, 0, most))
         object.__setattr__(self, "seed", _int(owner, "seed", self.seed, -_MAX_SEED, _MAX_SEED))
         p = _real(owner, "admit_probability", self.admit_probability)
         if not 0.0 < p <= 1.0:

@@ -41,8 +41,9 @@ it in brackets, run just before on the same machine; bench/README.md, "Compact r
 ``--keys 5000000 --rowwise --dtype float16`` 101-106 resident bytes per key over two runs
 (113-117), 67-80 after a load (73-86); ``--keys 50000000 --rowwise --dtype float16`` 92 (119),
 77 after a load (117), loaded in 13.3 s (21.1); ``--keys 5000000`` (Adagrad, float32) 194
-(199). The issue's aim of <= 80 resident bytes per key at dim 16 with row-wise Adagrad and
-float16 values is not met after a fill (met after a load at 50M keys). What a key costs moves
+(199). With ``--stats compact`` too (16 bytes of statistics a key, not 24): 92-100 at 5M keys,
+82 at 50M, 69 after a load. The issue's aim of <= 80 resident bytes per key at dim 16 with
+row-wise Adagrad and float16 values is not met after a fill (met after a load). What a key costs moves
 with the index's resize cycle (17-24 bytes of slots a key, more while a resize drains) at the
 moment the fill stops, and at 5M keys with the 50-75 MB that do not grow with the keys (rows
 mapped ahead, the heap the 200,000-key pushes leave).
@@ -80,9 +81,9 @@ DISK_SLACK, DISK_FIXED = 1.10, 64 * MIB
 
 def table_spec(args: argparse.Namespace) -> aps.HashTable:
     """The issue's table: dim 16, Adagrad (a state row per key, as CTR tables have), no cap;
-    ``--rowwise`` and ``--dtype`` for the compact rows (docs/concepts.md, "Compact rows")."""
+    ``--rowwise``, ``--dtype`` and ``--stats`` for the compact rows (docs/concepts.md, "Compact rows")."""
     return aps.HashTable(TABLE, dim=args.dim, init=aps.Uniform(-0.01, 0.01),
-                         optimizer=aps.Adagrad(lr=args.lr, rowwise=args.rowwise), dtype=args.dtype)
+                         optimizer=aps.Adagrad(lr=args.lr, rowwise=args.rowwise), dtype=args.dtype, stats=args.stats)
 
 
 def checkpoint_estimate(keys: int, spec: aps.HashTable) -> int:
@@ -230,6 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="Adagrad's learning rate")
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad: one accumulator a key")
     p.add_argument("--dtype", choices=aps.specs.VALUE_DTYPES, default="float32", help="how the values are stored")
+    p.add_argument("--stats", choices=aps.specs.STATS_LAYOUTS, default="full",
+                   help="each key's statistics: full (24 bytes) or compact (16: no last step, 16-bit days)")
     p.add_argument("--sample", type=int, default=10_000, help="keys compared before the save and after the load")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--load-timeout", type=float, default=3600.0, help="seconds the loading server may take to listen")

@@ -25,6 +25,10 @@ in the manifest's ``deleted``), so a reader drops them (storage/hash/deleted.py)
 forget the deleted keys they covered, again only once in place. Files without ``deleted_keys``
 (full and base saves, deltas written before it) list none.
 
+Last days and steps are written in the full statistics record's dtypes (int32, int64) whatever
+the table keeps, and a load gives them in its own (storage/hash/stats.py), so a table with
+``stats="compact"`` and one without load each other's files.
+
 Files are ``.npz`` written without pickle and read with ``allow_pickle=False``; the caller makes
 them durable before the manifest that names them (one ``sync_tree`` for the whole shard, not an
 fsync per file: 1024 fsyncs took seconds for a small table).
@@ -45,6 +49,7 @@ from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
 from ..storage.hash.slab import MIN_ROWS
+from ..storage.hash.stats import STATS, as_full, as_layout
 from ..storage.hash.store import HashSparseStore
 
 #: what the manifest keeps of a store's counters besides its keys
@@ -92,6 +97,8 @@ def write_hash_table(
     for shard in LogicalSharding(num_servers).logical_shards_of(server):
         shard_keys, at = written.part(shard)
         arrays = {"keys": shard_keys, **{name: arr[at] for name, arr in slab.items()}, **dict(zip(_PENDING, pending.part(shard)))}
+        # the full layout's days and steps whatever the table keeps (storage/hash/stats.py)
+        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], store.day, store.step)
         if deleted is not None:
             (arrays["deleted_keys"],) = deleted.part(shard)
             deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
@@ -196,14 +203,20 @@ def _logical_files(
     shard: int,
 ) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
     """(directory, checked arrays) of each logical shard, saved under the ``saved`` sharding,
-    that server ``shard`` owns ``now``."""
+    that server ``shard`` owns ``now``. Last days and steps of either statistics layout are
+    checked in the full layout's dtypes and given in the table's, for the day it will have
+    (:func:`_restore_clocks`; storage/hash/stats.py)."""
     names = {"keys", *store.slab_arrays(), *_PENDING, "deleted_keys"}
+    day = max(int(e.get("day", 0)) for _, e in sources.values())
     for l in now.logical_shards_of(shard):
         directory, entry = sources[saved.server_of(l)]
         file = entry["files"][str(l)]
         arrays = _read_logical(directory, file, names, int(entry.get("day", 0)))
+        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], int(entry.get("day", 0)),
+                                                          int(entry["step"]))
         _check_logical(directory, file, store, arrays, int(entry["keys"][str(l)]), l)
         _check_deleted(directory, file, arrays["deleted_keys"], entry.get("deleted", {}).get(str(l)), l)
+        arrays["last_day"], arrays["last_step"] = as_layout(store.stats.dtype, arrays["last_day"], arrays["last_step"], day)
         yield directory, arrays
 
 
@@ -268,9 +281,10 @@ def _check_logical(
         raise ConfigError(f"checkpoint {directory}: {file} keys are {keys.dtype}{list(keys.shape)}, expected {count} int64")
     for name, target in store.slab_arrays().items():
         a = arrays[name]
-        if a.shape != (count, *target.shape[1:]) or a.dtype != target.dtype:
+        dtype = STATS[name] if name in ("last_day", "last_step") else target.dtype  # files keep the full layout's
+        if a.shape != (count, *target.shape[1:]) or a.dtype != dtype:
             raise ConfigError(
-                f"checkpoint {directory}: {file} {name} is {a.dtype}{list(a.shape)}, expected {count} rows of {target.dtype}{list(target.shape[1:])}"
+                f"checkpoint {directory}: {file} {name} is {a.dtype}{list(a.shape)}, expected {count} rows of {dtype}{list(target.shape[1:])}"
             )
     pk, pc = arrays["pending_keys"], arrays["pending_counts"]
     if pk.dtype != np.int64 or pc.dtype != np.int64 or pk.ndim != 1 or pk.shape != pc.shape:

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from ..init_kernels import key_uniform
+from .stats import PIN_DAYS
 
 #: a max_keys cap evicts this share of the cap at once
 EVICT_SHARE = 1 / 16
@@ -125,21 +126,33 @@ def mark_victims(held, guard, show, click, count, seed, counter, nonclk, clk):
     return k
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _unseen(last_day, r, day):
+    """Days since row ``r``'s last push: 16-bit last days (compact statistics) count modulo 2^16
+    (aps/storage/hash/stats.py)."""
+    if last_day.itemsize == 2:
+        return (day - np.int64(last_day[r])) & 0xFFFF
+    return day - np.int64(last_day[r])
+
+
 @njit(cache=True, nogil=True)
 def decay_and_judge(show, click, last_step, last_day, used, rows, decay, threshold, ttl, step, ttl_days, day, nonclk, clk, dead):
     """A shrink's pass over the statistics, in place and without the GIL: decay the first
     ``used`` rows' show and click by ``decay`` (in float64, stored as float32), then ``dead[i]``:
     row ``rows[i]`` scores under ``threshold`` (:meth:`CtrAccessor.score`), or was last pushed more
     than ``ttl`` steps / ``ttl_days`` days ago (negative: no such rule). One pass and no
-    temporaries: numpy's version of it allocated ~30 bytes a key, half a gigabyte at 10M keys."""
+    temporaries: numpy's version of it allocated ~30 bytes a key, half a gigabyte at 10M keys.
+    16-bit last days have their unseen days pinned at 2^15 in the same pass (stats.py's note)."""
     for r in range(used):
         show[r] = np.float32(np.float64(show[r]) * decay)
         click[r] = np.float32(np.float64(click[r]) * decay)
+        if last_day.itemsize == 2 and _unseen(last_day, r, day) > PIN_DAYS:
+            last_day[r] = (day - PIN_DAYS) & 0xFFFF
     for i in range(rows.shape[0]):
         r = rows[i]
         out = row_score(show, click, r, nonclk, clk) < threshold
         if ttl >= 0 and step - last_step[r] > ttl:
             out = True
-        if ttl_days >= 0 and day - last_day[r] > ttl_days:
+        if ttl_days >= 0 and _unseen(last_day, r, day) > ttl_days:
             out = True
         dead[i] = out

@@ -20,7 +20,9 @@ Why this shape:
   gradient; one show and no click per occurrence when not given), ``delta_score`` (the pushed
   score since the last delta save) and ``last_step`` (the shard's step at the key's last push).
   The score is ``0.1 (show - click) + click``. :meth:`shrink` decays show and click, then deletes
-  keys whose score is under a threshold or that were not pushed for ``ttl`` steps.
+  keys whose score is under a threshold or that were not pushed for ``ttl`` steps. A table with
+  ``stats="compact"`` keeps them in 16 bytes instead of 24: no last step (no TTL in steps) and
+  days in 16 bits (:mod:`.stats`).
 * Days, as the reference's ``unseen_days``: the shard keeps a day counter that only a shrink's
   ``days`` advances (a daily job's shrink passes 1), and each key the day of its last push
   (``last_day``); a key is unseen for ``day - last_day`` days, and a shrink deletes the keys
@@ -62,7 +64,7 @@ import numpy as np
 from numba import njit
 
 from ...errors import ErrorCode
-from ...specs import MAX_DAYS, HashTable
+from ...specs import MAX_COMPACT_DAYS, MAX_DAYS, HashTable
 from .. import optim
 from ..init_kernels import init_key_rows, table_seed
 from ..prefetch import prefetch
@@ -74,14 +76,13 @@ from .deleted import DeletedKeys
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
 from .slab import MIN_ROWS, RowSlab, most_that_fit
+from .stats import compact, stamp, stats_dtype
 from .tracking import HashChangeTracking
 
-#: rows ahead whose statistics :func:`_add_stats` asks for (aps/storage/prefetch.py)
+#: rows ahead whose statistics :func:`_add_stats` asks for (aps/storage/prefetch.py). A row's
+#: statistics are one record (stats.py): a push writes all five fields, and in five arrays of
+#: millions of rows that was five misses to memory a row where one record costs one
 _STATS_AHEAD = 16
-#: a row's statistics side by side: a push writes all five, and in five arrays of millions of
-#: rows that was five misses to memory a row where one record costs one (24 bytes, unpadded)
-STATS = np.dtype([("show", np.float32), ("click", np.float32), ("delta_score", np.float32),
-                  ("last_day", np.int32), ("last_step", np.int64)])
 
 
 @njit(cache=True, nogil=True)
@@ -89,7 +90,7 @@ def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, da
     """Add each pushed occurrence's show and click (1 and 0 when not given) to its row, and mark
     the row seen at ``step`` and ``day``."""
     for i in range(rows.shape[0]):
-        if i + _STATS_AHEAD < rows.shape[0]:  # one record (STATS), which may cross a line
+        if i + _STATS_AHEAD < rows.shape[0]:  # one record (stats.py), which may cross a line
             ahead = rows[i + _STATS_AHEAD]
             prefetch(show, ahead, 0)
             prefetch(last, ahead, 0)
@@ -104,7 +105,7 @@ def _add_stats(show, click, delta, last, last_day, rows, shows, clicks, step, da
 
 
 def _stat_view(field: str, doc: str) -> property:
-    """A store attribute reading one field of its :data:`STATS` records (a strided view)."""
+    """A store attribute reading one field of its statistics records (a strided view)."""
     return property(lambda store: store.stats[field], doc=f"{doc} A view of ``stats``.")
 
 
@@ -132,7 +133,7 @@ def row_nbytes(spec: HashTable) -> int:
     """Bytes of one key's slab row: value, optimizer state and statistics."""
     template = _state_template(spec)
     state = sum(a.itemsize * math.prod(a.shape[1:]) for a in template.values())
-    return value_row_nbytes(spec.dtype, spec.dim) + state + STATS.itemsize
+    return value_row_nbytes(spec.dtype, spec.dim) + state + stats_dtype(spec).itemsize
 
 
 def planned_nbytes(spec: HashTable, keys: int) -> int:
@@ -175,7 +176,7 @@ class HashSparseStore(HashChangeTracking):
         capacity = min(int(rows or spec.max_keys or MIN_ROWS), self.key_limit)
         self.index = HashIndex(capacity)
         #: the rows (values, optimizer state, statistics) and their growth (slab.py)
-        self.slab = RowSlab(self.index, spec.dim, _state_template(spec), STATS,
+        self.slab = RowSlab(self.index, spec.dim, _state_template(spec), stats_dtype(spec),
                             name=spec.name, max_rows=self.key_limit, extra_claim=_pending_claim(spec),
                             value_dtype=storage_dtype(spec.dtype))
         #: values or optimizer state stored in fewer bits than float32: computed on float32
@@ -211,9 +212,10 @@ class HashSparseStore(HashChangeTracking):
 
     @property
     def stats(self) -> np.ndarray:
-        """Each slab row's statistics (:data:`STATS` records); its fields are views (show, click, ...)."""
+        """Each slab row's statistics (records of :func:`.stats.stats_dtype`); its fields are
+        views (show, click, ...)."""
         stats = self.slab.stats
-        assert stats is not None  # this store's slab is made with STATS
+        assert stats is not None  # this store's slab is made with statistics
         return stats
 
     show = _stat_view("show", "Shows per slab row (decayed by shrinks).")
@@ -333,8 +335,9 @@ class HashSparseStore(HashChangeTracking):
     def _pushed(self, rows: np.ndarray, new: np.ndarray, shows: np.ndarray, clicks: np.ndarray, advance_step: bool, client: int | None) -> None:
         """After a push's update: add the statistics, mark the rows changed, advance the step."""
         rules, stats = self.accessor, self.stats
+        step, day = stamp(stats.dtype, self.step, self.day)
         _add_stats(stats["show"], stats["click"], stats["delta_score"], stats["last_step"], stats["last_day"], rows, shows,
-                   clicks, self.step, self.day, rules.nonclk_coeff, rules.click_coeff)
+                   clicks, step, day, rules.nonclk_coeff, rules.click_coeff)
         self.slab.note_admitted(int(new.size))
         self._mark_pushed(rows, new, client)
         if advance_step:
@@ -398,8 +401,7 @@ class HashSparseStore(HashChangeTracking):
         self.slab.reset_state(rows)
         for arr in (self.show, self.click, self.delta_score):
             arr[rows] = 0.0
-        self.last_step[rows] = self.step
-        self.last_day[rows] = self.day
+        self.last_step[rows], self.last_day[rows] = stamp(self.stats.dtype, self.step, self.day)
         return rows
 
     # ------------------------------------------------------------ growth and the tables budget
@@ -475,8 +477,12 @@ class HashSparseStore(HashChangeTracking):
         """Advance the day, decay every key's show and click, and return the keys :meth:`shrink`
         deletes. Writes only the statistics and the day (which pulls never read), so it may run
         while pulls are served."""
-        if not 0 <= days <= MAX_DAYS or self.day + days > np.iinfo(np.int32).max:
-            raise _bad(ErrorCode.BAD_REQUEST, self.name, f"a shrink advances the day by 0 to {MAX_DAYS} days, got {days}")
+        most = MAX_COMPACT_DAYS if compact(self.stats.dtype) else MAX_DAYS
+        if not 0 <= days <= most or self.day + days > np.iinfo(np.int32).max:
+            raise _bad(ErrorCode.BAD_REQUEST, self.name, f"a shrink advances the day by 0 to {most} days, got {days}")
+        if ttl is not None and compact(self.stats.dtype):
+            raise _bad(ErrorCode.BAD_REQUEST, self.name,
+                       "a table with compact statistics keeps no last step: shrink it by days (ttl_days), not ttl")
         self.day += days
         rules = self.accessor
         decay = rules.show_click_decay if decay is None else decay
