@@ -30,6 +30,7 @@ from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
 from ..storage.hash.cold import ColdRows
 from ..storage.hash.disk_store import DiskHashStore
+from ..storage.hash.stats import as_full
 from .hash_files import (
     _COUNTERS,
     _NO_KEYS,
@@ -61,6 +62,8 @@ def write_disk_table(
         shard_keys = keys[keep][order]
         arrays = {"keys": shard_keys, **{name: arr[keep][order] for name, arr in rows.items()},
                   **dict(zip(_PENDING, pending.part(shard)))}
+        # the full layout's days and steps whatever the table keeps, as hash_files writes them
+        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], hot.day, hot.step)
         if mode == "delta":
             mine = covered[LogicalSharding.logical(covered) == shard]
             arrays["deleted_keys"] = _deleted_not_written(mine, shard_keys)

@@ -108,7 +108,8 @@ class CriteoModel(Model):
     ``adagrad_rowwise`` is that row-wise Adagrad, one accumulator a row.
     ``table_dtype``: how the pservers store the hash tables' values (``float32``, or ``float16``
     or ``bfloat16``: half the bytes, computed in float32; docs/concepts.md, "Compact rows");
-    ``table_state_dtype``: their optimizer state (``float32`` or ``bfloat16``).
+    ``table_state_dtype``: their optimizer state (``float32`` or ``bfloat16``); ``table_stats``:
+    their per-key statistics (``full``, or ``compact``: 16 bytes instead of 24, no last step).
     ``table_disk_ram``: bytes of RAM each pserver gives each hash table, the rest of its rows on
     the pserver's disk (None: all in RAM; docs/concepts.md, "Disk tables").
     """
@@ -126,7 +127,7 @@ class CriteoModel(Model):
         init_range: float, meta: str | None, seed: int, bias_correction: str = "row", table: str = "fixed",
         admit_probability: float = 1.0, admit_count: int = 1, max_keys: int | None = None, l2: float = 0.0,
         sparse_optimizer: str = "same", sparse_lr: float | None = None, table_dtype: str = "float32",
-        table_disk_ram: int | None = None, table_state_dtype: str = "float32",
+        table_disk_ram: int | None = None, table_state_dtype: str = "float32", table_stats: str = "full",
     ) -> None:
         self.format = CriteoFormat() if meta is None else CriteoFormat.from_meta(meta)
         self.embedding_size = positive_int(self.name, "embedding_size", embedding_size)
@@ -154,6 +155,9 @@ class CriteoModel(Model):
         if table_state_dtype != "float32" and self.table_kind != "hash":
             raise ConfigError(f"{self.name} table_state_dtype={table_state_dtype} stores hash tables' state: it needs table=hash")
         self.table_state_dtype = str(table_state_dtype)
+        if table_stats != "full" and self.table_kind != "hash":
+            raise ConfigError(f"{self.name} table_stats={table_stats} lays out hash tables' statistics: it needs table=hash")
+        self.table_stats = str(table_stats)
         if given(table_disk_ram) and self.table_kind != "hash":
             raise ConfigError(f"{self.name} table_disk_ram keeps hash tables' rows on disk: it needs table=hash")
         self.disk = Disk(ram_bytes=table_disk_ram) if given(table_disk_ram) else None
@@ -185,7 +189,7 @@ class CriteoModel(Model):
             return SparseTable(name, self.format.buckets, dim, init, optimizer, seed=self.seed)
         try:
             return HashTable(name, dim, init, optimizer, seed=self.seed, dtype=self.table_dtype, disk=self.disk,
-                             state_dtype=self.table_state_dtype, **self.admission)
+                             state_dtype=self.table_state_dtype, stats=self.table_stats, **self.admission)
         except ConfigError as exc:
             raise ConfigError(f"{self.name} {exc}") from None
 
@@ -222,6 +226,7 @@ class CriteoModel(Model):
             **({"table_dtype": self.table_dtype} if self.table_dtype != "float32" else {}),
             **({"table_disk_ram": self.disk.ram_bytes} if self.disk is not None else {}),
             **({"table_state_dtype": self.table_state_dtype} if self.table_state_dtype != "float32" else {}),
+            **({"table_stats": self.table_stats} if self.table_stats != "full" else {}),
             **({"l2": self.l2} if self.l2 else {}),
         }
 

@@ -62,3 +62,19 @@ def test_rowwise_adagrad_and_float16_values_as_model_arguments() -> None:
         CtrDnn(table="hash", table_dtype="int8")
     with pytest.raises(aps.ConfigError, match="dense table has no rows"):
         CtrDnn(optimizer="adagrad_rowwise")
+
+
+def test_the_compact_row_and_disk_options_as_model_arguments() -> None:
+    args = ["table=hash", "table_dtype=float16", "table_state_dtype=bfloat16", "table_stats=compact", f"table_disk_ram={64 << 20}"]
+    model = build_model("wide_deep", args)
+    for table in model.sparse_tables():
+        assert (table.dtype, table.state_dtype, table.stats) == ("float16", "bfloat16", "compact")
+        assert table.disk == aps.Disk(ram_bytes=64 << 20)
+    described = model.describe()
+    assert described["table_state_dtype"] == "bfloat16" and described["table_stats"] == "compact"
+    assert described["table_disk_ram"] == 64 << 20
+    for arg in ("table_state_dtype=bfloat16", "table_stats=compact", "table_disk_ram=67108864"):
+        with pytest.raises(aps.ConfigError, match="it needs table=hash"):
+            build_model("ctr_dnn", [arg])
+    with pytest.raises(aps.ConfigError, match="state_dtype must be one of float32, bfloat16"):
+        build_model("ctr_dnn", ["table=hash", "table_state_dtype=float16"])

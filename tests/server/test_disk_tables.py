@@ -181,10 +181,11 @@ def export_files(root: Path) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-async def test_shrink_and_base_delta_exports_equal_an_all_ram_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stats", ["full", "compact"])
+async def test_shrink_and_base_delta_exports_equal_an_all_ram_tables(tmp_path: Path, stats: str) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "r").mkdir()
-    ttl_spec = {"ttl_days": 1}
+    ttl_spec = {"ttl_days": 1, "stats": stats}
     disk_spec = aps.HashTable(**{**spec().__dict__, **ttl_spec})
     ram_spec = aps.HashTable(**{**spec(disk=False).__dict__, **ttl_spec})
     async with cluster(1, tmp_path / "d", "d") as (_, ps), cluster(1, tmp_path / "r", "r") as (_, ram_ps):

@@ -70,6 +70,7 @@ class CtrDnn(CriteoModel):
         table_dtype: str = "float32",
         table_disk_ram: int | None = None,
         table_state_dtype: str = "float32",
+        table_stats: str = "full",
     ) -> None:
         super().__init__(
             embedding_size=embedding_size, hidden=hidden, batch_size=batch_size, lr=lr, optimizer=optimizer,
@@ -77,6 +78,7 @@ class CtrDnn(CriteoModel):
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
             sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr, table_dtype=table_dtype,
             table_disk_ram=table_disk_ram, table_state_dtype=table_state_dtype,
+            table_stats=table_stats,
         )
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:

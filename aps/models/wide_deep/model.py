@@ -74,6 +74,7 @@ class WideDeep(CriteoModel):
         wide_lr: float = 0.05,
         table_disk_ram: int | None = None,
         table_state_dtype: str = "float32",
+        table_stats: str = "full",
     ) -> None:
         # checked here, not when the wide part is made: a bad value fails whatever wide_optimizer is
         wide_lr = positive_float(self.name, "wide_lr", wide_lr)
@@ -84,6 +85,7 @@ class WideDeep(CriteoModel):
             table=table, admit_probability=admit_probability, admit_count=admit_count, max_keys=max_keys, l2=l2,
             sparse_optimizer=sparse_optimizer, sparse_lr=sparse_lr, table_dtype=table_dtype,
             table_disk_ram=table_disk_ram, table_state_dtype=table_state_dtype,
+            table_stats=table_stats,
         )
 
     def _build_tables(self, optimizer: Optimizer, sparse_optimizer: Optimizer) -> list[TableSpec]:
