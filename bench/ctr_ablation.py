@@ -61,6 +61,10 @@ ROWS: dict[str, tuple[str, str | None, int, str]] = {
     "hash tables, bfloat16 Adam moments": ("ctr_dnn", None, 2, "--model-arg table=hash --model-arg table_state_dtype=bfloat16"),
     "hash tables, float16 values, bfloat16 Adam moments": (
         "ctr_dnn", None, 2, "--model-arg table=hash --model-arg table_dtype=float16 --model-arg table_state_dtype=bfloat16"),
+    "hash tables, row-wise Adagrad 0.05 embeddings, float16 values, bfloat16 accumulators, compact statistics": (
+        "ctr_dnn", None, 2,
+        "--model-arg table=hash --model-arg sparse_optimizer=adagrad_rowwise --model-arg sparse_lr=0.05 --model-arg table_dtype=float16"
+        " --model-arg table_state_dtype=bfloat16 --model-arg table_stats=compact"),
     "wide&deep, Adam (default)": ("wide_deep", None, 2, ""),
     "wide&deep, FTRL wide, ftrl_alpha=0.05": ("wide_deep", None, 2, "--model-arg wide_optimizer=ftrl --model-arg ftrl_alpha=0.05"),
     "wide&deep, FTRL wide, ftrl_alpha=1": ("wide_deep", None, 2, "--model-arg wide_optimizer=ftrl --model-arg ftrl_alpha=1"),

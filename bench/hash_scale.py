@@ -81,9 +81,11 @@ DISK_SLACK, DISK_FIXED = 1.10, 64 * MIB
 
 def table_spec(args: argparse.Namespace) -> aps.HashTable:
     """The issue's table: dim 16, Adagrad (a state row per key, as CTR tables have), no cap;
-    ``--rowwise``, ``--dtype`` and ``--stats`` for the compact rows (docs/concepts.md, "Compact rows")."""
+    ``--rowwise``, ``--dtype``, ``--state-dtype`` and ``--stats`` for the compact rows (docs/concepts.md,
+    "Compact rows")."""
     return aps.HashTable(TABLE, dim=args.dim, init=aps.Uniform(-0.01, 0.01),
-                         optimizer=aps.Adagrad(lr=args.lr, rowwise=args.rowwise), dtype=args.dtype, stats=args.stats)
+                         optimizer=aps.Adagrad(lr=args.lr, rowwise=args.rowwise), dtype=args.dtype, stats=args.stats,
+                         state_dtype=args.state_dtype)
 
 
 def checkpoint_estimate(keys: int, spec: aps.HashTable) -> int:
@@ -231,6 +233,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="Adagrad's learning rate")
     p.add_argument("--rowwise", action="store_true", help="row-wise Adagrad: one accumulator a key")
     p.add_argument("--dtype", choices=aps.specs.VALUE_DTYPES, default="float32", help="how the values are stored")
+    p.add_argument("--state-dtype", choices=aps.specs.STATE_DTYPES, default="float32",
+                   help="how the optimizer state (the accumulators) is stored")
     p.add_argument("--stats", choices=aps.specs.STATS_LAYOUTS, default="full",
                    help="each key's statistics: full (24 bytes) or compact (16: no last step, 16-bit days)")
     p.add_argument("--sample", type=int, default=10_000, help="keys compared before the save and after the load")
