@@ -9,6 +9,7 @@ save and load are given.
 
 from __future__ import annotations
 
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -344,9 +345,10 @@ def _load_disk(
     return load_disk_table(spec, sources, saved, shard, num_shards, directory)
 
 
-def _table_dir(data_dir: Path | None, spec: HashTable) -> Path | None:
-    """A new disk store's own directory under ``data_dir`` (None: the reader has none)."""
-    return None if data_dir is None else new_table_dir(data_dir, spec.name)
+def _table_dir(data_dir: Path | None, spec: HashTable) -> Path:
+    """A new disk store's own directory under ``data_dir``; a reader without one (``infer.py``,
+    ``aps.read_checkpoint``) gets one in the system's temporary directory, removed with the store."""
+    return new_table_dir(Path(tempfile.gettempdir()) if data_dir is None else data_dir, spec.name)
 
 
 class TableFormats(ByTableClass[TableFormat]):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -113,6 +115,16 @@ async def test_full_save_loads_onto_another_cluster_size_bitwise(tmp_path: Path)
         assert (await ps.table_info("emb")).keys == keys_before
         assert all(isinstance(s.core.tables["emb"], DiskHashStore) for s in servers)
         assert np.array_equal(await ps.pull_sparse("emb", every), before)
+    # read offline (infer.py's way): the snapshot opens in a temporary directory, gone with the reader
+    earlier = set(Path(tempfile.gettempdir()).glob("emb.*"))
+    saved = aps.read_checkpoint(tmp_path / "ckpt")
+    assert saved.keys("emb").size == keys_before
+    assert np.array_equal(saved.pull("emb", every), before)
+    made = set(Path(tempfile.gettempdir()).glob("emb.*")) - earlier
+    assert made
+    del saved
+    gc.collect()
+    assert not any(path.exists() for path in made)
 
 
 def test_spec_checks_the_disk_part() -> None:
