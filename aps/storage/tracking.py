@@ -123,6 +123,20 @@ class ChangeTracking:
         not fit in its reply, sent by its next read. The client must be tracked."""
         mark_rows(self._bitmap(int(client_id)), rows)
 
+    def take_marks(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """For each tracked client, which of ``rows`` (valid int64 rows) are marked changed for
+        it (a boolean mask), clearing those marks: rows whose keys leave the shard's rows (a disk
+        table sending them to disk) take their marks along."""
+        byte, bit = rows >> 3, (rows & 7).astype(np.uint8)
+        taken = {}
+        for client in list(self._dirty):
+            bitmap = self._bitmap(client)
+            marked = (bitmap[byte] >> bit) & 1 == 1
+            if marked.any():
+                np.bitwise_and.at(bitmap, byte[marked], ~(np.uint8(1) << bit[marked]))
+                taken[client] = marked
+        return taken
+
     def is_tracked(self, client_id: int) -> bool:
         return int(client_id) in self._dirty
 

@@ -111,10 +111,11 @@ class ColdRows:
         got = self._db.get(self._disk_keys(keys))
         self.reads += 1
         self.read_keys += keys.shape[0]
-        present = [value for value in got if value is not None]
+        present: list[bytes] = []
         for i, value in enumerate(got):
             if value is not None:
                 found[i] = True
+                present.append(value)
         self.found_keys += len(present)
         records = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), self.record_nbytes)
         return found, records

@@ -323,15 +323,10 @@ class DiskHashStore:
     # ------------------------------------------------------------ change tracking (GEO)
 
     def _keep_changes(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Rows going out: a tracked client's change bit on each goes with its key to that
+        """Rows going out: a tracked client's change mark on each goes with its key to that
         client's keys changed on disk (and is cleared, as another key will take the row)."""
-        for client in list(self.hot._dirty):
-            bitmap = self.hot._bitmap(client)
-            byte, bit = rows >> 3, (rows & 7).astype(np.uint8)
-            marked = (bitmap[byte] >> bit) & 1 == 1
-            if marked.any():
-                self._cold_changed.setdefault(client, []).append(keys[marked])
-                np.bitwise_and.at(bitmap, byte[marked], ~(np.uint8(1) << bit[marked]))
+        for client, marked in self.hot.take_marks(rows).items():
+            self._cold_changed.setdefault(client, []).append(keys[marked])
 
     def track(self, client_id: int) -> None:
         self.hot.track(client_id)
