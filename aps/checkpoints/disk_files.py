@@ -30,14 +30,12 @@ from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
 from ..storage.hash.cold import ColdRows
 from ..storage.hash.disk_store import DiskHashStore
-from ..storage.hash.stats import as_full
 from .hash_files import (
     _COUNTERS,
     _NO_KEYS,
     _PENDING,
-    _ByLogical,
+    LogicalFiles,
     _check_entries,
-    _deleted_not_written,
     _logical_files,
     _restore_clocks,
     _write_npz,
@@ -53,33 +51,16 @@ def write_disk_table(
     rows' delta scores reset in RAM and on disk, the covered deleted keys forgotten). Reads the
     store only; the caller holds its requests back."""
     hot = store.hot
-    pending = _ByLogical.grouped(*hot.pending_items())
-    covered = hot.deleted.keys() if mode != "full" else _NO_KEYS
-    files, counts, deleted_counts, written = {}, {}, {}, []
+    files, written = LogicalFiles(directory, prefix, hot, mode), []
     for shard, keys, rows in store.logical_rows(LogicalSharding(num_servers).logical_shards_of(server)):
         keep = hot.accessor.saved(rows["show"], rows["click"], rows["delta_score"], mode)
         order = np.argsort(keys[keep], kind="stable")
-        shard_keys = keys[keep][order]
-        arrays = {"keys": shard_keys, **{name: arr[keep][order] for name, arr in rows.items()},
-                  **dict(zip(_PENDING, pending.part(shard)))}
-        # the full layout's days and steps whatever the table keeps, as hash_files writes them
-        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], hot.day, hot.step)
-        if mode == "delta":
-            mine = covered[LogicalSharding.logical(covered) == shard]
-            arrays["deleted_keys"] = _deleted_not_written(mine, shard_keys)
-            deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
-        files[str(shard)] = f"{prefix}.l{shard:04d}.npz"
-        counts[str(shard)] = int(shard_keys.shape[0])
-        written.append(shard_keys)
-        _write_npz(directory / files[str(shard)], arrays)
-    entry = {
-        "spec": spec_to_dict(store.spec), "kind": "hash", "mode": mode, "step": hot.step, "pushes": hot.pushes, "day": hot.day,
-        "logical_shards": LOGICAL_SHARDS, "files": files, "keys": counts,
-        **({"deleted": deleted_counts} if mode == "delta" else {}), **{name: int(getattr(hot, name)) for name in _COUNTERS},
-    }
+        files.write(shard, keys[keep][order], {name: arr[keep][order] for name, arr in rows.items()})
+        written.append(keys[keep][order])
+    entry = files.entry(store.spec)
     if mode == "full":
         return entry, None
-    return entry, lambda: store.after_save(np.concatenate(written), covered)
+    return entry, lambda: store.after_save(np.concatenate(written), files.covered)
 
 
 def load_disk_table(

@@ -89,33 +89,57 @@ def write_hash_table(
     keys, rows = store.index.items()
     keep = selected(store, rows, mode)
     written = _ByLogical.grouped(keys[keep], rows[keep])
-    covered = store.deleted.keys() if mode != "full" else _NO_KEYS
-    pending = _ByLogical.grouped(*store.pending_items())
-    deleted = _ByLogical.grouped(_deleted_not_written(covered, keys[keep])) if mode == "delta" else None
+    files = LogicalFiles(directory, prefix, store, mode)
     slab = store.slab_arrays()
-    files, counts, deleted_counts = {}, {}, {}
     for shard in LogicalSharding(num_servers).logical_shards_of(server):
         shard_keys, at = written.part(shard)
-        arrays = {"keys": shard_keys, **{name: arr[at] for name, arr in slab.items()}, **dict(zip(_PENDING, pending.part(shard)))}
-        # the full layout's days and steps whatever the table keeps (storage/hash/stats.py)
-        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], store.day, store.step)
-        if deleted is not None:
-            (arrays["deleted_keys"],) = deleted.part(shard)
-            deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
-        files[str(shard)] = f"{prefix}.l{shard:04d}.npz"
-        counts[str(shard)] = int(shard_keys.shape[0])
-        _write_npz(directory / files[str(shard)], arrays)
-    entry = {
-        "spec": spec_to_dict(store.spec), "kind": "hash", "mode": mode, "step": store.step, "pushes": store.pushes,
-        "day": store.day,
-        "logical_shards": LOGICAL_SHARDS, "files": files, "keys": counts,
-        **({"deleted": deleted_counts} if deleted is not None else {}),
-        **{name: int(getattr(store, name)) for name in _COUNTERS},
-    }
+        files.write(shard, shard_keys, {name: arr[at] for name, arr in slab.items()})
+    entry = files.entry(store.spec)
     if mode == "full":
         return entry, None
     _, rows_written = written.arrays
-    return entry, lambda: store.after_save(rows_written, covered)
+    return entry, lambda: store.after_save(rows_written, files.covered)
+
+
+class LogicalFiles:
+    """A hash table's files as a save writes them, a logical shard at a time, and the manifest
+    entry that lists them: what a hash table's save and a disk table's export share. ``clocks``:
+    the store whose step, day, counters, admission counters and deleted keys the save records."""
+
+    def __init__(self, directory: Path, prefix: str, clocks: HashSparseStore, mode: str) -> None:
+        self.directory, self.prefix, self.clocks, self.mode = directory, prefix, clocks, mode
+        #: the keys deleted since the last base or delta save that this save covers
+        self.covered = clocks.deleted.keys() if mode != "full" else _NO_KEYS
+        self._pending = _ByLogical.grouped(*clocks.pending_items())
+        self._deleted = _ByLogical.grouped(self.covered) if mode == "delta" else None
+        self.files: dict[str, str] = {}
+        self.counts: dict[str, int] = {}
+        self.deleted_counts: dict[str, int] = {}
+
+    def write(self, shard: int, keys: np.ndarray, rows: dict[str, np.ndarray]) -> None:
+        """Logical shard ``shard``'s file: ``keys`` (ascending) with their rows by name, the last
+        days and steps in the full layout whatever the table keeps (storage/hash/stats.py), the
+        admission counters, and for a delta the deleted keys it does not write."""
+        arrays = {"keys": keys, **rows, **dict(zip(_PENDING, self._pending.part(shard)))}
+        clocks = self.clocks
+        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], clocks.day, clocks.step)
+        if self._deleted is not None:
+            (mine,) = self._deleted.part(shard)
+            arrays["deleted_keys"] = _deleted_not_written(mine, keys)
+            self.deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
+        self.files[str(shard)] = f"{self.prefix}.l{shard:04d}.npz"
+        self.counts[str(shard)] = int(keys.shape[0])
+        _write_npz(self.directory / self.files[str(shard)], arrays)
+
+    def entry(self, spec: HashTable) -> dict[str, Any]:
+        """The manifest entry of the table (``spec``) once every file is written."""
+        clocks = self.clocks
+        return {
+            "spec": spec_to_dict(spec), "kind": "hash", "mode": self.mode, "step": clocks.step, "pushes": clocks.pushes,
+            "day": clocks.day, "logical_shards": LOGICAL_SHARDS, "files": self.files, "keys": self.counts,
+            **({"deleted": self.deleted_counts} if self._deleted is not None else {}),
+            **{name: int(getattr(clocks, name)) for name in _COUNTERS},
+        }
 
 
 def _deleted_not_written(deleted: np.ndarray, written: np.ndarray) -> np.ndarray:
