@@ -14,13 +14,17 @@ with the same keys and the same requests. For each:
   whose rows (row bytes + 10 bytes of on-disk key, :func:`default_keys`) pass 10x the RAM
   budget, so the table on disk is at least 10x what it may hold in RAM (measured and printed
   after the fill: ``disk_bytes`` / ``ram_bytes``).
-* **memory**: the server's VmRSS (``/proc/PID/status``) when it is idle with the table created
-  (after a push and a pull of two keys compiled the kernels and its RSS settled), during the
-  fill and after it, and ``table_info``'s ``ram_bytes`` and ``disk_bytes``. RAM per cold key is
-  given two ways. *Marginal*: the least-squares slope of RSS against cold keys (keys held minus
+* **memory**: the server's VmRSS and RssAnon (``/proc/PID/status``) when it is idle with the
+  table created (after a push and a pull of two keys compiled the kernels and its RSS settled),
+  during the fill and after it, and ``table_info``'s ``ram_bytes`` and ``disk_bytes``. RAM per
+  cold key is the process's own memory, RssAnon: the disk store reads its files through
+  ``mmap`` (aps/storage/hash/cold.py), so VmRSS also counts the pages of those files the
+  process has touched (RssFile), which are the kernel's page cache (clean, dropped under memory
+  pressure, and there with ``pread`` too, where RSS never showed them). It is given two ways.
+  *Marginal*: the least-squares slope of RssAnon against cold keys (keys held minus
   the hot keys STATS reports) over the fill's progress points once the hot rows are full (cold
   keys >= the hot capacity): what one more key on disk costs in RAM, the hot rows being a fixed
-  cost by then. *Beyond the budget*: (RSS after the fill - idle RSS - ``ram_bytes``) / cold
+  cost by then. *Beyond the budget*: (RssAnon after the fill - idle RssAnon - ``ram_bytes``) / cold
   keys: every byte the server grew by past the budget it was given, charged to the cold keys
   (negative when the hot rows and caches have not used all of their budget).
 * **traffic**: a hot set of ``--hot-share`` (50%) of the hot rows the budget holds
@@ -216,9 +220,10 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
         await ps.pull_sparse(TABLE, first[:2])
         idle = settled_memory(pid)
         res["idle_rss"] = idle["VmRSS"]
+        res["idle_anon"] = idle["RssAnon"]
 
         # ---- fill
-        points: list[tuple[int, int, int]] = []  # (keys pushed, cold keys, RSS)
+        points: list[tuple[int, int, int, int]] = []  # (keys pushed, cold keys, VmRSS, RssAnon)
         pushes = len(work.batches)
         started = time.monotonic()
         for p, keys in enumerate(work.batches):
@@ -229,8 +234,9 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
                 counts = await table_counts(ps) if disk else {}
                 done, took = min(args.keys, (p + 1) * args.batch), time.monotonic() - started
                 cold = counts.get("keys", 0) - counts.get("hot_keys", 0)
-                rss = memory(pid)["VmRSS"]
-                points.append((done, cold, rss))
+                now = memory(pid)
+                rss = now["VmRSS"]
+                points.append((done, cold, rss, now["RssAnon"]))
                 if point % 4 == 0:
                     print(f"  fill: {done:,} keys, {done / took / 1e6:.2f} M keys/s, server RSS {rss / MIB:,.0f} MiB"
                           + (f", {cold:,} cold" if disk else ""), flush=True)
@@ -241,6 +247,7 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
         res["fill"] = {"seconds": marks["fill"][1] - started, "keys_held": info.keys,
                        "keys_per_s": (args.keys - 2) / (marks["fill"][1] - started),
                        "rss": after["VmRSS"], "hwm": after["VmHWM"], "rss_growth": after["VmRSS"] - idle["VmRSS"],
+                       "anon": after["RssAnon"], "anon_growth": after["RssAnon"] - idle["RssAnon"], "rss_file": after["RssFile"],
                        "ram_bytes": info.ram_bytes, "disk_bytes": info.disk_bytes,
                        "hot_keys": counts.get("hot_keys", info.keys), "points": points}
         print(f"  after the fill: {info.keys:,} keys, RSS {after['VmRSS'] / MIB:,.0f} MiB, table_info ram_bytes "
@@ -385,7 +392,7 @@ def summarize(res: dict[str, Any], spec: aps.HashTable, hot_capacity: int) -> di
     if spec.disk is None:
         return out
     cold = fill["keys_held"] - fill["hot_keys"]
-    points = [(c, rss) for _, c, rss in fill["points"] if c >= hot_capacity]
+    points = [(c, anon) for _, c, _, anon in fill["points"] if c >= hot_capacity]
     slope = None
     if len(points) >= 3:
         xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
@@ -393,7 +400,7 @@ def summarize(res: dict[str, Any], spec: aps.HashTable, hot_capacity: int) -> di
     out.update({
         "cold_keys": cold, "hot_keys": fill["hot_keys"], "hot_capacity": hot_capacity,
         "marginal_ram_per_cold_key": slope,
-        "beyond_budget_per_cold_key": (fill["rss_growth"] - spec.disk.ram_bytes) / cold if cold else None,
+        "beyond_budget_per_cold_key": (fill["anon_growth"] - spec.disk.ram_bytes) / cold if cold else None,
         "disk_over_ram_budget": fill["disk_bytes"] / spec.disk.ram_bytes,
         "keys_over_hot_capacity": fill["keys_held"] / hot_capacity,
         "reported_ram_over_budget": fill["ram_bytes"] / spec.disk.ram_bytes,
@@ -436,7 +443,7 @@ def report(results: dict[str, Any]) -> str:
         rows.append([
             "disk" if kind == "disk" else "all-RAM",
             f"{fill['keys_per_s'] / 1e6:.2f}",
-            f"{mib(fill['rss'])} (+{mib(fill['rss_growth'])})",
+            f"{mib(fill['rss'])} (+{mib(fill['rss_growth'])}); {mib(fill['anon'])} (+{mib(fill['anon_growth'])})",
             f"{mib(fill['ram_bytes'])} / {mib(fill['disk_bytes'])}",
             f"{pulls['rows_per_s'] / 1e6:.2f} ({pulls['hit_rate']:.1%})",
             f"{pulls['latency_ms']['p50']:.1f} / {pulls['latency_ms']['p99']:.1f}",
@@ -447,7 +454,7 @@ def report(results: dict[str, Any]) -> str:
             f"{load['seconds']:.1f} s, {s['load_mb_per_s']:.0f} ({s['load_read_mb_per_s']:.0f})",
             f"{save['disk_bytes'] / 1e9:.2f} GB ({save['linked_bytes'] / 1e9:.2f} linked)",
         ])
-    table = markdown_table(["table", "fill M keys/s", "RSS after fill MiB (growth)", "ram_bytes / disk_bytes MiB",
+    table = markdown_table(["table", "fill M keys/s", "RSS; anonymous, after fill MiB (growth)", "ram_bytes / disk_bytes MiB",
                             "pull M rows/s (hit)", "pull p50 / p99 ms", "push M rows/s (hit)", "push p50 / p99 ms",
                             "ping p50 / p99 / max ms", "save, MB/s (written)", "load, MB/s (read)", "checkpoint"], rows)
     d, s = results["disk"], results["disk"]["summary"]

@@ -11,6 +11,14 @@ and the search for victims run in a thread while pulls, pings and stats are answ
 deletes then run on the loop in slices of :data:`DELETE_SLICE` keys, each a few milliseconds.
 SHRINK works the same way.
 
+And after the pushes stop: a shard's index resizes in pieces (aps/storage/hash/index.py), each
+insert draining some of the old slot array into the new one, both held until it is drained. A
+table filled and then only read would hold the rest of its old array for good (at 50M keys in
+200,000-key pushes, 4 bytes a key). So once no push reached a draining table for
+:data:`DRAIN_QUIET_S`, the upkeep drains the rest on the loop, :data:`DRAIN_STEP` slots at a
+time (a few milliseconds each, yielding between), while the write gate is open: a step moves
+slots, so it is a write like a push, never beside a save or a shrink's walk in a thread.
+
 Why an object of its own, not part of the core: it needs only the tables, the write gate and
 the stats, and owns only its upkeep tasks; the core holds one and hands it those requests.
 """
@@ -36,6 +44,11 @@ log = structlog.get_logger("aps.server")
 
 #: keys deleted per slice on the event loop (a shrink or a cap's eviction yields between slices)
 DELETE_SLICE = 1 << 16
+#: seconds without a push to a table whose index still drains a resize before the upkeep
+#: drains the rest (pushes drain it themselves meanwhile)
+DRAIN_QUIET_S = 0.25
+#: old index slots one drain step moves on the loop (about 18 ns a slot: ~5 ms)
+DRAIN_STEP = 1 << 18
 
 
 class HashUpkeep:
@@ -47,6 +60,10 @@ class HashUpkeep:
         self.stats = stats
         #: per hash table, the slab growth or cap eviction running ahead of need
         self._upkeep: dict[str, asyncio.Task[None]] = {}
+        #: per hash table whose index drains a resize, the task that drains the rest once it is
+        #: idle, and the loop time of its last push
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._last_push: dict[str, float] = {}
 
     @property
     def running(self) -> bool:
@@ -99,7 +116,8 @@ class HashUpkeep:
 
     def after_push(self, store: HashSparseStore) -> None:
         """A push changed ``store``: start growing or evicting ahead of need (see the module's
-        note), once at a time."""
+        note), once at a time; and if its index drains a resize, drain the rest once it is idle."""
+        self._watch_drain(store)
         if store.name in self._upkeep or not (store.growth_due or store.eviction_due):
             return
         self.gate.close()  # writes run only with the gate open, so it is open here
@@ -119,9 +137,39 @@ class HashUpkeep:
         if not task.cancelled() and task.exception() is not None:
             log.error("hash table upkeep failed", table=name, error=repr(task.exception()))
 
+    def _watch_drain(self, store: HashSparseStore) -> None:
+        if not store.resize_draining:
+            return
+        loop = asyncio.get_running_loop()
+        self._last_push[store.name] = loop.time()
+        if store.name not in self._drains:
+            task = loop.create_task(self._drain_when_idle(store))
+            self._drains[store.name] = task
+            task.add_done_callback(lambda t, name=store.name: self._drain_done(name, t))
+
+    async def _drain_when_idle(self, store: HashSparseStore) -> None:
+        """Wait until no push reached ``store`` for :data:`DRAIN_QUIET_S`, then drain its
+        index's resize a step at a time while the write gate is open and no upkeep of it runs
+        (waiting again when either is not so); ends when the drain is done or the table was
+        dropped or replaced."""
+        loop = asyncio.get_running_loop()
+        while store.resize_draining and self.table_set.tables.get(store.name) is store:
+            quiet_for = loop.time() - self._last_push.get(store.name, 0.0)
+            if quiet_for < DRAIN_QUIET_S or self.gate.busy or store.name in self._upkeep:
+                await asyncio.sleep(max(DRAIN_QUIET_S - quiet_for, 0.05))
+                continue
+            store.drain_resize(DRAIN_STEP)
+            await asyncio.sleep(0)
+
+    def _drain_done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._drains.pop(name, None)
+        self._last_push.pop(name, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("hash index drain failed", table=name, error=repr(task.exception()))
+
     def stop(self) -> None:
         """The server is stopping: cancel the upkeep in flight (it holds nothing a client waits on)."""
-        for task in list(self._upkeep.values()):
+        for task in [*self._upkeep.values(), *self._drains.values()]:
             task.cancel()
 
 

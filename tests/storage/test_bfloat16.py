@@ -15,7 +15,7 @@ import aps
 from aps.errors import ConfigError
 from aps.serving.server import serve_exports
 from aps.storage import optim
-from aps.storage.hash.compact import decode, encode
+from aps.storage.hash.compact import decode, encode, gather_decoded, read_rows
 from aps.storage.hash.store import HashSparseStore, row_nbytes
 from tests.checkpoints.test_hash_checkpoint import cluster
 
@@ -136,3 +136,21 @@ async def test_rows_over_the_wire_across_a_reshard_from_geo_served_and_on_disk(t
         finally:
             await server.aclose()
 
+
+
+def test_gathered_rows_decode_every_16_bit_pattern_as_numpy_does_and_skip_absent_rows() -> None:
+    """The pull's gather (one kernel: rows, decode, scatter) against numpy's cast, bit for bit,
+    over every float16 pattern (subnormals, infinities, NaN payloads) and every bfloat16 one."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for stored, want in ((bits.view(np.float16), bits.view(np.float16).astype(np.float32)), (bits, decode(bits))):
+        table = stored.reshape(-1, 16)
+        rows = np.random.default_rng(0).permutation(table.shape[0]).astype(np.int64)
+        np.testing.assert_array_equal(read_rows(table, rows).view(np.uint32), want.reshape(-1, 16)[rows].view(np.uint32))
+        rows[::3] = -1  # keys not held: their rows in ``out`` are left as they were
+        out = np.full((rows.shape[0], 16), 7.0, np.float32)
+        gather_decoded(table, rows, out)
+        held = rows >= 0
+        np.testing.assert_array_equal(out[held].view(np.uint32), want.reshape(-1, 16)[rows[held]].view(np.uint32))
+        assert (out[~held] == 7.0).all()
+    one = bits.view(np.float16)  # a 1-D array of one value a row (a row-wise accumulator's shape)
+    np.testing.assert_array_equal(read_rows(one, np.arange(5, 9)).view(np.uint32), one[5:9].astype(np.float32).view(np.uint32))

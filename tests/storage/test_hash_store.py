@@ -366,3 +366,30 @@ def test_the_log_of_deleted_keys_is_compacted_to_each_key_once() -> None:
         store.delete_keys(keys)
     np.testing.assert_array_equal(store.deleted.keys(), keys)
     assert store.deleted.nbytes <= 8 * (1 << 16)
+
+
+def test_cold_rows_read_in_parallel_parts_give_what_one_read_gives(tmp_path) -> None:
+    """A disk table's batched read split over reader threads (cold.py) returns the records of
+    the keys held, in the keys' order, and misses the others, as a read in one part does."""
+    from aps.storage.hash.cold import READ_PART, ColdRows
+
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-(1 << 62), 1 << 62, 6000))
+    records = rng.integers(0, 256, (keys.shape[0], 40), dtype=np.uint8)
+    cold = ColdRows(tmp_path / "rows", 40, 4 << 20)
+    try:
+        cold.write(keys, records)
+        asked = rng.permutation(np.concatenate([keys[rng.integers(0, keys.shape[0], 4 * READ_PART)],
+                                                rng.integers(-(1 << 62), 1 << 62, READ_PART)]))
+        cold._read_threads = 3
+        found, got = cold.fetch(asked)
+        cold._read_threads = 1
+        assert cold._read_threads == 1 and cold._readers is not None, "the first read went in parts"
+        found_one, got_one = cold.fetch(asked)
+        np.testing.assert_array_equal(found, found_one)
+        np.testing.assert_array_equal(got, got_one)
+        where = {int(k): i for i, k in enumerate(keys)}
+        np.testing.assert_array_equal(found, np.array([int(k) in where for k in asked]))
+        np.testing.assert_array_equal(got, records[[where[int(k)] for k in asked[found]]])
+    finally:
+        cold.destroy()

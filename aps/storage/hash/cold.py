@@ -5,10 +5,19 @@ the numbers from both on one machine): a disk table exists for more keys than RA
 RAM a cold key costs decides how far it goes. A log of our own needs an in-RAM index entry per
 key (8 bytes of key and 8 of offset at least, 16 bytes or more a key with a hash table's slack);
 RocksDB keeps keys on disk beside their rows and holds only a bloom filter and a block index in
-RAM (under 2 bytes a key measured). Reads cost the same on this machine (2.3-2.6 µs a key in a
-batch of 2000, from the page cache); RocksDB's writes are slower (one Python call a row) but a
-disk table writes only the rows it pushes out. It also brings compaction, which a log must be
-written with, and it is what Paddle's SSD table and HugeCTR's HPS keep cold rows in.
+RAM (under 2 bytes a key measured). Its reads are slower (docs/concepts.md) and so are its
+writes (one Python call a row), but a disk table writes only the rows it pushes out. It also
+brings compaction, which a log must be written with, and it is what Paddle's SSD table and
+HugeCTR's HPS keep cold rows in.
+
+Tuned for a pull's batched read of held keys while rows go out beside it (a disk table's steady
+state; ``bench/disk_store_choice.py --steady`` measures each choice on this machine): the table
+files are read through ``mmap`` rather than ``pread`` into the block cache (no system call, copy
+or cache insertion a block), the write buffers carry a bloom filter of their keys (a key read is
+nearly never one just written, and without it every key searched the buffer's skip list), level
+0 is compacted at two files rather than four (each file there is one more place every key is
+looked for), and one read is split over up to :data:`READ_THREADS` threads (rocksdict lets go of
+the GIL while RocksDB reads). From 6.8 µs a key to about 3 in one thread.
 
 A record is one key's row: each slab array's row bytes one after the other (the value in the
 table's dtype, each optimizer state, the statistics), so a row goes out and comes back bitwise.
@@ -27,6 +36,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +56,14 @@ WALK_ROWS = 65536
 #: bits a key in each file's bloom filter: about 1% false positives, so a pull of a key the
 #: table never held seldom reads a block
 BLOOM_BITS = 10
+#: most threads one batched read is split over (fewer on a machine with fewer cores); a part is
+#: at least :data:`READ_PART` keys, below which a thread's hand-off costs more than it saves
+READ_THREADS = 4
+READ_PART = 256
+#: the write buffers' bloom filter, as a share of their bytes (about 13 bits a key written)
+MEMTABLE_BLOOM = 0.02
+#: level-0 files that start a compaction (RocksDB's default is 4)
+LEVEL0_TRIGGER = 2
 
 
 class ColdRows:
@@ -78,10 +96,16 @@ class ColdRows:
         options.set_write_buffer_size(max(cache_bytes // 4, 1 << 20))
         options.set_max_write_buffer_number(2)
         options.set_max_background_jobs(2)
+        options.set_allow_mmap_reads(True)
+        options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM)
+        options.set_memtable_whole_key_filtering(True)
+        options.set_level_zero_file_num_compaction_trigger(LEVEL0_TRIGGER)
         access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         self._db = rocksdict.Rdict(str(self.directory), options, access_type=access)
         self._write_options = rocksdict.WriteOptions()
         self._write_options.disable_wal = True
+        self._read_threads = max(1, min(READ_THREADS, os.cpu_count() or 1))
+        self._readers: ThreadPoolExecutor | None = None  # made at the first read split in parts
         self.reads = self.read_keys = self.found_keys = self.written = 0
 
     def snapshot(self, target: Path) -> None:
@@ -105,20 +129,31 @@ class ColdRows:
     def fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The records of those of ``keys`` held here, in one batched read: (a boolean mask of the
         keys found, uint8[found, record_nbytes] in the order of the keys found)."""
-        found = np.zeros(keys.shape[0], np.bool_)
         if not keys.shape[0]:
-            return found, np.empty((0, self.record_nbytes), np.uint8)
-        got = self._db.get(self._disk_keys(keys))
+            return np.zeros(0, np.bool_), np.empty((0, self.record_nbytes), np.uint8)
+        got = self._read(self._disk_keys(keys))
         self.reads += 1
         self.read_keys += keys.shape[0]
-        present: list[bytes] = []
-        for i, value in enumerate(got):
-            if value is not None:
-                found[i] = True
-                present.append(value)
+        found = np.fromiter((value is not None for value in got), np.bool_, len(got))
+        present = [value for value in got if value is not None]
         self.found_keys += len(present)
         records = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), self.record_nbytes)
         return found, records
+
+    def _read(self, encoded: list[bytes]) -> list[bytes | None]:
+        """A batched read of ``encoded`` keys: this thread reads the first part, the reader
+        threads the others at the same time."""
+        parts = max(1, min(self._read_threads, len(encoded) // READ_PART))
+        if parts == 1:
+            return self._db.get(encoded)
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self._read_threads - 1, thread_name_prefix="aps-cold-read")
+        bounds = [len(encoded) * i // parts for i in range(parts + 1)]
+        others = [self._readers.submit(self._db.get, encoded[bounds[i] : bounds[i + 1]]) for i in range(1, parts)]
+        got = self._db.get(encoded[: bounds[1]])
+        for other in others:
+            got += other.result()
+        return got
 
     def write(self, keys: np.ndarray, records: np.ndarray) -> None:
         """Store each key's record (replacing any it had), in one write batch."""
@@ -189,6 +224,8 @@ class ColdRows:
 
     def close(self) -> None:
         """Close the database (its files stay until the directory is emptied or removed)."""
+        if self._readers is not None:
+            self._readers.shutdown()
         self._db.close()
 
     def destroy(self) -> None:

@@ -555,6 +555,15 @@ class DiskHashStore:
         """Never ahead: rows go out to disk as requests need room, and no cap deletes keys."""
         return 0
 
+    @property
+    def resize_draining(self) -> bool:
+        """Never for the server's idle drain: a disk table's requests run in threads, so a step
+        on the event loop could meet one; its hot index's resizes drain at its inserts' pace."""
+        return False
+
+    def drain_resize(self, slots: int) -> bool:
+        return True
+
     # ------------------------------------------------------------ reports
 
     @property

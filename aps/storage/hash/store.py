@@ -71,7 +71,15 @@ from ..prefetch import prefetch
 from ..tables import TablesBudget, _bad, _check_scale, _check_values
 from .accessor import CtrAccessor
 from .admission import KeyAdmission
-from .compact import as_stored, read_rows, storage_dtype, stored_state, update_rows, value_row_nbytes, write_rounded
+from .compact import (
+    as_stored,
+    gather_decoded,
+    storage_dtype,
+    stored_state,
+    update_rows,
+    value_row_nbytes,
+    write_rounded,
+)
 from .deleted import DeletedKeys
 from .evict import decay_and_judge, evictions_ahead, evictions_now, mark_victims
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes, index_nbytes
@@ -237,9 +245,8 @@ class HashSparseStore(HashChangeTracking):
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
         if self.compact_values:
             rows = self.index.lookup(keys)
-            held = np.flatnonzero(rows >= 0)
-            out[held] = read_rows(self.slab.values, rows[held])
-            unknown = keys.shape[0] - held.shape[0]
+            gather_decoded(self.slab.values, rows, out)
+            unknown = int(np.count_nonzero(rows < 0))
         else:
             rows, unknown = self.index.gather(keys, self.slab.values, out)
         if unknown:
@@ -427,6 +434,18 @@ class HashSparseStore(HashChangeTracking):
         a server runs it in a thread while pushes wait (pulls may read meanwhile)."""
         self.slab.reserve()
         self._tracked_rows = self.capacity
+
+    @property
+    def resize_draining(self) -> bool:
+        """True while the index drains an old slot array into a new one (both held)."""
+        return self.index.resizing
+
+    def drain_resize(self, slots: int) -> bool:
+        """Move at most ``slots`` old slots of a draining resize (:meth:`HashIndex.rehash_step`,
+        O(slots), on the caller's thread: a write, as a push is); True when none are left. A
+        server runs it when the table is idle, so that the old array's memory goes back without
+        waiting for the inserts whose pace drains it."""
+        return self.index.rehash_step(slots)
 
     # ------------------------------------------------------------ eviction
 
