@@ -10,14 +10,19 @@ writes (one Python call a row), but a disk table writes only the rows it pushes 
 brings compaction, which a log must be written with, and it is what Paddle's SSD table and
 HugeCTR's HPS keep cold rows in.
 
-Tuned for a pull's batched read of held keys while rows go out beside it (a disk table's steady
-state; ``bench/disk_store_choice.py --steady`` measures each choice on this machine): the table
-files are read through ``mmap`` rather than ``pread`` into the block cache (no system call, copy
-or cache insertion a block), the write buffers carry a bloom filter of their keys (a key read is
-nearly never one just written, and without it every key searched the buffer's skip list), level
-0 is compacted at two files rather than four (each file there is one more place every key is
-looked for), and one read is split over up to :data:`READ_THREADS` threads (rocksdict lets go of
-the GIL while RocksDB reads). From 6.8 µs a key to about 3 in one thread.
+Tuned for a disk table's steady state, a batched read of held keys while rows go out beside it
+(measured on a 2-core VM, 8M records of 50 bytes, each step reading 2,000 held keys and writing
+1,900: 6.8 µs a key read as RocksDB comes, 4.4 with the first choice below, 3.0-3.4 with the
+second): the table files are read through ``mmap`` rather than ``pread`` into the block cache
+(no system call, copy or cache insertion a block; the pages are the kernel's page cache either
+way), and the write buffers carry a bloom filter of their keys (a key read is nearly never one
+just written, and without it every key searched the buffer's skip list). One read is split over
+up to :data:`READ_THREADS` threads, as rocksdict lets go of the GIL while RocksDB reads (2,000
+keys: 5.2 ms in one thread, 2.9 in two, on an otherwise idle database). Each level-0 file is one
+more place every key is looked for, so a bulk fill faster than compaction keeps up with slows the
+reads until the files are merged: 4.7 µs a key with 14 files there after 39M keys were pushed in
+(2.7-3.0 with one to four after 12M). Writes slow down at :data:`LEVEL0_SLOWDOWN` files instead:
+the same fill then left 7, and 3 once its first requests ran (4.0 µs a key).
 
 A record is one key's row: each slab array's row bytes one after the other (the value in the
 table's dtype, each optimizer state, the statistics), so a row goes out and comes back bitwise.
@@ -62,8 +67,10 @@ READ_THREADS = 4
 READ_PART = 256
 #: the write buffers' bloom filter, as a share of their bytes (about 13 bits a key written)
 MEMTABLE_BLOOM = 0.02
-#: level-0 files that start a compaction (RocksDB's default is 4)
-LEVEL0_TRIGGER = 2
+#: level-0 files at which writes slow down, and stop, until compaction merges them (RocksDB's
+#: defaults, 20 and 36, let a bulk fill leave 14 files there for reads to look through)
+LEVEL0_SLOWDOWN = 8
+LEVEL0_STOP = 16
 
 
 class ColdRows:
@@ -99,7 +106,8 @@ class ColdRows:
         options.set_allow_mmap_reads(True)
         options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM)
         options.set_memtable_whole_key_filtering(True)
-        options.set_level_zero_file_num_compaction_trigger(LEVEL0_TRIGGER)
+        options.set_level_zero_slowdown_writes_trigger(LEVEL0_SLOWDOWN)
+        options.set_level_zero_stop_writes_trigger(LEVEL0_STOP)
         access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         self._db = rocksdict.Rdict(str(self.directory), options, access_type=access)
         self._write_options = rocksdict.WriteOptions()

@@ -180,8 +180,8 @@ class DiskHashStore:
         of more keys than half the hot rows, a step of that many at a time)."""
         step = max(1, self.capacity // 2)
         if keys.shape[0] <= step:
-            self._bring_in(keys, admitting=False)
-            return self.hot.pull(keys)
+            rows, _ = self._bring_in(keys, admitting=False)
+            return self.hot.pull(keys, rows=rows)
         return np.concatenate([self.pull(keys[at : at + step]) for at in range(0, keys.shape[0], step)])
 
     def push_grad(self, keys: np.ndarray, grads: np.ndarray, **kwargs: object) -> int:
@@ -195,7 +195,7 @@ class DiskHashStore:
     def _push(self, keys: np.ndarray, apply: Callable[[], int]) -> int:
         """Bring the keys in, keep ``max_keys`` (evicting the lowest scores among every key, and
         admitting no more new keys than the cap has room for), apply, note the admitted rows."""
-        new = self._bring_in(keys, admitting=True)
+        _, new = self._bring_in(keys, admitting=True)
         cap = self.spec.max_keys
         if cap is None or not new.size:
             admitted = apply()
@@ -253,20 +253,21 @@ class DiskHashStore:
         self.held[rows] = True
         self.referenced[rows] = True
 
-    def _bring_in(self, keys: np.ndarray, admitting: bool) -> np.ndarray:
+    def _bring_in(self, keys: np.ndarray, admitting: bool) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows of ``keys`` on disk into RAM (one batched read), making room for them
-        and, for a push (``admitting``), for every key it may admit. Returns the keys held
-        nowhere (a push may admit them)."""
+        and, for a push (``admitting``), for every key it may admit. Returns each key's hot row
+        (-1 for a key held nowhere) and the keys held nowhere (a push may admit them)."""
         keys = np.asarray(keys, np.int64)
         self.requested_keys += keys.shape[0]
         rows = self.hot.index.lookup(keys)
-        held = rows[rows >= 0]
+        missing = rows < 0
+        held = rows[~missing]
         self.referenced[held] = True
         if admitting:
             self.dirty[held] = True
-        absent = np.unique(keys[rows < 0])
+        absent, where = np.unique(keys[missing], return_inverse=True)
         if not absent.size:
-            return absent
+            return rows, absent
         if self.cold_keys:
             found, records = self.cold.fetch(absent)
         else:
@@ -280,7 +281,10 @@ class DiskHashStore:
             self.dirty[new_rows] = admitting
             self.hot_in_cold += came.shape[0]
             self.paged_in += came.shape[0]
-        return absent[~found]
+            absent_rows = np.full(absent.shape[0], -1, rows.dtype)
+            absent_rows[found] = new_rows
+            rows[missing] = absent_rows[where]  # the request's other rows are pinned: unmoved
+        return rows, absent[~found]
 
     # ------------------------------------------------------------ rows going out
 

@@ -238,14 +238,19 @@ class HashSparseStore(HashChangeTracking):
 
     # ------------------------------------------------------------ data path
 
-    def pull(self, keys: np.ndarray) -> np.ndarray:
+    def pull(self, keys: np.ndarray, *, rows: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``keys``, float32[n, dim]; an unknown key reads its initial row and stays
-        unknown."""
+        unknown. ``rows``: each key's row as the index gives it (-1: unknown), when the caller
+        has just looked them up (a disk table bringing keys in)."""
         keys = _check_keys(self.name, keys)
         out = np.empty((keys.shape[0], self.spec.dim), np.float32)
-        if self.compact_values:
-            rows = self.index.lookup(keys)
-            gather_decoded(self.slab.values, rows, out)
+        if self.compact_values or rows is not None:
+            rows = self.index.lookup(keys) if rows is None else rows
+            if self.compact_values:
+                gather_decoded(self.slab.values, rows, out)
+            else:
+                held = rows >= 0
+                out[held] = self.slab.values[rows[held]]
             unknown = int(np.count_nonzero(rows < 0))
         else:
             rows, unknown = self.index.gather(keys, self.slab.values, out)
