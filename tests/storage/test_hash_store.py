@@ -393,3 +393,39 @@ def test_cold_rows_read_in_parallel_parts_give_what_one_read_gives(tmp_path) -> 
         np.testing.assert_array_equal(got, records[[where[int(k)] for k in asked[found]]])
     finally:
         cold.destroy()
+
+
+def test_a_cold_write_waits_for_level_0_without_the_gil_then_writes(tmp_path, monkeypatch) -> None:
+    """While level 0 holds LEVEL0_WAIT files a write of rows going out waits (at most
+    LEVEL0_WAIT_S), sleeping, so other threads (a pserver's event loop) run meanwhile."""
+    import threading
+    import time
+
+    from aps.storage.hash import cold as cold_module
+
+    cold = cold_module.ColdRows(tmp_path / "rows", 8, 4 << 20)
+    try:
+        keys = np.arange(100, dtype=np.int64)
+        cold.write(keys, np.zeros((100, 8), np.uint8))
+        cold.snapshot(tmp_path / "snap")  # flushes: one file in level 0, below any compaction trigger
+        monkeypatch.setattr(cold_module, "LEVEL0_WAIT", 1)
+        monkeypatch.setattr(cold_module, "LEVEL0_WAIT_S", 0.4)
+        ticks, done = [0], threading.Event()
+
+        def tick() -> None:
+            while not done.is_set():
+                ticks[0] += 1
+                time.sleep(0.01)
+
+        other = threading.Thread(target=tick)
+        other.start()
+        started = time.monotonic()
+        cold.write(keys, np.full((100, 8), 7, np.uint8))
+        waited = time.monotonic() - started
+        done.set()
+        other.join()
+        assert waited >= 0.4 and ticks[0] >= 10, (waited, ticks)
+        found, records = cold.fetch(keys)
+        assert found.all() and (records == 7).all()
+    finally:
+        cold.destroy()

@@ -21,8 +21,8 @@ up to :data:`READ_THREADS` threads, as rocksdict lets go of the GIL while RocksD
 keys: 5.2 ms in one thread, 2.9 in two, on an otherwise idle database). Each level-0 file is one
 more place every key is looked for, so a bulk fill faster than compaction keeps up with slows the
 reads until the files are merged: 4.7 µs a key with 14 files there after 39M keys were pushed in
-(2.7-3.0 with one to four after 12M). Writes slow down at :data:`LEVEL0_SLOWDOWN` files instead:
-the same fill then left 7, and 3 once its first requests ran (4.0 µs a key).
+(2.7-3.0 with one to four after 12M). Writes wait at :data:`LEVEL0_WAIT` files instead: the same
+fill then left 7, and 3 once its first requests ran (4.0 µs a key).
 
 A record is one key's row: each slab array's row bytes one after the other (the value in the
 table's dtype, each optimizer state, the statistics), so a row goes out and comes back bitwise.
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,10 +68,12 @@ READ_THREADS = 4
 READ_PART = 256
 #: the write buffers' bloom filter, as a share of their bytes (about 13 bits a key written)
 MEMTABLE_BLOOM = 0.02
-#: level-0 files at which writes slow down, and stop, until compaction merges them (RocksDB's
-#: defaults, 20 and 36, let a bulk fill leave 14 files there for reads to look through)
-LEVEL0_SLOWDOWN = 8
-LEVEL0_STOP = 16
+#: level-0 files at which a write waits for compaction to merge some (RocksDB's own triggers, 20
+#: files to slow writes and 36 to stop them, let a bulk fill leave 14 there for reads to look
+#: through); the wait is ours, outside the GIL (rocksdict holds it through a write, so a write
+#: RocksDB stalls would stall the pserver's event loop too), at most LEVEL0_WAIT_S a write
+LEVEL0_WAIT = 8
+LEVEL0_WAIT_S = 10.0
 
 
 class ColdRows:
@@ -106,8 +109,6 @@ class ColdRows:
         options.set_allow_mmap_reads(True)
         options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM)
         options.set_memtable_whole_key_filtering(True)
-        options.set_level_zero_slowdown_writes_trigger(LEVEL0_SLOWDOWN)
-        options.set_level_zero_stop_writes_trigger(LEVEL0_STOP)
         access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         self._db = rocksdict.Rdict(str(self.directory), options, access_type=access)
         self._write_options = rocksdict.WriteOptions()
@@ -164,9 +165,13 @@ class ColdRows:
         return got
 
     def write(self, keys: np.ndarray, records: np.ndarray) -> None:
-        """Store each key's record (replacing any it had), in one write batch."""
+        """Store each key's record (replacing any it had), in one write batch; first waiting
+        while level 0 holds :data:`LEVEL0_WAIT` files or more (see there)."""
         if not keys.shape[0]:
             return
+        deadline = time.monotonic() + LEVEL0_WAIT_S
+        while self._property("rocksdb.num-files-at-level0") >= LEVEL0_WAIT and time.monotonic() < deadline:
+            time.sleep(0.005)
         raw = np.ascontiguousarray(records, np.uint8).tobytes()
         width = self.record_nbytes
         batch = rocksdict.WriteBatch(raw_mode=True)
