@@ -74,6 +74,10 @@ MEMTABLE_BLOOM = 0.02
 #: RocksDB stalls would stall the pserver's event loop too), at most LEVEL0_WAIT_S a write
 LEVEL0_WAIT = 8
 LEVEL0_WAIT_S = 10.0
+#: rows one write batch holds at most, for the same reason: a bulk fill sends 100,000 rows out a
+#: push, a write of ~150 ms with the GIL held; between batches the event loop runs, and a batch
+#: that would find both write buffers full (RocksDB would stall it until a flush) waits first
+WRITE_CHUNK = 8192
 
 
 class ColdRows:
@@ -103,7 +107,8 @@ class ColdRows:
         table.set_cache_index_and_filter_blocks(False)
         options.set_block_based_table_factory(table)
         options.set_compression_type(rocksdict.DBCompressionType.none())  # float rows do not compress
-        options.set_write_buffer_size(max(cache_bytes // 4, 1 << 20))
+        self._write_buffer_nbytes = max(cache_bytes // 4, 1 << 20)
+        options.set_write_buffer_size(self._write_buffer_nbytes)
         options.set_max_write_buffer_number(2)
         options.set_max_background_jobs(2)
         options.set_allow_mmap_reads(True)
@@ -165,20 +170,36 @@ class ColdRows:
         return got
 
     def write(self, keys: np.ndarray, records: np.ndarray) -> None:
-        """Store each key's record (replacing any it had), in one write batch; first waiting
-        while level 0 holds :data:`LEVEL0_WAIT` files or more (see there)."""
+        """Store each key's record (replacing any it had), in write batches of at most
+        :data:`WRITE_CHUNK` rows in the disk keys' order (a sorted batch goes into the write
+        buffer's skip list 13% faster: 2,250 rows in 2.7 ms against 3.1), each after
+        :meth:`_wait_for_room`."""
         if not keys.shape[0]:
             return
-        deadline = time.monotonic() + LEVEL0_WAIT_S
-        while self._property("rocksdb.num-files-at-level0") >= LEVEL0_WAIT and time.monotonic() < deadline:
-            time.sleep(0.005)
-        raw = np.ascontiguousarray(records, np.uint8).tobytes()
+        order = np.lexsort((keys.view(np.uint64), LogicalSharding.logical(keys)))  # DISK_KEY's byte order
+        keys, records = keys[order], np.ascontiguousarray(records[order], np.uint8)
         width = self.record_nbytes
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for i, key in enumerate(self._disk_keys(keys)):
-            batch.put(key, raw[i * width : (i + 1) * width])
-        self._db.write(batch, self._write_options)
+        for start in range(0, keys.shape[0], WRITE_CHUNK):
+            part = keys[start : start + WRITE_CHUNK]
+            raw = records[start : start + WRITE_CHUNK].tobytes()
+            self._wait_for_room(len(raw))
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for i, key in enumerate(self._disk_keys(part)):
+                batch.put(key, raw[i * width : (i + 1) * width])
+            self._db.write(batch, self._write_options)
         self.written += keys.shape[0]
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        """Sleep (the GIL let go) while level 0 holds :data:`LEVEL0_WAIT` files or more, or
+        while ``nbytes`` more would fill the write buffer with the other one still being flushed,
+        at most :data:`LEVEL0_WAIT_S` (then RocksDB's own triggers rule)."""
+        deadline = time.monotonic() + LEVEL0_WAIT_S
+        while time.monotonic() < deadline and (
+            self._property("rocksdb.num-files-at-level0") >= LEVEL0_WAIT
+            or (self._property("rocksdb.num-immutable-mem-table") > 0
+                and self._property("rocksdb.cur-size-active-mem-table") + 2 * nbytes >= self._write_buffer_nbytes)
+        ):
+            time.sleep(0.005)
 
     def delete(self, keys: np.ndarray) -> None:
         """Drop the records of ``keys`` (keys not held are no error)."""
