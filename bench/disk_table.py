@@ -72,10 +72,17 @@ while it serves; save and load >= 300 MB/s. Prints a Markdown table with each ai
 writes JSON (``--json``). Everything runs in a temporary directory under ``--dir``, removed
 after.
 
-Results (2026-11-28, 2 cores AMD EPYC, 24 GiB, at commit f4a4252; the defaults: 39M keys, 256 MiB,
+Results at commit ea48b63 (2026-11-28, the defaults, nothing else running; bench/README.md has
+the table): pulls 1.37 M rows/s at an 88.4% hit rate (aim 1.5: not met; 1.29-1.47 over three
+runs of the last three commits; all-RAM 5.24), p50 13.5 / p99 27.7 ms; pushes 0.82 M rows/s;
+RAM per cold key 0.44 bytes marginal, 1.80 beyond the budget, by RssAnon; pings p99 5.7 ms in
+the traffic and 13 ms (max 38) in the fill; save 1.1 s, load 1.7 s by hard links.
+
+Before (2026-11-28, 2 cores AMD EPYC, 24 GiB, at commit f4a4252; the defaults: 39M keys, 256 MiB,
 load average 1.1-2.1 from this run's own processes; bench/README.md, "Disk tables", has the
 tables). Disk table: filled at 0.21 M keys/s (all-RAM 1.03), 2,325,553 keys in RAM and
-36,674,447 on disk (2.73 GiB: 10.9x the budget), RSS 668 MiB after the fill (all-RAM 3,265),
+36,674,447 on disk (2.73 GiB: 10.9x the budget), VmRSS 668 MiB after the fill (reads through
+``pread`` then; all-RAM 3,265),
 ``ram_bytes`` 280 MiB (1.09x the budget); RAM per cold key 2.49 bytes marginal, 3.45 beyond the
 budget (aim <= 10: met). Traffic at an 88.4% hit rate (90.5% over the warm-up's second half):
 pulls 0.76 M rows/s (aim 1.5: not met; all-RAM 3.28), p50 24.8 / p99 41.3 ms (aim p99 <= 50:
