@@ -132,9 +132,10 @@ class ColdRows:
     # ------------------------------------------------------------ rows
 
     @staticmethod
-    def _disk_keys(keys: np.ndarray) -> list[bytes]:
+    def _disk_keys(keys: np.ndarray, logicals: np.ndarray | None = None) -> list[bytes]:
+        """Each key as :data:`DISK_KEY`'s bytes (``logicals``: the keys' logical shards, if known)."""
         encoded = np.empty(keys.shape[0], DISK_KEY)
-        encoded["logical"] = LogicalSharding.logical(keys)
+        encoded["logical"] = LogicalSharding.logical(keys) if logicals is None else logicals
         encoded["key"] = keys
         raw = encoded.tobytes()
         width = DISK_KEY.itemsize
@@ -176,15 +177,16 @@ class ColdRows:
         :meth:`_wait_for_room`."""
         if not keys.shape[0]:
             return
-        order = np.lexsort((keys.view(np.uint64), LogicalSharding.logical(keys)))  # DISK_KEY's byte order
-        keys, records = keys[order], np.ascontiguousarray(records[order], np.uint8)
+        logicals = LogicalSharding.logical(keys)
+        order = np.lexsort((keys.view(np.uint64), logicals))  # DISK_KEY's byte order
+        keys, logicals, records = keys[order], logicals[order], np.ascontiguousarray(records[order], np.uint8)
         width = self.record_nbytes
         for start in range(0, keys.shape[0], WRITE_CHUNK):
-            part = keys[start : start + WRITE_CHUNK]
-            raw = records[start : start + WRITE_CHUNK].tobytes()
+            part = slice(start, start + WRITE_CHUNK)
+            raw = records[part].tobytes()
             self._wait_for_room(len(raw))
             batch = rocksdict.WriteBatch(raw_mode=True)
-            for i, key in enumerate(self._disk_keys(part)):
+            for i, key in enumerate(self._disk_keys(keys[part], logicals[part])):
                 batch.put(key, raw[i * width : (i + 1) * width])
             self._db.write(batch, self._write_options)
         self.written += keys.shape[0]

@@ -566,6 +566,7 @@ class DiskHashStore:
         return False
 
     def drain_resize(self, slots: int) -> bool:
+        """Nothing to drain here (:attr:`resize_draining`): done."""
         return True
 
     # ------------------------------------------------------------ reports
