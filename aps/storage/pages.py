@@ -12,6 +12,7 @@ are given back, never memory beyond it.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import sys
 
@@ -20,6 +21,22 @@ from numba import njit
 
 _PAGE = mmap.PAGESIZE
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+#: arrays of at least this many bytes get a mapping of their own (:func:`lazy_zeros`)
+LAZY_MIN_BYTES = 1 << 20
+
+
+def lazy_zeros(shape: int | tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
+    """Zeros whose pages the OS maps only when they are first written: for a large array, an
+    anonymous mapping of its own (freed with the array). ``np.zeros`` is no such promise: glibc
+    serves even a large ``calloc`` from freed heap memory when earlier frees left a free region
+    that big, clears it, and the whole array is resident at once (a slab reserved for 2M rows, a
+    slot array made ahead, seen in a test process that had run others first)."""
+    dtype = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes < LAZY_MIN_BYTES:
+        return np.zeros(dims, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(dims)
 
 
 def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]

@@ -47,7 +47,7 @@ import numpy as np
 from numba import njit
 
 from ...mixer import mix64
-from ..pages import fault_in_zeros, release_pages
+from ..pages import fault_in_zeros, lazy_zeros, release_pages
 from ..prefetch import LINE, prefetch
 
 _EMPTY = 0
@@ -368,8 +368,8 @@ def index_claim_nbytes(keys: int) -> int:
 
 
 def _slots(size: int) -> np.ndarray:
-    """An empty slot array: ``np.zeros``, so the OS maps its pages only as keys land in them."""
-    return np.zeros((size, 3), np.int32)
+    """An empty slot array, whose pages the OS maps only as keys land in them (:func:`lazy_zeros`)."""
+    return lazy_zeros((size, 3), np.int32)
 
 
 class HashIndex:

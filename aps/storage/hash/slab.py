@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ...errors import ErrorCode
-from ..pages import fault_in_zeros
+from ..pages import fault_in_zeros, lazy_zeros
 from ..tables import TablesBudget, _bad
 from .index import MAX_ROWS, HashIndex, index_claim_nbytes
 
@@ -63,9 +63,9 @@ class RowSlab:
         capacity = index.row_capacity
         #: one fresh row of each optimizer state array: what a new key's state starts from
         self.template = dict(template or {})
-        self.values = np.zeros((capacity, dim), value_dtype)
-        self.state = {n: np.zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self.template.items()}
-        self.stats = None if stats is None else np.zeros(capacity, stats)
+        self.values = lazy_zeros((capacity, dim), value_dtype)
+        self.state = {n: lazy_zeros((capacity, *a.shape[1:]), a.dtype) for n, a in self.template.items()}
+        self.stats = None if stats is None else lazy_zeros(capacity, stats)
         #: bytes of one row of every array; asked after every push (_map_ahead_rows): made once
         self.row_nbytes = self.values.itemsize * dim + sum(a.itemsize * math.prod(a.shape[1:]) for a in self.template.values()) + (
             0 if stats is None else stats.itemsize
@@ -139,7 +139,7 @@ class RowSlab:
         used = self.index.rows_used
 
         def grown(arr: np.ndarray) -> np.ndarray:
-            out = np.zeros((capacity, *arr.shape[1:]), arr.dtype)
+            out = lazy_zeros((capacity, *arr.shape[1:]), arr.dtype)
             out[:used] = arr[:used]
             return out
 
