@@ -31,13 +31,14 @@ with the same keys and the same requests. For each:
   (:func:`aps.storage.hash.disk_store.hot_keys`), drawn at random from all keys (so it starts
   mostly on disk); requests of ``--request`` (20,000) keys, 90% drawn from the hot set and 10%
   uniformly from all keys (``--hot-fraction``; with repeats, as a trainer's batches have). A
-  warm-up pulls the whole hot set once, then runs ``--warmup`` (400) requests, a pull and a push
+  warm-up pushes the whole hot set once (a push brings keys into RAM; a pull of a key on disk
+  only stages its record, aps/storage/hash/staged.py), then runs ``--warmup`` (400) requests, a pull and a push
   in turn, so that the hot rows and their clock bits settle (its hit rate over its second half
   is printed); then ``--requests`` (600) pulls and as many pushes (a gradient for each key),
   one request at a time, a pull and a push of other keys in turn, each timed (p50, p99; rows/s
   = rows / the requests' summed time). The hit rate is measured, not assumed: 1 - (rows the
-  server paged in, STATS' ``paged_in`` read after every request) / (distinct keys of each
-  request, summed), for pulls and pushes apart. Pulls and pushes alternate because the hit
+  server read from disk, STATS' ``disk_read_rows`` read after every request) / (distinct keys of
+  each request, summed), for pulls and pushes apart. Pulls and pushes alternate because the hit
   rate comes in waves: once nearly every hot row is referenced, the hand clears a whole turn's
   bits in one request and the next turn takes rows soon after their bits were cleared (in
   process, 256 MiB, 12M keys: 0.917 for 600 requests, then 0.82-0.87 for about 150), and a
@@ -131,6 +132,8 @@ from bench.pservers import (  # noqa: E402
 
 TABLE = "emb"
 CHECKPOINT = "ckpt"
+#: the count of a disk table's misses: rows read from disk (DiskHashStore.counts)
+MISSES = "disk_read_rows"
 #: bytes of a cold row's key on disk (logical shard + key, aps/storage/hash/cold.py)
 DISK_KEY_BYTES = 10
 #: the aims
@@ -262,8 +265,9 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
 
         # ---- traffic
         t0 = time.monotonic()
-        for at in range(0, work.hot_n, args.request):
-            await ps.pull_sparse(TABLE, work.hot[at : at + args.request])
+        for at in range(0, work.hot_n, args.request):  # a push brings keys into RAM (a pull stages them)
+            part = work.hot[at : at + args.request]
+            await ps.push_sparse_grad(TABLE, part, work.grads[: len(part)])
         half = len(work.warmup) // 2
         for i, keys in enumerate(work.warmup):
             if i == half:
@@ -274,16 +278,16 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
                 await ps.pull_sparse(TABLE, keys)
         marks["warm-up"] = (t0, time.monotonic())
         if half:
-            paged_in = (await table_counts(ps)).get("paged_in", 0) - before.get("paged_in", 0)
+            missed = (await table_counts(ps)).get(MISSES, 0) - before.get(MISSES, 0)
             distinct = sum(int(np.unique(k).shape[0]) for k in work.warmup[half:])
             res["warmup"] = {"requests": len(work.warmup), "seconds": marks["warm-up"][1] - t0,
-                             "hit_rate_second_half": 1 - paged_in / distinct}
-            print(f"  warm-up: {len(work.warmup)} requests, hit rate {1 - paged_in / distinct:.1%} over the "
+                             "hit_rate_second_half": 1 - missed / distinct}
+            print(f"  warm-up: {len(work.warmup)} requests, hit rate {1 - missed / distinct:.1%} over the "
                   "second half", flush=True)
         # pulls and pushes in turn (other keys each), so that both meet the same turns of the CLOCK hand
         seconds: dict[str, list[float]] = {"pulls": [], "pushes": []}
         paged: dict[str, int] = {"pulls": 0, "pushes": 0}
-        last = (await table_counts(ps)).get("paged_in", 0)
+        last = (await table_counts(ps)).get(MISSES, 0)
         t0 = time.monotonic()
         for pull, push in zip(work.pulls, work.pushes):
             for phase, keys in (("pulls", pull), ("pushes", push)):
@@ -294,14 +298,14 @@ async def serve(server: ServerProcess, args: argparse.Namespace, spec: aps.HashT
                     await ps.push_sparse_grad(TABLE, keys, work.grads[: len(keys)])
                 seconds[phase].append(time.perf_counter() - sent)
                 if disk:
-                    now = (await table_counts(ps))["paged_in"]
+                    now = (await table_counts(ps))[MISSES]
                     paged[phase] += now - last
                     last = now
         marks["traffic"] = (t0, time.monotonic())
         for phase, requests in (("pulls", work.pulls), ("pushes", work.pushes)):
             rows, took = sum(len(k) for k in requests), sum(seconds[phase])
             res[phase] = {"requests": len(requests), "rows": rows, "seconds": took, "rows_per_s": rows / took,
-                          "latency_ms": percentiles_ms(seconds[phase]), "paged_in": paged[phase],
+                          "latency_ms": percentiles_ms(seconds[phase]), "disk_read_rows": paged[phase],
                           "hit_rate": 1 - paged[phase] / work.distinct[phase]}
             print(f"  {phase}: {rows / took / 1e6:.2f} M rows/s, p50 {res[phase]['latency_ms']['p50']:.1f} "
                   f"p99 {res[phase]['latency_ms']['p99']:.1f} ms, hit rate {res[phase]['hit_rate']:.1%}", flush=True)

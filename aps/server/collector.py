@@ -61,8 +61,10 @@ class ServerCollector(Collector):
                                      labels=["table"])
         disk_events = CounterMetricFamily(
             "aps_server_table_disk_events", "A disk table's keys asked for by pulls and pushes (requested_keys), rows "
-            "read from disk into RAM (paged_in: 1 - rate(paged_in) / rate(requested_keys) is the hit rate) and sent out "
-            "(paged_out), batched disk reads (disk_reads) and rows written (disk_written_rows), by this pserver.",
+            "read from disk (disk_read_rows: 1 - rate(disk_read_rows) / rate(requested_keys) is the hit rate), rows "
+            "brought into RAM (paged_in; a pull stages a row it reads and brings it in at its key's next pull or push, "
+            "staged_hits) and sent out (paged_out), batched disk reads (disk_reads) and rows written (disk_written_rows), "
+            "by this pserver.",
             labels=["table", "event"],
         )
         for name, shard in sorted(tables.items()):
@@ -108,7 +110,7 @@ def _lagged_metrics(core: ServerCore) -> Iterator[Metric]:
 
 
 #: a disk table's counts the metrics carry as events (DiskHashStore.counts)
-DISK_EVENTS = ("requested_keys", "paged_in", "paged_out", "disk_reads", "disk_written_rows")
+DISK_EVENTS = ("requested_keys", "disk_read_rows", "staged_hits", "paged_in", "paged_out", "disk_reads", "disk_written_rows")
 
 
 def _table_bytes(shard: Any) -> int | None:

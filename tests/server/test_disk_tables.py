@@ -153,7 +153,10 @@ async def test_disk_metrics_exported(tmp_path: Path) -> None:
         assert samples['aps_server_table_hot_keys{table="emb"}'] == len(store.hot)
         requested = samples['aps_server_table_disk_events_total{event="requested_keys",table="emb"}']
         assert requested == 6 * (10_000 + 1250)
-        assert 0 < samples['aps_server_table_disk_events_total{event="paged_in",table="emb"}'] < requested
+        read = samples['aps_server_table_disk_events_total{event="disk_read_rows",table="emb"}']
+        assert 0 < read == store.cold.found_keys < requested
+        assert samples['aps_server_table_disk_events_total{event="paged_in",table="emb"}'] == store.paged_in
+        assert samples['aps_server_table_disk_events_total{event="staged_hits",table="emb"}'] == store.staged_hits
         assert samples['aps_server_table_disk_events_total{event="disk_reads",table="emb"}'] > 0
         assert samples['aps_server_table_disk_events_total{event="paged_out",table="emb"}'] == store.paged_out > 0
 
