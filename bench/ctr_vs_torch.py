@@ -170,12 +170,10 @@ def setup(args: argparse.Namespace) -> dict:
 
 
 def default_init_range(model: str) -> float:
-    """The model's own default embedding init half-width (both systems start from it)."""
-    import inspect
-
+    """The model's own default embedding init half-width offline (both systems start from it)."""
     from aps.models import load_model_class
 
-    return float(inspect.signature(load_model_class(model)).parameters["init_range"].default)
+    return float(load_model_class(model).offline_init_range)
 
 
 def default_spec() -> dict:

@@ -47,8 +47,10 @@ from numba import njit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from aps.metrics import Auc  # noqa: E402
 from ctr_vs_torch import criteo_format, torch_network, torch_probs  # noqa: E402
+
+from aps.metrics import Auc  # noqa: E402
+from aps.models.ctr_model import ONLINE_INIT_RANGE  # noqa: E402
 
 DAY = "20261126"
 DONE = "_SUCCESS"
@@ -311,9 +313,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(--data-stream, a redis-server started here; default passes)")
     p.add_argument("--model", default="wide_deep", choices=["wide_deep", "ctr_dnn"], help="default wide_deep")
     p.add_argument("--aps", action="append", metavar="ARGS",
-                   help="aps-trainer arguments of one aps row (repeatable; default one row: '--model-arg table=hash')")
+                   help="aps-trainer arguments of one aps row (repeatable; default one row: '--model-arg table=hash'); 'none': no aps rows")
     p.add_argument("--torch", action="append", metavar="OPT:LR:BATCH",
                    help=f"a PyTorch row (repeatable; default {' '.join(TORCH_DEFAULT)}); 'none': no PyTorch rows")
+    p.add_argument("--init-range", type=float, default=ONLINE_INIT_RANGE, metavar="R",
+                   help="the PyTorch network's embedding init half-width (default %(default)s: aps's online default)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="aps's and PyTorch's init seeds, one run of each row per seed (default 0 1 2)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
@@ -340,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.data}: {args.passes} passes of {pass_lines} lines", file=sys.stderr)
     for setting in FTRL_GRID:
         report(run_ftrl(parsed, int(meta.get("buckets", 1_000_001)), setting))
-    spec = {"model": args.model, "meta": str(meta_path), "init_range": 0.1 if args.model == "wide_deep" else 0.05}
+    spec = {"model": args.model, "meta": str(meta_path), "init_range": args.init_range}
     for setting in [] if args.torch == ["none"] else (args.torch or TORCH_DEFAULT):
         for seed in args.seeds:
             report(run_torch(parsed, spec, setting, seed, args.threads) | {"seed": seed})
@@ -348,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         write_pass_folders(Path(tmp) / "passes", passes)
         stream = StreamReplay(Path(tmp), [line for p in passes for line in p], pass_lines) if args.source == "stream" else None
         try:
-            for k, extra in enumerate(args.aps if args.aps is not None else ["--model-arg table=hash"]):
+            for k, extra in enumerate([] if args.aps == ["none"] else args.aps or ["--model-arg table=hash"]):
                 for seed in args.seeds:
                     work = Path(tmp) / f"aps-{k}-{seed}"
                     source = (stream.source_args(f"run-{k}-{seed}") if stream is not None

@@ -36,7 +36,12 @@ OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
 #: whatever the gradient's scale, Adam's about its ``lr`` of 0.001, and every pass brings new
 #: ids (docs/concepts.md, "The CTR models' optimizers, measured on real data")
 OFFLINE_OPTIMIZER, OFFLINE_LR = "adam", 0.001
-ONLINE_OPTIMIZER, ONLINE_LR = "adagrad", 0.02
+ONLINE_OPTIMIZER, ONLINE_LR = "adagrad", 0.01
+#: the slot embeddings' uniform init half-width in online passes, with the online optimizer and
+#: unless ``init_range`` is given (offline: each model's ``offline_init_range``): an online model
+#: is scored on each pass's new ids before it trains on them, and their random rows are noise in
+#: every score they enter (docs/concepts.md, "The CTR models' optimizers, measured on real data")
+ONLINE_INIT_RANGE = 0.02
 
 
 def given(value: Any) -> bool:
@@ -99,9 +104,11 @@ class CriteoModel(Model):
     :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
     pserver; None: unbounded); shows and clicks go with the gradients.
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
-    ``optimizer`` / ``lr``: unset, Adam at 0.001 offline and Adagrad at 0.02 in online passes
+    ``optimizer`` / ``lr``: unset, Adam at 0.001 offline and Adagrad at 0.01 in online passes
     (:meth:`begin_online`); either given, both hold in both (``lr`` default 0.001, ``optimizer``
-    default Adam: a rate alone was chosen for Adam).
+    default Adam: a rate alone was chosen for Adam). ``init_range``: the slot embeddings' uniform
+    init half-width; unset, the model's ``offline_init_range``, and :data:`ONLINE_INIT_RANGE` in
+    online passes where the online optimizer holds.
     ``sparse_optimizer`` / ``sparse_lr``: the sparse tables' own optimizer and rate (``same``,
     the default: the model's ``optimizer`` and ``lr``), as embeddings are trained apart from dense
     layers in most CTR systems (row-wise Adagrad in TorchRec, Paddle's sparse Adagrad rule);
@@ -121,6 +128,8 @@ class CriteoModel(Model):
     layers: list[Dense]
     #: the sparse tables indexed by the hashed slot ids (all get the same ids per batch)
     slot_tables: tuple[str, ...] = ()
+    #: ``init_range`` when not given, offline (online: :data:`ONLINE_INIT_RANGE`)
+    offline_init_range: float = 0.05
 
     def __init__(
         self, *, embedding_size: int, hidden: str, batch_size: int | None, lr: float | None, optimizer: str | None,
@@ -142,7 +151,8 @@ class CriteoModel(Model):
         self.optimizer_given, self.lr_given = given(optimizer), given(lr)
         self.lr = positive_float(self.name, "lr", lr) if self.lr_given else OFFLINE_LR
         self.optimizer = str(optimizer) if self.optimizer_given else OFFLINE_OPTIMIZER
-        self.init_range = positive_float(self.name, "init_range", init_range)
+        self.init_range_given = given(init_range)
+        self.init_range = positive_float(self.name, "init_range", init_range) if self.init_range_given else self.offline_init_range
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self.bias_correction = str(bias_correction)
         self.l2 = positive_float(self.name, "l2", l2, zero=True)
@@ -201,11 +211,15 @@ class CriteoModel(Model):
     def begin_online(self) -> None:
         """Online passes train at :data:`ONLINE_BATCH` lines a step unless ``batch_size`` was given,
         and with :data:`ONLINE_OPTIMIZER` at :data:`ONLINE_LR` unless ``optimizer`` or ``lr`` was
-        given; ``sparse_lr`` unset follows ``lr``."""
+        given, its embeddings then starting within :data:`ONLINE_INIT_RANGE` unless ``init_range``
+        was given (a job that keeps an offline checkpoint's optimizer keeps its tables' init too,
+        so it loads); ``sparse_lr`` unset follows ``lr``."""
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
         if not (self.optimizer_given or self.lr_given):  # a given lr was chosen for Adam
             self.optimizer, self.lr = ONLINE_OPTIMIZER, ONLINE_LR
+            if not self.init_range_given:
+                self.init_range = ONLINE_INIT_RANGE
         if not self.sparse_lr_given:
             self.sparse_lr = self.lr
         self._tables = self._make_tables()

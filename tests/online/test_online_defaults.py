@@ -1,7 +1,9 @@
 """The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
 measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
-lines at the offline 1000 is a handful of steps), Adagrad at 0.02 on every table unless an
-optimizer or rate is given (new ids must learn within the passes that bring them), and one
+lines at the offline 1000 is a handful of steps), Adagrad at 0.01 on every table unless an
+optimizer or rate is given (new ids must learn within the passes that bring them), the
+embeddings then starting within 0.02 unless an init is given (a pass is scored on its new ids
+before it trains on them), and one
 compute worker unless a count is given (a pass's lines trained in order)."""
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def test_the_default_batch_is_1000_offline_and_32_online_and_a_given_one_holds_i
     assert default.describe()["batch_size"] == 32
 
 
-ADAM, ADAGRAD = aps.Adam(lr=0.001), aps.Adagrad(lr=0.02)
+ADAM, ADAGRAD = aps.Adam(lr=0.001), aps.Adagrad(lr=0.01)
 
 
 def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
@@ -50,7 +52,7 @@ def test_every_table_takes_adam_offline_and_adagrad_online(cls, tmp_path: Path) 
     assert set(optimizers(cls(meta=meta, optimizer="none", lr="None"), online=True).values()) == {ADAGRAD}
     model = cls(meta=meta)
     model.begin_online()
-    assert model.describe() | {"optimizer": "adagrad", "lr": 0.02, "batch_size": 32} == model.describe()
+    assert model.describe() | {"optimizer": "adagrad", "lr": 0.01, "batch_size": 32} == model.describe()
 
 
 def test_what_the_user_gives_holds_online() -> None:
@@ -61,12 +63,31 @@ def test_what_the_user_gives_holds_online() -> None:
     assert set(optimizers(CtrDnn(lr=0.003), online=True).values()) == {aps.Adam(lr=0.003)}
     # the sparse tables' own optimizer holds; its rate follows the online lr unless given
     sparse = optimizers(CtrDnn(sparse_optimizer="adam"), online=True)
-    assert (sparse[EMBEDDING], sparse["fc1.w"]) == (aps.Adam(lr=0.02), ADAGRAD)
+    assert (sparse[EMBEDDING], sparse["fc1.w"]) == (aps.Adam(lr=0.01), ADAGRAD)
     assert optimizers(CtrDnn(sparse_optimizer="adam", sparse_lr=0.001), online=True)[EMBEDDING] == ADAM
     wide = optimizers(WideDeep(wide_optimizer="adagrad", wide_lr=0.2), online=True)
     assert (wide[DEEP_EMB], wide[WIDE_SLOT], wide[WIDE_BIAS]) == (ADAGRAD, aps.Adagrad(lr=0.2), aps.Adagrad(lr=0.2))
     ftrl = optimizers(WideDeep(wide_optimizer="ftrl"), online=True)
     assert ftrl[WIDE_SLOT] == aps.Ftrl(alpha=1.0, beta=1.0) and ftrl[DEEP_EMB] == ADAGRAD
+
+
+def inits(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
+    if online:
+        model.begin_online()
+    return {name: t.init for t in model.tables() if (name := t.name) in model.slot_tables and name != WIDE_SLOT}
+
+
+@pytest.mark.parametrize("cls, offline", [(WideDeep, 0.1), (CtrDnn, 0.05)])
+def test_the_embeddings_start_narrower_online_unless_an_init_or_an_optimizer_is_given(cls, offline: float,
+                                                                                    tmp_path: Path) -> None:
+    meta = write_meta(tmp_path / "meta.json")
+    assert set(inits(cls(meta=meta), online=False).values()) == {aps.Uniform(-offline, offline)}
+    assert set(inits(cls(meta=meta), online=True).values()) == {aps.Uniform(-0.02, 0.02)}
+    # a given init holds in both; so does the offline one where the user keeps an offline
+    # checkpoint's optimizer (its tables' specs, init included, must match to load)
+    assert set(inits(cls(meta=meta, init_range=0.3), online=True).values()) == {aps.Uniform(-0.3, 0.3)}
+    assert set(inits(cls(meta=meta, optimizer="adam"), online=True).values()) == {aps.Uniform(-offline, offline)}
+    assert set(inits(cls(meta=meta, init_range="none"), online=True).values()) == {aps.Uniform(-0.02, 0.02)}
 
 
 @pytest.mark.parametrize("batch_size, steps", [(None, 5), (40, 4)])

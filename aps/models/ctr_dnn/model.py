@@ -48,6 +48,7 @@ class CtrDnn(CriteoModel):
 
     name = "ctr_dnn"
     slot_tables = (EMBEDDING,)
+    offline_init_range = 0.05
 
     def __init__(
         self,
@@ -56,7 +57,7 @@ class CtrDnn(CriteoModel):
         batch_size: int | None = None,
         lr: float | None = None,
         optimizer: str | None = None,
-        init_range: float = 0.05,
+        init_range: float | None = None,
         meta: str | None = None,
         seed: int = 0,
         bias_correction: str = "row",

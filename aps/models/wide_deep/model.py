@@ -47,6 +47,7 @@ class WideDeep(CriteoModel):
 
     name = "wide_deep"
     slot_tables = (WIDE_SLOT, DEEP_EMB)
+    offline_init_range = 0.1
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class WideDeep(CriteoModel):
         batch_size: int | None = None,
         lr: float | None = None,
         optimizer: str | None = None,
-        init_range: float = 0.1,
+        init_range: float | None = None,
         meta: str | None = None,
         seed: int = 0,
         bias_correction: str = "row",
