@@ -73,28 +73,12 @@ while it serves; save and load >= 300 MB/s. Prints a Markdown table with each ai
 writes JSON (``--json``). Everything runs in a temporary directory under ``--dir``, removed
 after.
 
-Results at commit ea48b63 (2026-11-28, the defaults, nothing else running; bench/README.md has
-the table): pulls 1.37 M rows/s at an 88.4% hit rate (aim 1.5: not met; 1.29-1.47 over three
-runs of the last three commits; all-RAM 5.24), p50 13.5 / p99 27.7 ms; pushes 0.82 M rows/s;
-RAM per cold key 0.44 bytes marginal, 1.80 beyond the budget, by RssAnon; pings p99 5.7 ms in
-the traffic and 13 ms (max 38) in the fill; save 1.1 s, load 1.7 s by hard links.
-
-Before (2026-11-28, 2 cores AMD EPYC, 24 GiB, at commit f4a4252; the defaults: 39M keys, 256 MiB,
-load average 1.1-2.1 from this run's own processes; bench/README.md, "Disk tables", has the
-tables). Disk table: filled at 0.21 M keys/s (all-RAM 1.03), 2,325,553 keys in RAM and
-36,674,447 on disk (2.73 GiB: 10.9x the budget), VmRSS 668 MiB after the fill (reads through
-``pread`` then; all-RAM 3,265),
-``ram_bytes`` 280 MiB (1.09x the budget); RAM per cold key 2.49 bytes marginal, 3.45 beyond the
-budget (aim <= 10: met). Traffic at an 88.4% hit rate (90.5% over the warm-up's second half):
-pulls 0.76 M rows/s (aim 1.5: not met; all-RAM 3.28), p50 24.8 / p99 41.3 ms (aim p99 <= 50:
-met); pushes 0.59 M rows/s (aim 0.5: met; all-RAM 1.28); ping p50 0.3 / p99 4.2 ms meanwhile (aim
-< 50: met; all-RAM 22.2), but p99 60.3 / max 520 ms during the fill's 100k-key pushes. Save 1.1 s
-for a 3.39 GB snapshot, 3.23 GB of it RocksDB's table files as hard links (3,141 MB/s of
-checkpoint, 151 MB/s of bytes written); load 1.8 s (1,891 MB/s of checkpoint, 91 read): aim
->= 300 MB/s met by linking (all-RAM: save 32.6 s, 81 MB/s; load 14.7 s, 180 MB/s). Sampled
-keys equal after both loads. At commit 094bcbb (a full save then wrote a hash table's files
-from RAM and disk): save 56.7 s (47 MB/s) and load 18.1 s (147 MB/s), pulls 0.72 and pushes
-0.53 M rows/s, pull p99 57.9 ms.
+Results at commit 694548c (2026-11-28, the defaults, nothing else running; bench/README.md has
+the table): a pull stages the cold rows it reads instead of bringing them in, so pulls 1.59 and
+1.51 M rows/s over two runs at an 89.7% hit rate (aim 1.5: met; 1.29-1.47 at ea48b63, all-RAM
+4.36-4.42), p50 11.6-11.9 / p99 23.1-24.0 ms; pushes 0.77-0.82 M rows/s; RAM per cold key
+0.20-0.34 bytes marginal by RssAnon; pings p99 4.9-5.2 ms in the traffic; save 1.0-1.1 s, load
+1.3-1.4 s by hard links.
 """
 
 from __future__ import annotations
