@@ -74,11 +74,11 @@ writes JSON (``--json``). Everything runs in a temporary directory under ``--dir
 after.
 
 Results at commit 694548c (2026-11-28, the defaults, nothing else running; bench/README.md has
-the table): a pull stages the cold rows it reads instead of bringing them in, so pulls 1.59 and
-1.51 M rows/s over two runs at an 89.7% hit rate (aim 1.5: met; 1.29-1.47 at ea48b63, all-RAM
-4.36-4.42), p50 11.6-11.9 / p99 23.1-24.0 ms; pushes 0.77-0.82 M rows/s; RAM per cold key
-0.20-0.34 bytes marginal by RssAnon; pings p99 4.9-5.2 ms in the traffic; save 1.0-1.1 s, load
-1.3-1.4 s by hard links.
+the table): a pull stages the cold rows it reads instead of bringing them in, so pulls 1.59,
+1.51 and 1.51 M rows/s over three runs at an 89.7% hit rate (aim 1.5: met; 1.29-1.47 at
+ea48b63, all-RAM 4.26-4.42), p50 11.6-12.3 / p99 23.1-24.0 ms; pushes 0.77-0.82 M rows/s; RAM
+per cold key 0.17-0.34 bytes marginal by RssAnon; pings p99 4.9-5.2 ms in the traffic; save
+0.9-1.1 s, load 1.3-1.4 s by hard links.
 """
 
 from __future__ import annotations
