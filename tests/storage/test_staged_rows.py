@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import aps
 from aps.storage.hash.disk_store import DiskHashStore, hot_keys
@@ -50,15 +51,15 @@ def test_the_oldest_generations_go_past_the_capacity_and_clear_forgets_all() -> 
     assert len(staged) == 0 and not staged.take(np.array([6], np.int64))[0].any()
 
 
-def spec(disk: bool = True) -> aps.HashTable:
+def spec(disk: bool = True, dtype: str = "float16") -> aps.HashTable:
     return aps.HashTable("emb", dim=DIM, init=aps.Uniform(-0.01, 0.01), optimizer=aps.Adagrad(lr=0.05, rowwise=True),
-                         dtype="float16", disk=aps.Disk(ram_bytes=4 << 20) if disk else None)
+                         dtype=dtype, disk=aps.Disk(ram_bytes=4 << 20) if disk else None)
 
 
-def filled(tmp_path: Path) -> tuple[DiskHashStore, HashSparseStore, np.ndarray]:
+def filled(tmp_path: Path, dtype: str = "float16") -> tuple[DiskHashStore, HashSparseStore, np.ndarray]:
     """A disk table and an all-RAM one after the same pushes of three times the hot rows' keys."""
-    disk, ram = DiskHashStore(spec(), tmp_path), HashSparseStore(spec(disk=False))
-    keys = np.arange(3 * hot_keys(spec()), dtype=np.int64)
+    disk, ram = DiskHashStore(spec(dtype=dtype), tmp_path), HashSparseStore(spec(disk=False, dtype=dtype))
+    keys = np.arange(3 * hot_keys(spec(dtype=dtype)), dtype=np.int64)
     rng = np.random.default_rng(0)
     for at in range(0, keys.size, 20_000):
         part = keys[at : at + 20_000]
@@ -69,9 +70,11 @@ def filled(tmp_path: Path) -> tuple[DiskHashStore, HashSparseStore, np.ndarray]:
     return disk, ram, keys
 
 
-def test_a_pull_answers_from_disk_without_bringing_the_keys_in_and_the_second_pull_brings_them(tmp_path: Path) -> None:
-    disk, ram, keys = filled(tmp_path)
-    cold = keys[:2000]  # the first pushed: on disk by now
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_pull_answers_from_disk_without_bringing_the_keys_in_and_the_second_pull_brings_them(dtype: str,
+                                                                                              tmp_path: Path) -> None:
+    disk, ram, keys = filled(tmp_path, dtype)
+    cold = keys[: min(2000, disk.staged.capacity)]  # the first pushed: on disk by now; all fit the buffer
     assert (disk.hot.index.lookup(cold) < 0).all()
     read, paged, hot = disk.cold.found_keys, disk.paged_in, len(disk.hot)
     assert np.array_equal(disk.pull(cold), ram.pull(cold))

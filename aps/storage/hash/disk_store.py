@@ -116,6 +116,14 @@ def cold_cache_nbytes(spec: HashTable) -> int:
     return min(spec.disk.ram_bytes // _COLD_SHARE, _COLD_CAP)
 
 
+def _column(records: np.ndarray, at: int, like: np.ndarray) -> tuple[np.ndarray, int]:
+    """The array of ``like``'s dtype and row shape that each record holds from byte ``at`` (a
+    copy), and the byte after it."""
+    width = like.itemsize * int(np.prod(like.shape[1:]))
+    out = records[:, at : at + width].copy().view(like.dtype).reshape(records.shape[0], *like.shape[1:])
+    return out, at + width
+
+
 def _remove(cold: ColdRows, directory: Path) -> None:
     cold.destroy()
     shutil.rmtree(directory, ignore_errors=True)
@@ -164,9 +172,8 @@ class DiskHashStore:
         #: the hot rows: an all-RAM hash store of the same table, held to ``capacity`` keys
         self.hot = HashSparseStore(replace(spec, disk=None, max_keys=None), rows=capacity, key_limit=capacity)
         self.cold = ColdRows(directory / "rows", self.hot.row_nbytes, cold_cache_nbytes(spec), snapshot=snapshot)
-        staged_room = spec.disk.ram_bytes - cold_cache_nbytes(spec) - _hot_room(spec)
         #: records pulls read from disk and did not bring in (a key's first touch)
-        self.staged = StagedRows(staged_room // (self.hot.row_nbytes + 9), self.hot.row_nbytes)
+        self.staged = StagedRows.within(spec.disk.ram_bytes - cold_cache_nbytes(spec) - _hot_room(spec), self.hot.row_nbytes)
         #: the files go when the shard does (a load replacing it, the table dropped, the server stopping)
         self._finalizer = weakref.finalize(self, _remove, self.cold, directory)
         self.capacity = capacity
@@ -202,7 +209,7 @@ class DiskHashStore:
             rows, _, (at, records) = self._bring_in(keys, admitting=False)
             out = self.hot.pull(keys, rows=rows)
             if at.size:
-                out[at] = decode(self._unpacked(records)["values"])
+                out[at] = self._values_of(records)
             return out
         return np.concatenate([self.pull(keys[at : at + step]) for at in range(0, keys.shape[0], step)])
 
@@ -429,19 +436,18 @@ class DiskHashStore:
 
     def _unpacked(self, records: np.ndarray) -> dict[str, np.ndarray]:
         """Records as the hot store's arrays by name (:meth:`HashSparseStore.slab_arrays`)."""
-        n, at = records.shape[0], 0
-
-        def take(arr: np.ndarray) -> np.ndarray:
-            nonlocal at
-            width = arr.itemsize * int(np.prod(arr.shape[1:]))
-            out = records[:, at : at + width].copy().view(arr.dtype).reshape(n, *arr.shape[1:])
-            at += width
-            return out
-
         slab = self.hot.slab
-        arrays = {"values": take(slab.values), **{name: take(arr) for name, arr in slab.state.items()}}
-        stats = take(self.hot.stats)
+        arrays: dict[str, np.ndarray] = {}
+        at = 0
+        for name, like in {"values": slab.values, **slab.state}.items():
+            arrays[name], at = _column(records, at, like)
+        stats, _ = _column(records, at, self.hot.stats)
         return {**arrays, **{field: stats[field] for field in stats.dtype.names or ()}}
+
+    def _values_of(self, records: np.ndarray) -> np.ndarray:
+        """The rows of records as float32 (their values come first: :meth:`_packed`), without
+        unpacking their optimizer state and statistics as :meth:`_unpacked` does."""
+        return decode(_column(records, 0, self.hot.slab.values)[0])
 
     # ------------------------------------------------------------ the whole table
 

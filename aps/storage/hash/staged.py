@@ -35,11 +35,19 @@ class _Generation:
 class StagedRows:
     """At most about ``capacity`` records of ``record_nbytes`` bytes by key, oldest out first."""
 
+    #: bytes a record costs besides its own: its key and its live flag
+    EXTRA_NBYTES = 8 + 1
+
     def __init__(self, capacity: int, record_nbytes: int) -> None:
         self.capacity = capacity
         self.record_nbytes = record_nbytes
         self._generations: deque[_Generation] = deque()
         self._held = 0  # records in every generation, taken ones included (their bytes are still held)
+
+    @classmethod
+    def within(cls, nbytes: int, record_nbytes: int) -> StagedRows:
+        """A buffer of as many records as ``nbytes`` of RAM hold."""
+        return cls(nbytes // (record_nbytes + cls.EXTRA_NBYTES), record_nbytes)
 
     def __len__(self) -> int:
         return self._held
@@ -47,7 +55,7 @@ class StagedRows:
     @property
     def nbytes(self) -> int:
         """Bytes of the records held and their keys."""
-        return self._held * (self.record_nbytes + 8 + 1)
+        return self._held * (self.record_nbytes + self.EXTRA_NBYTES)
 
     def add(self, keys: np.ndarray, records: np.ndarray) -> None:
         """Stage the records of ``keys`` (ascending, distinct, none staged already); the oldest
