@@ -43,15 +43,15 @@ from .hash_files import (
 
 
 def write_disk_table(
-    directory: Path, prefix: str, store: DiskHashStore, server: int, num_servers: int, mode: str
+    directory: Path, prefix: str, store: DiskHashStore, server: int, num_servers: int, mode: str, rows_as: str = "stored"
 ) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """Write the logical shards ``server`` of ``num_servers`` owns, the keys a save in ``mode``
-    selects (as :func:`~.hash_files.write_hash_table`); returns the manifest entry (a hash
-    table's) and, for a base or delta save, what to run once the shard is in place (the written
-    rows' delta scores reset in RAM and on disk, the covered deleted keys forgotten). Reads the
-    store only; the caller holds its requests back."""
+    selects, their rows written as ``rows_as`` (as :func:`~.hash_files.write_hash_table`);
+    returns the manifest entry (a hash table's) and, for a base or delta save, what to run once
+    the shard is in place (the written rows' delta scores reset in RAM and on disk, the covered
+    deleted keys forgotten). Reads the store only; the caller holds its requests back."""
     hot = store.hot
-    files, written = LogicalFiles(directory, prefix, hot, mode), []
+    files, written = LogicalFiles(directory, prefix, hot, mode, rows_as), []
     for shard, keys, rows in store.logical_rows(LogicalSharding(num_servers).logical_shards_of(server)):
         keep = hot.accessor.saved(rows["show"], rows["click"], rows["delta_score"], mode)
         order = np.argsort(keys[keep], kind="stable")

@@ -25,6 +25,12 @@ in the manifest's ``deleted``), so a reader drops them (storage/hash/deleted.py)
 forget the deleted keys they covered, again only once in place. Files without ``deleted_keys``
 (full and base saves, deltas written before it) list none.
 
+An export may write its rows as int8 instead (``rows_as="int8"``, for aps-serve: smaller files,
+faster to copy to the serving machines): a logical shard's file then holds its keys, ``values``
+as int8 codes and ``scales`` (float32, one a row), and in a delta ``deleted_keys``; no optimizer
+state, statistics or admission counters, so a pserver refuses to load it (its manifest entry
+says ``"rows_as": "int8"``).
+
 Last days and steps are written in the full statistics record's dtypes (int32, int64) whatever
 the table keeps, and a load gives them in its own (storage/hash/stats.py), so a table with
 ``stats="compact"`` and one without load each other's files.
@@ -48,9 +54,11 @@ from .. import npyio
 from ..errors import ConfigError, ServerError
 from ..sharding import LOGICAL_SHARDS, LogicalSharding
 from ..specs import HashTable, spec_to_dict
+from ..storage.hash.compact import decode
 from ..storage.hash.slab import MIN_ROWS
 from ..storage.hash.stats import STATS, as_full, as_layout
 from ..storage.hash.store import HashSparseStore
+from ..storage.int8_kernels import quantize
 
 #: what the manifest keeps of a store's counters besides its keys
 _COUNTERS = ("admitted", "rejected", "evicted", "pending_resets")
@@ -79,21 +87,22 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def write_hash_table(
-    directory: Path, prefix: str, store: HashSparseStore, server: int, num_servers: int, mode: str = "full"
+    directory: Path, prefix: str, store: HashSparseStore, server: int, num_servers: int, mode: str = "full",
+    rows_as: str = "stored",
 ) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """Write the logical shards ``server`` of ``num_servers`` owns; returns the manifest entry
     and, for a base or delta save, what to run once the shard is in place
     (:meth:`HashSparseStore.after_save`: the rows written start a new delta, the deleted keys
-    the save covered are forgotten). Reads the store only: the caller holds its writes back
-    meanwhile."""
+    the save covered are forgotten). ``rows_as``: what rows are written as (EXPORT_ROWS).
+    Reads the store only: the caller holds its writes back meanwhile."""
     keys, rows = store.index.items()
     keep = selected(store, rows, mode)
     written = _ByLogical.grouped(keys[keep], rows[keep])
-    files = LogicalFiles(directory, prefix, store, mode)
+    files = LogicalFiles(directory, prefix, store, mode, rows_as)
     slab = store.slab_arrays()
     for shard in LogicalSharding(num_servers).logical_shards_of(server):
         shard_keys, at = written.part(shard)
-        files.write(shard, shard_keys, {name: arr[at] for name, arr in slab.items()})
+        files.write(shard, shard_keys, {name: arr[at] for name, arr in slab.items() if rows_as == "stored" or name == "values"})
     entry = files.entry(store.spec)
     if mode == "full":
         return entry, None
@@ -106,8 +115,8 @@ class LogicalFiles:
     entry that lists them: what a hash table's save and a disk table's export share. ``clocks``:
     the store whose step, day, counters, admission counters and deleted keys the save records."""
 
-    def __init__(self, directory: Path, prefix: str, clocks: HashSparseStore, mode: str) -> None:
-        self.directory, self.prefix, self.clocks, self.mode = directory, prefix, clocks, mode
+    def __init__(self, directory: Path, prefix: str, clocks: HashSparseStore, mode: str, rows_as: str = "stored") -> None:
+        self.directory, self.prefix, self.clocks, self.mode, self.rows_as = directory, prefix, clocks, mode, rows_as
         #: the keys deleted since the last base or delta save that this save covers
         self.covered = clocks.deleted.keys() if mode != "full" else _NO_KEYS
         self._pending = _ByLogical.grouped(*clocks.pending_items())
@@ -119,10 +128,14 @@ class LogicalFiles:
     def write(self, shard: int, keys: np.ndarray, rows: dict[str, np.ndarray]) -> None:
         """Logical shard ``shard``'s file: ``keys`` (ascending) with their rows by name, the last
         days and steps in the full layout whatever the table keeps (storage/hash/stats.py), the
-        admission counters, and for a delta the deleted keys it does not write."""
-        arrays = {"keys": keys, **rows, **dict(zip(_PENDING, self._pending.part(shard)))}
-        clocks = self.clocks
-        arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], clocks.day, clocks.step)
+        admission counters, and for a delta the deleted keys it does not write. With int8 rows,
+        the keys' values alone, as int8 codes and a scale a row (:func:`int8_values`)."""
+        if self.rows_as == "int8":
+            arrays = {"keys": keys, **int8_values(rows["values"])}
+        else:
+            arrays = {"keys": keys, **rows, **dict(zip(_PENDING, self._pending.part(shard)))}
+            clocks = self.clocks
+            arrays["last_day"], arrays["last_step"] = as_full(arrays["last_day"], arrays["last_step"], clocks.day, clocks.step)
         if self._deleted is not None:
             (mine,) = self._deleted.part(shard)
             arrays["deleted_keys"] = _deleted_not_written(mine, keys)
@@ -138,8 +151,17 @@ class LogicalFiles:
             "spec": spec_to_dict(spec), "kind": "hash", "mode": self.mode, "step": clocks.step, "pushes": clocks.pushes,
             "day": clocks.day, "logical_shards": LOGICAL_SHARDS, "files": self.files, "keys": self.counts,
             **({"deleted": self.deleted_counts} if self._deleted is not None else {}),
+            **({"rows_as": self.rows_as} if self.rows_as != "stored" else {}),
             **{name: int(getattr(clocks, name)) for name in _COUNTERS},
         }
+
+
+def int8_values(values: np.ndarray) -> dict[str, np.ndarray]:
+    """A table's stored values (float32, float16, bfloat16's bits) as an int8 export writes them:
+    ``values`` int8 codes and ``scales`` float32, one a row (storage/int8_kernels.py: each
+    coordinate within half its row's scale, a zero row exactly zero)."""
+    codes, scales, _ = quantize(decode(values))
+    return {"values": codes, "scales": scales}
 
 
 def _deleted_not_written(deleted: np.ndarray, written: np.ndarray) -> np.ndarray:
@@ -247,6 +269,11 @@ def _logical_files(
 def _check_entries(spec: HashTable, sources: dict[int, tuple[Path, dict[str, Any]]], saved: LogicalSharding) -> None:
     """Each saved server's entry lists one file for each logical shard it owned."""
     for index, (directory, entry) in sources.items():
+        if entry.get("rows_as", "stored") != "stored":
+            raise ConfigError(
+                f"checkpoint {directory}: hash table {spec.name!r} was exported with {entry['rows_as']} rows, values only, for "
+                "aps-serve: a pserver loads a full checkpoint or an export with the rows as stored"
+            )
         owned = {str(l) for l in saved.logical_shards_of(index)}
         if entry.get("logical_shards") != LOGICAL_SHARDS or set(entry.get("files", ())) != owned or set(entry.get("keys", ())) != owned:
             raise ConfigError(

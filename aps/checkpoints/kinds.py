@@ -77,10 +77,14 @@ class TableFormat(ABC):
 
     @abstractmethod
     def write(
-        self, directory: Path, prefix: str, store: Any, shard: int, num_shards: int, mode: str, progress: tqdm
+        self, directory: Path, prefix: str, store: Any, shard: int, num_shards: int, mode: str, progress: tqdm,
+        rows_as: str = "stored",
     ) -> tuple[dict[str, Any], AfterSave | None]:
         """Write server ``shard``'s part of a table under ``directory`` (file names start with
-        ``prefix``); returns its manifest entry and what to run once the shard is in place."""
+        ``prefix``); returns its manifest entry and what to run once the shard is in place.
+        ``rows_as`` (EXPORT_ROWS): what a base or delta save writes a hash table's rows as;
+        fixed and dense tables are written as they are held whatever it says (aps-serve serves
+        them as exported)."""
 
     @abstractmethod
     def load(
@@ -124,7 +128,8 @@ class FixedFormat(TableFormat):
     store_type = SparseShard
 
     def write(
-        self, directory: Path, prefix: str, store: SparseShard, shard: int, num_shards: int, mode: str, progress: tqdm
+        self, directory: Path, prefix: str, store: SparseShard, shard: int, num_shards: int, mode: str, progress: tqdm,
+        rows_as: str = "stored",
     ) -> tuple[dict[str, Any], AfterSave | None]:
         files = {}
         for name, array in store.state_arrays().items():
@@ -186,7 +191,8 @@ class DenseFormat(TableFormat):
     store_type = DenseShard
 
     def write(
-        self, directory: Path, prefix: str, store: DenseShard, shard: int, num_shards: int, mode: str, progress: tqdm
+        self, directory: Path, prefix: str, store: DenseShard, shard: int, num_shards: int, mode: str, progress: tqdm,
+        rows_as: str = "stored",
     ) -> tuple[dict[str, Any], AfterSave | None]:
         blocks = []
         for index in sorted(store.blocks):
@@ -251,9 +257,10 @@ class HashFormat(TableFormat):
         return store.nbytes
 
     def write(
-        self, directory: Path, prefix: str, store: HashSparseStore, shard: int, num_shards: int, mode: str, progress: tqdm
+        self, directory: Path, prefix: str, store: HashSparseStore, shard: int, num_shards: int, mode: str, progress: tqdm,
+        rows_as: str = "stored",
     ) -> tuple[dict[str, Any], AfterSave | None]:
-        entry, after = write_hash_table(directory, prefix, store, shard, num_shards, mode)
+        entry, after = write_hash_table(directory, prefix, store, shard, num_shards, mode, rows_as)
         progress.update(store.nbytes)
         return entry, after
 
@@ -297,12 +304,13 @@ class DiskFormat(HashFormat):
         return store.nbytes + store.disk_nbytes
 
     def write(  # type: ignore[override]
-        self, directory: Path, prefix: str, store: DiskHashStore, shard: int, num_shards: int, mode: str, progress: tqdm
+        self, directory: Path, prefix: str, store: DiskHashStore, shard: int, num_shards: int, mode: str, progress: tqdm,
+        rows_as: str = "stored",
     ) -> tuple[dict[str, Any], AfterSave | None]:
         if mode == "full":
             entry, after = write_disk_snapshot(directory, prefix, store), None
         else:
-            entry, after = write_disk_table(directory, prefix, store, shard, num_shards, mode)
+            entry, after = write_disk_table(directory, prefix, store, shard, num_shards, mode, rows_as)
         progress.update(self.nbytes(store))
         return entry, after
 

@@ -40,7 +40,7 @@ from ..durable import fsync_dir as _fsync_dir
 from ..durable import sync_tree
 from ..errors import ConfigError
 from ..specs import spec_from_dict
-from ..storage.hash.accessor import SAVE_MODES
+from ..storage.hash.accessor import EXPORT_ROWS, SAVE_MODES
 from ..storage.hash.store import HashSparseStore
 from ..storage.tables import DenseShard, SparseShard
 from .kinds import DEFAULT_FORMATS, AfterSave, SavedShard, TableFormat, TableFormats
@@ -67,10 +67,21 @@ def _progress(what: str, total: int, unit: str) -> tqdm:
     return tqdm(total=total, desc=what, unit=unit, unit_scale=True, leave=False, disable=not sys.stderr.isatty())
 
 
+def check_save_rows(mode: str, rows_as: str) -> None:
+    """Refuse (ConfigError) a save mode or rows format that is not one, and int8 rows in a full
+    save: a full save is what a pserver resumes from, and int8 rows keep no optimizer state."""
+    if mode not in SAVE_MODES:
+        raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+    if rows_as not in EXPORT_ROWS:
+        raise ConfigError(f"export rows must be one of {', '.join(EXPORT_ROWS)}, got {rows_as!r}")
+    if rows_as != "stored" and mode == "full":
+        raise ConfigError(f"{rows_as} rows are for exports (a base or delta save), not a full save that a pserver resumes from")
+
+
 def save_shard(
     path: str | os.PathLike[str], shards: dict[str, Shard], shard: int, num_shards: int, extra: dict[str, Any],
     save_id: str = "", mode: str = "full", base_save_id: str | None = None, previous_save_id: str | None = None,
-    formats: TableFormats = DEFAULT_FORMATS,
+    formats: TableFormats = DEFAULT_FORMATS, rows_as: str = "stored",
 ) -> Path:
     """Atomically write server ``shard`` of ``num_shards``'s tables under ``path``; returns the dir.
 
@@ -86,13 +97,14 @@ def save_shard(
     save id of the base or delta save this server wrote before it (``previous_save_id``; None:
     none since it started or loaded): an export (aps/client/export.py) checks that no other such
     save came between two of its own, since each resets the delta scores of the keys it wrote.
+    ``rows_as`` (EXPORT_ROWS): "int8" writes a base or delta save's hash table rows as int8
+    codes and a scale a row, for serving only (hash_files.py).
     """
     try:
         json.dumps(extra)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"checkpoint extra must be JSON-serialisable: {exc}") from exc
-    if mode not in SAVE_MODES:
-        raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+    check_save_rows(mode, rows_as)
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     final = root / shard_dir_name(shard, num_shards)
@@ -107,7 +119,7 @@ def save_shard(
             for i, (name, table) in enumerate(sorted(shards.items())):
                 # index keeps names distinct even on case-insensitive filesystems; quote makes them safe
                 prefix = f"t{i:04d}-{quote(name, safe='')}"
-                tables[name], then = formats.of(table).write(tmp, prefix, table, shard, num_shards, mode, progress)
+                tables[name], then = formats.of(table).write(tmp, prefix, table, shard, num_shards, mode, progress, rows_as)
                 if then is not None:
                     after.append(then)
         sync_tree(tmp)  # every table file durable before the manifest that names them

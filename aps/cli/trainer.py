@@ -13,6 +13,7 @@ import structlog
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
 from ..models import BUILTIN, build_model
+from ..storage.hash.accessor import EXPORT_ROWS
 from ..tls import ca_context
 from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from ..trainer.online_exports import ExportOptions
@@ -118,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--export-dir", metavar="ROOT",
                     help="trainer 0 exports for aps-serve into ROOT (relative: the pservers' checkpoint root): a base "
                     "after the first pass and at new days, deltas between (docs/operations.md)")
+    on.add_argument("--export-rows", choices=EXPORT_ROWS, default=EXPORT_ROWS[0],
+                    help="what exports write hash tables' rows as: stored (as the pservers store them, with optimizer "
+                    "state: a pserver can load the export; the default) or int8 (int8 codes and a float32 scale a row, "
+                    "values only: dim + 4 bytes a row, for aps-serve)")
     on.add_argument("--delta-every", type=int, default=1, metavar="N", help="a delta export every N passes (default 1)")
     on.add_argument("--base-every", type=int, default=1, metavar="N",
                     help="shrink every hash table and export a base every N days (default 1)")
@@ -251,7 +256,9 @@ def online_options(args: argparse.Namespace) -> OnlineOptions:
         raise ConfigError("--epochs is for --data: online training trains each pass once")
     if args.resume and args.no_save:
         raise ConfigError("--resume reads the checkpoints in --save-dir: it cannot go with --no-save")
-    export = ExportOptions(args.export_dir, args.delta_every, args.base_every) if args.export_dir else None
+    if args.export_rows != EXPORT_ROWS[0] and not args.export_dir:
+        raise ConfigError(f"--export-rows {args.export_rows} says what --export-dir's exports hold: pass --export-dir too")
+    export = ExportOptions(args.export_dir, args.delta_every, args.base_every, args.export_rows) if args.export_dir else None
     return OnlineOptions(save_every=args.save_every_passes, resume=args.resume, score=not args.no_score, export=export,
                          keep_passes=args.keep_passes)
 

@@ -43,6 +43,7 @@ from ..serving.layout import (
     write_done,
 )
 from ..specs import TABLE_SPECS, spec_from_dict
+from ..storage.hash.accessor import EXPORT_ROWS
 
 #: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
 SaveAll = Callable[[wire.Save], Awaitable[object]]
@@ -66,12 +67,16 @@ class ExportInfo:
 
 async def export(
     save_all: SaveAll, first_root: FirstRoot, num_servers: int, root: str, kind: str, specs: Sequence[type[Any]] = TABLE_SPECS,
+    rows: str = "stored",
 ) -> ExportInfo:
     """See :meth:`PSClient.export`. It is handed the two requests it makes, not the client:
     the client's module is the one that imports this. ``specs``: the spec classes the client
-    knows, which the tables' specs are read back as (to write each table's shape)."""
+    knows, which the tables' specs are read back as (to write each table's shape); ``rows``:
+    what hash tables' rows are written as (EXPORT_ROWS)."""
     if kind not in KINDS:
         raise ConfigError(f"export kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if rows not in EXPORT_ROWS:
+        raise ConfigError(f"export rows must be one of {', '.join(EXPORT_ROWS)}, got {rows!r}")
     if not isinstance(root, (str, os.PathLike)) or not str(root):
         raise ConfigError(f"export root must be a directory path, got {root!r}")
     root = os.fspath(root)
@@ -79,7 +84,10 @@ async def export(
     version, base_version, previous = await asyncio.to_thread(_plan, local, kind)
     name = export_dir_name(version, kind)
     save_id = uuid.uuid4().hex
-    await save_all(wire.Save(path=os.path.join(root, name), save_id=save_id, mode=kind))
+    # rows_as is sent only when it is not the default (a pserver from before it keeps taking
+    # plain exports); it follows extra on the wire, so extra is then sent too, empty
+    wire_rows = (None, None) if rows == "stored" else ("{}", rows)
+    await save_all(wire.Save(path=os.path.join(root, name), save_id=save_id, mode=kind, extra=wire_rows[0], rows_as=wire_rows[1]))
     manifest = await asyncio.to_thread(
         _finish, local / name, num_servers, save_id, kind, version, base_version, previous, specs
     )
@@ -156,6 +164,7 @@ def _finish(
                 raise ConfigError(f"export {directory}: table {name!r} has a different spec on shard {k} than on shard 0")
             if entry.get("kind") == "hash":
                 table["keys"] += sum(int(n) for n in entry["keys"].values())
+                table["rows_as"] = entry.get("rows_as", "stored")
     for name, table in tables.items():
         spec = spec_from_dict(table["spec"], specs)
         table["kind"] = spec.kind

@@ -505,7 +505,7 @@ class PSClient:
         wire_mode = None if mode == "full" and text is None else mode  # a present extra needs the mode before it
         await self._all(wire.Save(path=path, save_id=uuid.uuid4().hex, mode=wire_mode, extra=text), timeout)
 
-    async def export(self, root: str, kind: str, timeout: Timeout = None) -> ExportInfo:
+    async def export(self, root: str, kind: str, timeout: Timeout = None, *, rows: str = "stored") -> ExportInfo:
         """Write export ``root/<version>-<kind>/`` for serving (aps-serve) and return its
         :class:`~aps.client.export.ExportInfo` (version, base version, path, key counts).
 
@@ -515,11 +515,16 @@ class PSClient:
         both). The version is one more than the highest in ``root`` (relative: from the pservers'
         checkpoint root); the export is complete once its manifest and done marker are written,
         after every pserver's shard. ``root`` must be storage the pservers and this client see
-        at the same path (aps/client/export.py, docs/operations.md "Exports and serving")."""
+        at the same path (aps/client/export.py, docs/operations.md "Exports and serving").
+
+        ``rows``: "stored" (the default) writes hash tables' rows as the tables store them, with
+        their optimizer state and statistics (a pserver can load the export); "int8" writes
+        each row as int8 codes and a float32 scale (dim + 4 bytes a key's row instead of 4 x dim
+        with its state), for aps-serve only: each coordinate within half its row's scale."""
         async def first_root() -> tuple[str, str | None]:
             return self.addresses[0], (await self.checkpoint_roots()).get(self.addresses[0])
 
-        return await export(lambda msg: self._all(msg, timeout), first_root, self.num_servers, root, kind, self._spec_types)
+        return await export(lambda msg: self._all(msg, timeout), first_root, self.num_servers, root, kind, self._spec_types, rows)
 
     async def shrink(
         self, table: str, *, decay: float = 0.98, threshold: float = 0.8, ttl: int | None = None, days: int = 0,

@@ -24,10 +24,9 @@ from .. import wire
 from ..checkpoints.deltas import load_with_deltas
 from ..checkpoints.kinds import DEFAULT_FORMATS, TableFormats
 from ..checkpoints.latest import latest_checkpoint
-from ..checkpoints.shards import load_own_shard, load_shards, save_shard, shard_dir_name
+from ..checkpoints.shards import check_save_rows, load_own_shard, load_shards, save_shard, shard_dir_name
 from ..checkpoints.stale import remove_stale_saves
 from ..errors import ApsError, ConfigError, ErrorCode, ServerError
-from ..storage.hash.accessor import SAVE_MODES
 from ..storage.tables import Shard
 from .config import ServerConfig
 from .gate import WriteGate
@@ -102,16 +101,18 @@ class CheckpointHandlers:
     def save(self, msg: wire.Save) -> Awaitable[wire.Message]:
         """A client's SAVE: refused at once, or the save's reply to await (writes wait meanwhile)."""
         path = self._confine(msg.path)
-        mode = msg.mode or "full"
-        if mode not in SAVE_MODES:
-            raise ServerError(ErrorCode.BAD_REQUEST, f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+        mode, rows_as = msg.mode or "full", msg.rows_as or "stored"
+        try:
+            check_save_rows(mode, rows_as)
+        except ConfigError as exc:
+            raise ServerError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if mode == "delta" and self.base_save_id is None:
             raise ServerError(
                 ErrorCode.BAD_REQUEST,
                 f"a delta save follows a base save, and server {self.config.server_index} has written or loaded none: save mode='base' first",
             )
         extra = _client_extra(msg.extra)
-        return self.gate.hold(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode, extra))
+        return self.gate.hold(lambda: self.write_checkpoint(path, msg.save_id, msg.path, mode, extra, rows_as))
 
     async def save_own_shard(self, path: str, save_id: str) -> float | None:
         """Write this server's shard at ``path`` once the writes already queued are applied (its
@@ -123,13 +124,15 @@ class CheckpointHandlers:
         return self.stats.last_save_seconds
 
     async def write_checkpoint(
-        self, path: str, save_id: str, shown: str | None = None, mode: str = "full", extra: dict[str, Any] | None = None
+        self, path: str, save_id: str, shown: str | None = None, mode: str = "full", extra: dict[str, Any] | None = None,
+        rows_as: str = "stored",
     ) -> wire.Message:
         """Write this server's shard under ``path`` from a thread; the caller holds the write
         gate, so the tables do not change until it is done (a consistent snapshot). ``mode``:
         "full", "base" or "delta" (hash_checkpoint.py). ``extra``: a client's keys for this
         save's manifest, over the server's own, for this save only (an online trainer's
-        position describes the tables as they are now, not as a later save finds them)."""
+        position describes the tables as they are now, not as a later save finds them).
+        ``rows_as``: what hash tables' rows are written as (shards.save_shard)."""
         tables, extra = dict(self.held.tables), {**self.extra, **(extra or {})}
         index, servers = self.config.server_index, self.config.num_servers
         started = time.monotonic()
@@ -139,7 +142,7 @@ class CheckpointHandlers:
                     await quiet.enter_async_context(lock)
                 await asyncio.to_thread(
                     save_shard, path, tables, index, servers, extra, save_id=save_id, mode=mode, base_save_id=self.base_save_id,
-                    previous_save_id=self.previous_save_id, formats=self.formats,
+                    previous_save_id=self.previous_save_id, formats=self.formats, rows_as=rows_as,
                 )
         except OSError as exc:
             raise ServerError(ErrorCode.IO_ERROR, f"save to {shown or path!r} failed: {exc}") from None

@@ -2,7 +2,7 @@
 (``aps-serve --rows int8``): dim + 4 bytes a row instead of 4 x dim.
 
 Rows are quantized as a base or a delta is loaded (int8_kernels.quantize_rows, off the event
-loop like the rest of a build) and read back as float32 on lookup (dequantize_rows), so clients
+loop like the rest of a build; an export written with int8 rows is held as written) and read back as float32 on lookup (dequantize_rows), so clients
 see float32 rows as from any aps-serve, each coordinate within half its row's scale of the row
 exported. Everything else is :class:`ServedHash`'s: the index, deltas (a delta's rows replace
 the held ones, quantized on arrival; its deleted keys go), and unknown keys, which read their
@@ -23,7 +23,7 @@ import structlog
 from ..specs import HashTable
 from ..storage.hash.compact import decode
 from ..storage.hash.slab import RowSlab
-from .int8_kernels import dequantize_rows, quantize_rows
+from ..storage.int8_kernels import dequantize_rows, quantize_rows
 from .model import ExportFiles, Served, ServedHash
 
 log = structlog.get_logger("aps.serving")
@@ -62,9 +62,16 @@ class ServedInt8Hash(ServedHash):
     def held_dtype(self) -> str:
         return "int8"
 
-    def _write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Quantize ``values`` (as exported: float32, float16, bfloat16's bits) into slab ``rows``."""
-        self._nonfinite += quantize_rows(np.ascontiguousarray(decode(values)), rows, self.slab.values, self.scales)
+    def _write(self, rows: np.ndarray, values: np.ndarray, scales: np.ndarray | None) -> None:
+        """Quantize ``values`` (as exported: float32, float16, bfloat16's bits) into slab
+        ``rows``; int8 codes and their ``scales`` (an export written with int8 rows) are held
+        as they are, not quantized again."""
+        if scales is None:
+            self._nonfinite += quantize_rows(np.ascontiguousarray(decode(values)), rows, self.slab.values, self.scales)
+        else:
+            self.slab.values[rows] = values
+            self.scales[rows] = scales
+            self._nonfinite += int(np.isnan(scales).sum())
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys`` as float32: held rows dequantized, an unknown key's initial row as a

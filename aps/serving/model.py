@@ -12,7 +12,9 @@ seed, key) (init_kernels.py), so serving and training agree on keys that were ne
 a key a shrink deleted before a base is not in that base, nor in what is built from it, and one
 deleted after it (a shrink, an eviction, a TTL) is dropped by the next delta, which lists it.
 
-Only the values are read of a shard's files (no optimizer state, no statistics), and every file
+Only the values are read of a shard's files (no optimizer state, no statistics; an export written
+with int8 rows holds only its rows' codes and scales, read back as aps-serve --rows int8 reads
+them, so either --rows serves such an export's rows alike), and every file
 read is checked against the SHA-256 the export's manifest gives for it before it is parsed. A
 count a manifest claims (keys, rows) is checked against the bytes of the files that hold them
 before anything is allocated for it, and any other error the content raises is a ConfigError:
@@ -40,10 +42,12 @@ from ..digests import bytes_sha256
 from ..errors import ConfigError, ErrorCode, ServerError
 from ..sharding import ModuloSharding
 from ..specs import DenseTable, HashTable, SparseTable, TableSpec, spec_from_dict
+from ..storage.hash.accessor import EXPORT_ROWS
 from ..storage.hash.compact import as_stored, decode, storage_dtype, value_row_nbytes
 from ..storage.hash.index import HashIndex
 from ..storage.hash.slab import RowSlab
 from ..storage.init_kernels import init_key_rows, table_seed
+from ..storage.int8_kernels import dequantize_rows
 from ..storage.table_classes import BySpecClass
 
 
@@ -79,7 +83,7 @@ class ServedHash:
             store = old.copy()  # type: ignore[union-attr]
         for part in files.hash_parts(name, spec):
             store.delete(part.deleted)
-            store.put(part.keys, part.values)
+            store.put(part.keys, part.values, part.scales)
         return store
 
     def __len__(self) -> int:
@@ -118,16 +122,24 @@ class ServedHash:
         if self.spec.dtype != "float32":  # as a pserver's compact table reads it
             out[unknown] = as_stored(out[unknown], self.spec.dtype)
 
-    def put(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Set the rows of ``keys`` (unique), inserting the keys not held yet."""
+    def put(self, keys: np.ndarray, values: np.ndarray, scales: np.ndarray | None = None) -> None:
+        """Set the rows of ``keys`` (unique), inserting the keys not held yet. ``values`` as
+        exported: float32, float16 or bfloat16's bits, or int8 codes with a float32 ``scales``
+        a row (an export written with int8 rows)."""
         self.slab.fit(keys.shape[0])  # doubles the rows as a pserver's slab does
-        self._write(self.index.insert(keys), values)
+        self._write(self.index.insert(keys), values, scales)
         if self.index.resizing:  # a version is built off the loop: finish the resize here, not in lookups
             self.index.rehash_step(self.index.slots)
 
-    def _write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Hold ``values`` (as exported: float32, float16, bfloat16's bits) in slab ``rows``, as float32."""
-        self.slab.values[rows] = decode(values)
+    def _write(self, rows: np.ndarray, values: np.ndarray, scales: np.ndarray | None) -> None:
+        """Hold ``values`` (as :meth:`put` takes them) in slab ``rows``, as float32: int8 codes
+        read back as ``code * scale``, as ``aps-serve --rows int8`` reads them."""
+        if scales is None:
+            self.slab.values[rows] = decode(values)
+        else:
+            read = np.empty(values.shape, np.float32)
+            dequantize_rows(values, scales, np.arange(values.shape[0], dtype=np.int64), read)
+            self.slab.values[rows] = read
 
     def delete(self, keys: np.ndarray) -> None:
         """Drop ``keys`` (unknown ones are skipped): they read their initial row again. Their
@@ -291,13 +303,27 @@ def _model(manifest: dict[str, Any], tables: dict[str, Served], specs: dict[str,
     )
 
 
+_NO_KEYS = np.empty(0, np.int64)
+
+
 class HashPart(NamedTuple):
-    """One logical shard file of a hash table in an export: its keys, their values, and the keys
-    it lists as deleted (a delta's; empty otherwise)."""
+    """One logical shard file of a hash table in an export: its keys, their values, the keys it
+    lists as deleted (a delta's; empty otherwise), and the values' scales when they are int8
+    codes (an export written with int8 rows; None otherwise)."""
 
     keys: np.ndarray
     values: np.ndarray
-    deleted: np.ndarray = np.empty(0, np.int64)
+    deleted: np.ndarray = _NO_KEYS
+    scales: np.ndarray | None = None
+
+
+def _int8_rows(entry: dict[str, Any]) -> bool:
+    """Whether a shard manifest's hash table entry says its rows were written as int8 codes
+    and a scale a row (aps/checkpoints/hash_files.py); refuses a rows format it does not know."""
+    rows_as = entry.get("rows_as", "stored")
+    if rows_as not in EXPORT_ROWS:
+        raise ConfigError(f"hash table rows written as {rows_as!r}, not one of {', '.join(EXPORT_ROWS)}")
+    return bool(rows_as == "int8")
 
 
 class ExportFiles:
@@ -347,9 +373,9 @@ class ExportFiles:
         8 + dim values' bytes a key, and 8 a deleted key) and the manifest's total must be their
         sum."""
         total = 0
-        key_bytes = 8 + value_row_nbytes(spec.dtype, spec.dim)
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
+            key_bytes = 8 + (spec.dim + 4 if _int8_rows(entry) else value_row_nbytes(spec.dtype, spec.dim))
             for logical, file in entry["files"].items():
                 count, deleted = int(entry["keys"][logical]), int(entry.get("deleted", {}).get(logical, 0))
                 nbytes = count * key_bytes + deleted * 8
@@ -383,22 +409,28 @@ class ExportFiles:
         lists none."""
         for shard, manifest in self.shards:
             entry = manifest["tables"][name]
+            int8 = _int8_rows(entry)
             for logical, file in entry["files"].items():
                 count, deleted = int(entry["keys"][logical]), int(entry.get("deleted", {}).get(logical, 0))
                 if count == 0 and deleted == 0:
                     continue
-                names = ("keys", "values", "deleted_keys") if deleted else ("keys", "values")
-                part = HashPart(*self._array(f"{shard}/{file}", names))
+                names = ("keys", "values", *(("deleted_keys",) if deleted else ()), *(("scales",) if int8 else ()))
+                found = dict(zip(names, self._array(f"{shard}/{file}", names)))
+                part = HashPart(found["keys"], found["values"], found.get("deleted_keys", _NO_KEYS), found.get("scales"))
                 self._check_part(f"{shard}/{file}", part, spec, count, deleted)
                 yield part
 
     def _check_part(self, relative: str, part: HashPart, spec: HashTable, count: int, deleted: int) -> None:
-        """A file's arrays have the counts the manifest gives and the table's dtypes."""
-        keys, values, gone = part
-        if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != storage_dtype(spec.dtype) or values.shape != (count, spec.dim):
+        """A file's arrays have the counts the manifest gives and the table's dtypes (int8 codes
+        and float32 scales for int8 rows)."""
+        keys, values, gone, scales = part
+        dtype = np.int8 if scales is not None else storage_dtype(spec.dtype)
+        if keys.dtype != np.int64 or keys.shape != (count,) or values.dtype != dtype or values.shape != (count, spec.dim):
             raise ConfigError(f"export {self.directory}: {relative} holds {keys.dtype}{keys.shape} keys, {values.dtype}{values.shape} values")
         if gone.dtype != np.int64 or gone.shape != (deleted,):
             raise ConfigError(f"export {self.directory}: {relative} lists {gone.dtype}{gone.shape} deleted keys, expected {deleted} int64")
+        if scales is not None and (scales.dtype != np.float32 or scales.shape != (count,)):
+            raise ConfigError(f"export {self.directory}: {relative} holds {scales.dtype}{scales.shape} scales, expected {count} float32")
 
     def fixed_rows(self, name: str, spec: SparseTable) -> np.ndarray:
         """A fixed table's rows, put together from every shard's part."""

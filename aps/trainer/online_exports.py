@@ -26,6 +26,7 @@ import structlog
 
 from ..client import PSClient
 from ..errors import ConfigError
+from ..storage.hash.accessor import EXPORT_ROWS
 from .model import Model
 from .sources.base import Pass
 
@@ -40,10 +41,14 @@ class ExportOptions:
     delta_every: int = 1
     #: shrink and a base export every N days
     base_every: int = 1
+    #: what the exports write hash tables' rows as (``PSClient.export``'s ``rows``)
+    rows: str = "stored"
 
     def __post_init__(self) -> None:
         if self.delta_every < 1 or self.base_every < 1:
             raise ConfigError(f"--delta-every and --base-every must be >= 1, got {self.delta_every}, {self.base_every}")
+        if self.rows not in EXPORT_ROWS:
+            raise ConfigError(f"--export-rows must be one of {', '.join(EXPORT_ROWS)}, got {self.rows!r}")
 
 
 def hash_tables(model: Model) -> list[str]:
@@ -93,7 +98,7 @@ class Exporter:
             kind = "delta"
         else:
             return {}
-        info = await ps.export(self.options.root, kind)
+        info = await ps.export(self.options.root, kind, rows=self.options.rows)
         self._have_base = True
         self._passes = 0
         if kind == "base":

@@ -186,7 +186,7 @@ class Save(Message):
     loader can tell shards of one save from a mix of two."""
 
     OP = Op.SAVE
-    FIELDS = (("path", "str"), ("save_id", "str"), ("mode", "str?"), ("extra", "str?"))
+    FIELDS = (("path", "str"), ("save_id", "str"), ("mode", "str?"), ("extra", "str?"), ("rows_as", "str?"))
     path: str = ""
     save_id: str = ""
     #: optional (new in version 3): "full", "base" or "delta" (hash tables' keys by score or
@@ -195,6 +195,10 @@ class Save(Message):
     #: optional: a JSON object merged into this save's manifest ``extra`` (an online trainer's
     #: position); needs ``mode`` sent
     extra: str | None = None
+    #: optional: what a base or delta save writes hash tables' rows as, "stored" or "int8"
+    #: (codes and a scale a row, for serving: aps/checkpoints/hash_files.py); absent: "stored";
+    #: needs ``extra`` sent
+    rows_as: str | None = None
 
 
 @dataclass(slots=True)

@@ -61,6 +61,12 @@ def test_aps_trainer_export_flags_make_the_export_options() -> None:
     )
     assert online_options(args).export == ExportOptions("exp", delta_every=3, base_every=2)
     assert online_options(build_parser().parse_args(["--model", "m", "--data-passes", "r"])).export is None
+    int8 = build_parser().parse_args(["--model", "m", "--data-passes", "r", "--export-dir", "exp", "--export-rows", "int8"])
+    assert online_options(int8).export == ExportOptions("exp", rows="int8")
+    with pytest.raises(aps.ConfigError, match="--export-rows int8 says what --export-dir's exports hold: pass --export-dir too"):
+        online_options(build_parser().parse_args(["--model", "m", "--data-passes", "r", "--export-rows", "int8"]))
+    with pytest.raises(aps.ConfigError, match="--export-rows must be one of stored, int8, got 'int4'"):
+        ExportOptions("exp", rows="int4")
 
 
 def write_lines(root: Path, name: str, lines: list[tuple[int, int, int]]) -> None:
@@ -91,7 +97,10 @@ async def test_the_day_ticks_shrink_leaves_evicted_keys_out_of_the_base_and_out_
     try:
         options = TrainOptions(save_dir=None, print_period=0, live_line=False)
         trainer = Trainer(HashCountingLR(batch_size=40), Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
-        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=ExportOptions("exports")))
+        # int8 rows: the served rows below hold as they do for rows as stored (dim 1: the code is
+        # +-127 and the scale |row| / 127, so a row trained away from 0 is served nonzero)
+        export = ExportOptions("exports", rows="int8")
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=export))
         async with aps.connect([server.address]) as ps:
             held = (await ps.table_info("w")).keys
     finally:
@@ -108,6 +117,8 @@ async def test_the_day_ticks_shrink_leaves_evicted_keys_out_of_the_base_and_out_
     version, count, after = await served_keys(tmp_path / "exports", np.concatenate([evicted, kept]))
     assert (version, count) == (2, 4)  # the day's base holds the kept keys only
     assert not after[:40].any() and (after[40:] != 0).all()  # evicted keys read their init row again
+    manifest = json.loads((tmp_path / "exports" / "00000002-base" / "export.json").read_text())
+    assert manifest["tables"]["w"]["rows_as"] == "int8"
 
 
 @pytest.mark.slow  # worker processes and four exports: ~10 s on a loaded machine
@@ -120,7 +131,10 @@ async def test_each_new_day_ticks_the_hash_tables_day_before_its_pass_so_ttl_day
         options = TrainOptions(save_dir=None, print_period=0, live_line=False)
         model = HashCountingLR(ttl_days=1, batch_size=10)
         trainer = Trainer(model, Strategy(mode="async", workers=1), ClusterSpec([server.address], 1), 0, options)
-        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=ExportOptions("exports")))
+        # int8 rows: the served rows below hold as they do for rows as stored (dim 1: the code is
+        # +-127 and the scale |row| / 127, so a row trained away from 0 is served nonzero)
+        export = ExportOptions("exports", rows="int8")
+        result = await trainer.atrain_passes(PassDir(str(data), wait=0), OnlineOptions(export=export))
         async with aps.connect([server.address]) as ps:
             held = (await ps.table_info("w")).keys
             rows = (await ps.pull_sparse("w", np.arange(300, 304)))[:, 0]

@@ -19,9 +19,9 @@ import pytest
 import aps
 from aps.errors import ConfigError, ErrorCode
 from aps.server.config import ServerConfig
-from aps.serving.int8_kernels import dequantize_rows, quantize_rows
 from aps.serving.model import SERVED_TABLES
 from aps.serving.server import ServingServer, serve_exports
+from aps.storage.int8_kernels import dequantize_rows, quantize_rows
 from tests.conftest import BIN, Processes, wait_port_file
 
 pytestmark = pytest.mark.timeout(120)

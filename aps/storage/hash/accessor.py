@@ -22,6 +22,10 @@ from ...specs import HashTable
 #: the save modes: every key, the keys scoring at least base_threshold, the keys whose delta
 #: score reached delta_threshold since a base or delta save last wrote them
 SAVE_MODES = ("full", "base", "delta")
+#: what a base or delta save (an export) writes a hash table's rows as: "stored" (as the table
+#: stores its values, with optimizer state and statistics: loadable by a pserver) or "int8"
+#: (int8 codes and a float32 scale a row, values only: for serving)
+EXPORT_ROWS = ("stored", "int8")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Rows as int8 codes with one float32 scale a row: the two compiled loops (quantize, dequantize).
 
+Used where rows are read, not trained: ``aps-serve --rows int8`` holds them so, and an export
+written with ``rows="int8"`` stores them so (aps/checkpoints/hash_files.py).
+
 Symmetric, one scale a row: ``scale = max|row| / 127``, ``code = rint(row / scale)`` in
 [-127, 127], read back as ``code * scale``. Why this shape:
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..storage.prefetch import LINE, prefetch
+from .prefetch import LINE, prefetch
 
 #: the largest code; codes lie in [-CODE_MAX, CODE_MAX]
 CODE_MAX = 127
@@ -98,3 +101,12 @@ def dequantize_rows(codes: np.ndarray, scales: np.ndarray, rows: np.ndarray, out
             for c in range(codes.shape[1]):
                 out[i, c] = np.float32(codes[r, c]) * scale
     return unknown
+
+
+def quantize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """float32 rows ``values`` [n, dim] as (int8 codes [n, dim], float32 scales [n], how many rows
+    held a NaN or an infinity): what an export written with int8 rows stores a key's row as."""
+    n = values.shape[0]
+    codes, scales = np.empty(values.shape, np.int8), np.empty(n, np.float32)
+    nonfinite = quantize_rows(np.ascontiguousarray(values, np.float32), np.arange(n, dtype=np.int64), codes, scales)
+    return codes, scales, nonfinite
