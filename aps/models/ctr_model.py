@@ -36,7 +36,7 @@ OFFLINE_BATCH, ONLINE_BATCH = 1000, 32
 #: whatever the gradient's scale, Adam's about its ``lr`` of 0.001, and every pass brings new
 #: ids (docs/concepts.md, "The CTR models' optimizers, measured on real data")
 OFFLINE_OPTIMIZER, OFFLINE_LR = "adam", 0.001
-ONLINE_OPTIMIZER, ONLINE_LR = "adagrad", 0.01
+ONLINE_OPTIMIZER, ONLINE_LR = "adagrad", 0.011
 #: the slot embeddings' uniform init half-width in online passes, with the online optimizer and
 #: unless ``init_range`` is given (offline: each model's ``offline_init_range``): an online model
 #: is scored on each pass's new ids before it trains on them, and their random rows are noise in
@@ -104,7 +104,7 @@ class CriteoModel(Model):
     :class:`aps.HashTable` with ``admit_probability``, ``admit_count`` and ``max_keys`` (per
     pserver; None: unbounded); shows and clicks go with the gradients.
     ``l2``: L2 decay on every table, applied by the pservers to the rows a push touches.
-    ``optimizer`` / ``lr``: unset, Adam at 0.001 offline and Adagrad at 0.01 in online passes
+    ``optimizer`` / ``lr``: unset, Adam at 0.001 offline and Adagrad at 0.011 in online passes
     (:meth:`begin_online`); either given, both hold in both (``lr`` default 0.001, ``optimizer``
     default Adam: a rate alone was chosen for Adam). ``init_range``: the slot embeddings' uniform
     init half-width; unset, the model's ``offline_init_range``, and :data:`ONLINE_INIT_RANGE` in

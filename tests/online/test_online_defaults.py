@@ -1,6 +1,6 @@
 """The CTR models' settings in online passes (docs/concepts.md, "The CTR models' optimizers,
 measured on real data"): 32 lines a step unless ``batch_size`` is given (a pass of a few thousand
-lines at the offline 1000 is a handful of steps), Adagrad at 0.01 on every table unless an
+lines at the offline 1000 is a handful of steps), Adagrad at 0.011 on every table unless an
 optimizer or rate is given (new ids must learn within the passes that bring them), the
 embeddings then starting within 0.02 unless an init is given (a pass is scored on its new ids
 before it trains on them), and one
@@ -34,7 +34,7 @@ def test_the_default_batch_is_1000_offline_and_32_online_and_a_given_one_holds_i
     assert default.describe()["batch_size"] == 32
 
 
-ADAM, ADAGRAD = aps.Adam(lr=0.001), aps.Adagrad(lr=0.01)
+ADAM, ADAGRAD = aps.Adam(lr=0.001), aps.Adagrad(lr=0.011)
 
 
 def optimizers(model: WideDeep | CtrDnn, online: bool) -> dict[str, object]:
@@ -52,7 +52,7 @@ def test_every_table_takes_adam_offline_and_adagrad_online(cls, tmp_path: Path) 
     assert set(optimizers(cls(meta=meta, optimizer="none", lr="None"), online=True).values()) == {ADAGRAD}
     model = cls(meta=meta)
     model.begin_online()
-    assert model.describe() | {"optimizer": "adagrad", "lr": 0.01, "batch_size": 32} == model.describe()
+    assert model.describe() | {"optimizer": "adagrad", "lr": 0.011, "batch_size": 32} == model.describe()
 
 
 def test_what_the_user_gives_holds_online() -> None:
@@ -63,7 +63,7 @@ def test_what_the_user_gives_holds_online() -> None:
     assert set(optimizers(CtrDnn(lr=0.003), online=True).values()) == {aps.Adam(lr=0.003)}
     # the sparse tables' own optimizer holds; its rate follows the online lr unless given
     sparse = optimizers(CtrDnn(sparse_optimizer="adam"), online=True)
-    assert (sparse[EMBEDDING], sparse["fc1.w"]) == (aps.Adam(lr=0.01), ADAGRAD)
+    assert (sparse[EMBEDDING], sparse["fc1.w"]) == (aps.Adam(lr=0.011), ADAGRAD)
     assert optimizers(CtrDnn(sparse_optimizer="adam", sparse_lr=0.001), online=True)[EMBEDDING] == ADAM
     wide = optimizers(WideDeep(wide_optimizer="adagrad", wide_lr=0.2), online=True)
     assert (wide[DEEP_EMB], wide[WIDE_SLOT], wide[WIDE_BIAS]) == (ADAGRAD, aps.Adagrad(lr=0.2), aps.Adagrad(lr=0.2))
