@@ -28,7 +28,9 @@ Several aps-serve processes may serve one EXPORT_DIR.
 max|row| / 127), quantized as each base or delta is loaded and read back as float32 on lookup:
 dim + 4 bytes a row instead of 4 x dim (dim 16: 20 instead of 64; the index comes on top), each
 coordinate within scale / 2 of the row exported, a zero row exactly zero. Fixed and dense tables,
-and keys not held (their initial row), are served as without it.
+and keys not held (their initial row), are served as without it. An export written with int8 rows
+(ps.export(..., rows="int8"), aps-trainer --export-rows int8) is served alike either way: its
+codes are held as written, or read back as code x scale.
 
 environment:
   token         APS_TOKEN (optional; as aps-server)
