@@ -65,7 +65,10 @@ with the same keys and the same requests. For each:
   the bytes of RocksDB's table files in the checkpoint (``*.sst``, which its checkpoint links,
   the data directory and the checkpoint root being on one file system here) and those of the
   loading server's ``--data-dir`` files with another link after the load are printed, and MB/s
-  without them beside.
+  without them beside. Then (``--reshard N``, default 2) the checkpoint, written by one server,
+  is loaded onto a cluster of N fresh servers: each reads its logical shards' rows out of the
+  snapshot (RocksDB's files opened read-only) into a new store, nothing linked, and the sample
+  must equal again; its seconds and MB/s of checkpoint are printed.
 
 Aims (the issue's): RAM <= 10 bytes per cold key; a disk table's pulls >= 1.5 M rows/s and
 pushes >= 0.5 M rows/s at a 90% hot hit rate; a 20k-key pull's p99 <= 50 ms; ping p99 < 50 ms
@@ -327,6 +330,19 @@ async def load(server: ServerProcess, path: Path, data_dir: Path, work: Workload
             "linked_bytes": linked, "pulled": pulled}
 
 
+async def reshard(servers: list[ServerProcess], path: Path, work: Workload) -> dict[str, Any]:
+    """LOAD the checkpoint (saved by one server) onto a cluster of ``len(servers)``: each reads its
+    logical shards' rows out of the snapshot, nothing linked; then pull the sample from them."""
+    async with aps.connect([s.address for s in servers], timeout=None) as ps:
+        t0 = time.monotonic()
+        await ps.load(str(path))
+        seconds = time.monotonic() - t0
+        info = await ps.table_info(TABLE)
+        pulled = await ps.pull_sparse(TABLE, work.sample)
+    return {"servers": len(servers), "seconds": seconds, "keys_held": info.keys, "ram_bytes": info.ram_bytes,
+            "disk_bytes": info.disk_bytes, "pulled": pulled}
+
+
 def run_kind(args: argparse.Namespace, disk: bool, work: Workload, base: Path) -> dict[str, Any]:
     """One table kind through every step: a server to fill, traffic and save, a second to load."""
     kind = "disk" if disk else "ram"
@@ -367,6 +383,19 @@ def run_kind(args: argparse.Namespace, disk: bool, work: Workload, base: Path) -
     print(f"  load: {loaded['seconds']:.1f} s, {loaded['keys_held']:,} keys, {loaded['linked_bytes'] / MIB:,.0f} MiB "
           f"of its table files linked to the checkpoint's, sample "
           f"{'equal' if res['sample_equal_after_load'] else 'DIFFERS'}", flush=True)
+    if args.reshard > 1:
+        n = args.reshard
+        cluster = [ServerProcess.start(home, "--servers", str(n), "--index", str(k), *flags(f"reshard-{k}"),
+                                       name=f"pserver-{kind}-reshard-{k}") for k in range(n)]
+        try:
+            moved = asyncio.run(reshard(cluster, home / CHECKPOINT, work))
+        finally:
+            for server in cluster:
+                server.stop()
+        equal = bool(moved.pop("pulled").tobytes() == pulled.tobytes())
+        res["reshard"] = {**moved, "sample_equal": equal}
+        print(f"  load onto {n} servers: {moved['seconds']:.1f} s, {moved['keys_held']:,} keys, sample "
+              f"{'equal' if equal else 'DIFFERS'}", flush=True)
     res["ping_ms"] = {name: percentiles_ms(window(pings, start, end)) for name, (start, end) in marks.items()}
     res["ping_ms"]["serving"] = res["ping_ms"]["traffic"]
     shutil.rmtree(home, ignore_errors=True)
@@ -465,6 +494,11 @@ def report(results: dict[str, Any]) -> str:
                                 [[a, m, "met" if ok else "NOT MET"] for a, m, ok in results["aims"]]), ""]
     for kind in ("disk", "ram"):
         r = results[kind]
+        if "reshard" in r:
+            m = r["reshard"]
+            lines.append(f"{kind}: loaded onto {m['servers']} servers in {m['seconds']:.1f} s "
+                         f"({r['save']['disk_bytes'] / 1e6 / m['seconds']:.0f} MB/s of checkpoint, every row read), "
+                         f"{m['keys_held']:,} keys held, the sample {'equal' if m['sample_equal'] else 'DIFFERENT'}.")
         lines.append(f"{kind}: {r['sample_keys']:,} sampled keys after the load "
                      f"{'equal' if r['sample_equal_after_load'] else 'DIFFER FROM'} the rows before the save; "
                      f"{r['load']['keys_held']:,} keys held after the load (of {r['fill']['keys_held']:,}).")
@@ -489,6 +523,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hot-fraction", type=float, default=0.9, help="a request's keys from the hot set (0.9)")
     p.add_argument("--interval", type=float, default=0.01, help="seconds between two pings (default 0.01)")
     p.add_argument("--sample", type=int, default=10_000, help="keys compared before the save and after the load")
+    p.add_argument("--reshard", type=int, default=2, help="then load the checkpoint onto N servers (default 2; 0: not)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
                    help="where the servers run, keep disk rows and save (a temporary directory in it; default %(default)s)")
