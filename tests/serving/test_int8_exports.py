@@ -5,8 +5,8 @@ aps-serve serves such an export's rows within half their row's scale of the pser
 alike with ``--rows exported`` and ``--rows int8`` (the codes are held as written, not quantized
 again); a delta's new rows and deleted keys are honoured; fixed and dense tables are exported as
 they are; the files are a fraction of an export with the rows as stored; and a pserver refuses to
-load such an export (it holds no optimizer state). RAM, float16 and disk hash tables alike, over
-real TCP."""
+load such an export (it holds no optimizer state). RAM (float32, float16, bfloat16 values) and disk
+hash tables alike, over real TCP."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 SPECS = {
     "emb": aps.HashTable("emb", dim=DIM, optimizer=aps.Adagrad(lr=0.5), base_threshold=0.0, delta_threshold=0.05),
     "emb16": aps.HashTable("emb16", dim=DIM, optimizer=aps.SGD(lr=1.0), base_threshold=0.0, delta_threshold=0.05, dtype="float16"),
+    "embbf": aps.HashTable("embbf", dim=DIM, optimizer=aps.SGD(lr=1.0), base_threshold=0.0, delta_threshold=0.05,
+                           dtype="bfloat16"),
     "disk": aps.HashTable("disk", dim=DIM, optimizer=aps.SGD(lr=1.0), base_threshold=0.0, delta_threshold=0.05,
                           disk=aps.Disk(ram_bytes=4 << 20)),
 }
