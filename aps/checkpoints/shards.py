@@ -40,7 +40,7 @@ from ..durable import fsync_dir as _fsync_dir
 from ..durable import sync_tree
 from ..errors import ConfigError
 from ..specs import spec_from_dict
-from ..storage.hash.accessor import EXPORT_ROWS, SAVE_MODES
+from ..storage.hash.accessor import SAVE_MODES, check_export_rows
 from ..storage.hash.store import HashSparseStore
 from ..storage.tables import DenseShard, SparseShard
 from .kinds import DEFAULT_FORMATS, AfterSave, SavedShard, TableFormat, TableFormats
@@ -72,8 +72,7 @@ def check_save_rows(mode: str, rows_as: str) -> None:
     save: a full save is what a pserver resumes from, and int8 rows keep no optimizer state."""
     if mode not in SAVE_MODES:
         raise ConfigError(f"save mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
-    if rows_as not in EXPORT_ROWS:
-        raise ConfigError(f"export rows must be one of {', '.join(EXPORT_ROWS)}, got {rows_as!r}")
+    check_export_rows(rows_as)
     if rows_as != "stored" and mode == "full":
         raise ConfigError(f"{rows_as} rows are for exports (a base or delta save), not a full save that a pserver resumes from")
 

@@ -43,7 +43,7 @@ from ..serving.layout import (
     write_done,
 )
 from ..specs import TABLE_SPECS, spec_from_dict
-from ..storage.hash.accessor import EXPORT_ROWS
+from ..storage.hash.accessor import check_export_rows
 
 #: sends one SAVE to every pserver, under the export's timeout, and waits for every reply
 SaveAll = Callable[[wire.Save], Awaitable[object]]
@@ -75,8 +75,7 @@ async def export(
     what hash tables' rows are written as (EXPORT_ROWS)."""
     if kind not in KINDS:
         raise ConfigError(f"export kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if rows not in EXPORT_ROWS:
-        raise ConfigError(f"export rows must be one of {', '.join(EXPORT_ROWS)}, got {rows!r}")
+    check_export_rows(rows)
     if not isinstance(root, (str, os.PathLike)) or not str(root):
         raise ConfigError(f"export root must be a directory path, got {root!r}")
     root = os.fspath(root)

@@ -26,7 +26,7 @@ import structlog
 
 from ..client import PSClient
 from ..errors import ConfigError
-from ..storage.hash.accessor import EXPORT_ROWS
+from ..storage.hash.accessor import check_export_rows
 from .model import Model
 from .sources.base import Pass
 
@@ -47,8 +47,7 @@ class ExportOptions:
     def __post_init__(self) -> None:
         if self.delta_every < 1 or self.base_every < 1:
             raise ConfigError(f"--delta-every and --base-every must be >= 1, got {self.delta_every}, {self.base_every}")
-        if self.rows not in EXPORT_ROWS:
-            raise ConfigError(f"--export-rows must be one of {', '.join(EXPORT_ROWS)}, got {self.rows!r}")
+        check_export_rows(self.rows, "--export-rows")
 
 
 def hash_tables(model: Model) -> list[str]:

@@ -28,6 +28,13 @@ SAVE_MODES = ("full", "base", "delta")
 EXPORT_ROWS = ("stored", "int8")
 
 
+def check_export_rows(rows: str, what: str = "export rows") -> str:
+    """``rows`` when it is one of :data:`EXPORT_ROWS`, else a ConfigError naming ``what``."""
+    if rows not in EXPORT_ROWS:
+        raise ConfigError(f"{what} must be one of {', '.join(EXPORT_ROWS)}, got {rows!r}")
+    return rows
+
+
 @dataclass(frozen=True)
 class CtrAccessor:
     """The rules of one hash table (Paddle's defaults; the thresholds are the spec's)."""
