@@ -12,12 +12,12 @@ import structlog
 
 from ..cluster import ClusterSpec, cluster_from_env, parse_addresses
 from ..errors import ConfigError
-from ..models import BUILTIN, build_model
+from ..models import BUILTIN, build_model, model_module
 from ..storage.hash.accessor import EXPORT_ROWS
 from ..tls import ca_context
 from ..trainer import OnlineOptions, PassDir, Strategy, Trainer, TrainOptions
 from ..trainer.online_exports import ExportOptions
-from ..trainer.pool import stop_fork_server
+from ..trainer.pool import start_fork_server, stop_fork_server
 from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
 from ..trainer.sources.redis_stream import DEFAULT_RETRY
@@ -201,6 +201,9 @@ def make_trainer(args: argparse.Namespace) -> Trainer:
         raise ConfigError("no pservers: pass --pservers host:port,... or set APS_PSERVERS / PADDLE_PSERVERS_IP_PORT_LIST")
     trainers = args.trainers or cluster.num_trainers
     trainer_id = args.trainer_id if args.trainer_id is not None else (own["trainer_id"] or 0)
+    # the workers' fork server imports the model's module (torch, numba) while this process
+    # imports and builds it: both start-ups overlap instead of one after the other
+    start_fork_server(model_module(args.model)[0])
     model = build_model(args.model, args.model_arg)
     metrics = args.metrics or os.path.join("log", f"trainer.{trainer_id}.metrics.jsonl")
     Path(metrics).parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +267,13 @@ def online_options(args: argparse.Namespace) -> OnlineOptions:
 
 
 async def _amain(args: argparse.Namespace) -> int:
+    try:
+        return await _train(args)
+    finally:
+        stop_fork_server()  # this program's only trainer is done (or never began): reap its workers' fork server
+
+
+async def _train(args: argparse.Namespace) -> int:
     log = structlog.get_logger("aps.trainer")
     trainer = make_trainer(args)
     if args.data_passes or args.data_stream:
@@ -285,8 +295,6 @@ async def _amain(args: argparse.Namespace) -> int:
         if stopped:
             return 128 + int(stopped[0])
         raise
-    finally:
-        stop_fork_server()  # this program's only trainer is done: reap its workers' fork server
     return 0
 
 

@@ -31,11 +31,13 @@ BUILTIN = {
 }
 
 
-def load_model_class(name: str) -> type:
-    """``word2vec``, ``package.module:Class`` or ``path/to/file.py:Class``.
+def model_module(name: str) -> tuple[str, str]:
+    """(module, attribute) of ``word2vec``, ``package.module:Class`` or ``path/to/file.py:Class``,
+    without importing anything: what the workers' fork server can start importing while the
+    trainer builds the model (aps-trainer starts it first thing).
 
-    A file's directory is put on ``sys.path`` so that the workers' fork server, which imports
-    the model's module, finds it too.
+    A file's directory is put on ``sys.path`` so that the fork server, which imports the model's
+    module, finds it too.
     """
     target = BUILTIN.get(name, name)
     module_name, sep, class_name = target.partition(":")
@@ -48,6 +50,12 @@ def load_model_class(name: str) -> type:
         if str(path.parent) not in sys.path:
             sys.path.insert(0, str(path.parent))
         module_name = path.stem
+    return module_name, class_name
+
+
+def load_model_class(name: str) -> type:
+    """The class or factory ``name`` names (:func:`model_module`), imported."""
+    module_name, class_name = model_module(name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
