@@ -42,6 +42,7 @@ fsync per file: 1024 fsyncs took seconds for a small table).
 
 from __future__ import annotations
 
+import io
 import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -92,8 +93,12 @@ def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """One logical shard's file, built in memory and written at once: zipfile writing into the
+    file itself seeks back to every member's header, a system call each."""
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
     with open(path, "wb") as f:
-        np.savez(f, allow_pickle=False, **arrays)
+        f.write(buffer.getbuffer())
 
 
 def write_hash_table(
