@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..launcher.local import MODES, LaunchResult, LocalCluster, RoleResult, metrics_ports_problem, result_of, script_command
 from ..launcher.roles import Role, last_lines, program
 from ..launcher.supervisor import Supervisor
-from .common import TOKEN_ON_ARGV, on_signals, read_token_file, run_main
+from .common import TOKEN_ON_ARGV, exit_at_once, on_signals, read_token_file, run_main
 from .local_display import Board, summary_rows
 
 __all__ = ["Board", "Launcher", "build_parser", "main", "parse_args"]
@@ -377,5 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def cli() -> None:
+    """The aps-local program: :func:`main`, then exit without the interpreter's teardown (every
+    role has been reaped by then)."""
+    exit_at_once(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

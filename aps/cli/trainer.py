@@ -22,7 +22,7 @@ from ..trainer.sources import RedisStream, Source
 from ..trainer.sources.passdir import DEFAULT_DONE_FILE
 from ..trainer.sources.redis_stream import DEFAULT_RETRY
 from ..trainer.strategy import MERGES, MODES
-from .common import add_logging_flags, add_token_flags, cli_main, on_signals, token_from_args
+from .common import add_logging_flags, add_token_flags, cli_main, exit_at_once, on_signals, token_from_args
 
 DESCRIPTION = """\
 Run one aps trainer: read this trainer's share of the input files, train the model with a pool
@@ -302,5 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main("aps-trainer", "trainer", build_parser(), _amain, argv)
 
 
+def cli() -> None:
+    """The aps-trainer program: :func:`main`, then exit without the interpreter's teardown."""
+    exit_at_once(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli()
