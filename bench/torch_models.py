@@ -15,6 +15,10 @@ write them) and seed:
   fed the batches aps's workers cut (1 MiB chunks, ``batch_size`` lines within a chunk), the same
   epochs; its loop over pre-parsed batches is timed alone.
 
+With ``--numba``, ``torch_ctr_dnn`` and ``torch_wide_deep`` are also compared with their numba twins
+(``ctr_dnn``, ``wide_deep``) run through aps the same way with their own defaults: the torch port's
+examples/s against the hand-written kernels' (a second table).
+
 Test AUC (exact, sklearn) over every test line for both; examples/s of aps's epochs and whole run
 (the launcher's start to exit) against PyTorch's bare loop and its whole process. A table per
 data set and one JSON (``--json``). PyTorch comes with the ``torch`` extra.
@@ -44,6 +48,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import aps  # noqa: E402
 
 THREADS = 2
+#: the numba model each torch port of a built-in network is compared with (``--numba``)
+NUMBA_TWIN = {"torch_ctr_dnn": "ctr_dnn", "torch_wide_deep": "wide_deep"}
 
 
 def model_args(meta: str, seed: int, *extra: str) -> list[str]:
@@ -220,6 +226,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def twin_table(rows: list[dict]) -> str:
+    """The torch ports through aps against their numba twins through aps (``--numba``)."""
+    lines = ["| data | torch model | numba model | torch test AUC | numba test AUC | torch epoch ex/s | numba epoch ex/s "
+             "| torch / numba, epoch | torch / numba, whole run |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if not row.get("numba"):
+            continue
+        a, n = row["aps"], row["numba"]
+        lines.append(
+            f"| {row['data']} | {row['model']} | {NUMBA_TWIN[row['model']]} | {spread(a, 'auc', '.4f')} | {spread(n, 'auc', '.4f')} "
+            f"| {spread(a, 'loop_examples_per_s', ',.0f')} | {spread(n, 'loop_examples_per_s', ',.0f')} "
+            f"| {mean(a, 'loop_examples_per_s') / mean(n, 'loop_examples_per_s'):.2f}x "
+            f"| {mean(a, 'wall_examples_per_s') / mean(n, 'wall_examples_per_s'):.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--torch-child":
         return torch_child(sys.argv[2])
@@ -230,6 +252,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=5, help="default 5")
     p.add_argument("--json", type=Path)
     p.add_argument("--profile", action="store_true", help="profile one worker's step of each model instead")
+    p.add_argument("--numba", action="store_true",
+                   help=f"also run the numba twins of {', '.join(NUMBA_TWIN)} through aps ({', '.join(NUMBA_TWIN.values())})")
     args = p.parse_args()
     if args.profile:
         profiles = [profile_step(name, data.resolve()) for data in args.data for name in args.models]
@@ -244,18 +268,24 @@ def main() -> int:
     rows = []
     for data in args.data:
         for name in args.models:
-            row: dict[str, Any] = {"data": data.name, "model": name, "epochs": args.epochs, "aps": [], "torch": []}
+            row: dict[str, Any] = {"data": data.name, "model": name, "epochs": args.epochs, "aps": [], "torch": [], "numba": []}
+            systems = [("torch", name, run_torch), ("aps", name, run_aps)]
+            if args.numba and name in NUMBA_TWIN:
+                systems.append(("numba", NUMBA_TWIN[name], run_aps))
             for seed in args.seeds:
                 with tempfile.TemporaryDirectory(prefix="aps-torch-bench-") as tmp:
-                    for system, run in (("torch", run_torch), ("aps", run_aps)):
+                    for system, model, run in systems:
                         work = Path(tmp) / system
                         work.mkdir()
-                        r = run(name, data.resolve(), seed, args.epochs, work)
+                        r = run(model, data.resolve(), seed, args.epochs, work)
                         row[system].append({"seed": seed, **r})
                         print(f"  {data.name} {name} seed {seed} {system}: test AUC {r['auc']:.4f}, "
                               f"{r['loop_examples_per_s']:,.0f} ex/s", file=sys.stderr, flush=True)
             rows.append(row)
     print(table(rows))
+    if any(row["numba"] for row in rows):
+        print()
+        print(twin_table(rows))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=1))
         print(f"\nJSON: {args.json}")
