@@ -220,11 +220,12 @@ def data_files(directory: Path) -> list[str]:
 def parse_batches(files: list[str], meta: str | None = None, batch: int = BATCH
                   ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(ids, dense, labels) per batch, cut exactly as aps's workers cut them: each file read in
-    CHUNK_BYTES line-aligned chunks, each chunk parsed by CriteoFormat and split into ``batch`` lines."""
-    from aps.trainer.reader import read_chunks
+    CHUNK_BYTES line-aligned chunks re-cut into whole batches (the file's last one short), each
+    chunk parsed by CriteoFormat and split into ``batch`` lines."""
+    from aps.trainer.reader import read_chunks, whole_batches
 
     async def chunks(path: str) -> list:
-        return [c async for c in read_chunks(path, CHUNK_BYTES)]
+        return [c async for c in whole_batches(read_chunks(path, CHUNK_BYTES), batch)]
 
     fmt = criteo_format(meta)
     out = []

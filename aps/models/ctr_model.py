@@ -224,6 +224,9 @@ class CriteoModel(Model):
             self.sparse_lr = self.lr
         self._tables = self._make_tables()
 
+    def lines_per_batch(self) -> int:
+        return self.batch_size  # a batch is batch_size lines: the readers hand over whole batches
+
     def max_batch_ids(self, table: str) -> int:
         if self.table_kind == "hash":
             return self.batch_size * self.format.slots

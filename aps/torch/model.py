@@ -100,6 +100,9 @@ class TorchModel(Model):
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
 
+    def lines_per_batch(self) -> int:
+        return self.batch_size  # a batch is batch_size lines: the readers hand over whole batches
+
     def max_batch_ids(self, table: str) -> int:
         most = self.batch_size * (self.format.slots + sum(c.max_len for c in self.format.lists))
         return most if self.hashed else min(most, self.format.buckets)

@@ -122,6 +122,13 @@ class Model(ABC):
     def batches(self, chunk: Chunk, ctx: WorkerContext) -> Iterator[Batch]:
         """Turn whole lines of input into batches; raise DataError(file, line) on a bad line."""
 
+    def lines_per_batch(self) -> int | None:
+        """How many input lines make one of :meth:`batches`' batches, for a model whose batch is
+        a count of lines (the CTR models' ``batch_size``): the readers then hand it chunks of whole
+        batches (:func:`aps.trainer.reader.whole_batches`), so only a file's last batch is short.
+        None (the default): batches are not counted in lines (word2vec's are word pairs)."""
+        return None
+
     @abstractmethod
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""

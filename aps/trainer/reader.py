@@ -180,6 +180,47 @@ async def read_chunks(
         yield Chunk(path, line_no, b"".join(carry) + b"\n", 1)
 
 
+async def whole_batches(chunks: AsyncIterator[Chunk], lines: int) -> AsyncIterator[Chunk]:
+    """One file's chunks re-cut so that each holds a multiple of ``lines`` lines, except the file's
+    last one.
+
+    For a model whose batch is ``lines`` lines (:meth:`Model.lines_per_batch`): cutting each read's
+    chunk into batches left a short batch at the end of every chunk (1,168 steps for 1M lines of
+    ~170 bytes in 1 MiB chunks at 1000 lines a batch, where 1,000 are due); now only a file's last
+    batch can be short. The lines held back (fewer than ``lines``, or a whole chunk shorter than
+    that) go in front of the next chunk of the same file, so every chunk still holds consecutive
+    lines of one file and its ``first_line`` stays exact for error messages. Closing this closes
+    ``chunks``."""
+    if lines < 1:
+        raise ConfigError(f"lines a batch must be >= 1, got {lines}")
+    held: Chunk | None = None
+    async with aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            if held is not None:
+                chunk = Chunk(chunk.file, held.first_line, held.data + chunk.data, held.lines + chunk.lines)
+            whole = chunk.lines - chunk.lines % lines
+            if whole == chunk.lines:
+                held = None
+                yield chunk
+            elif whole == 0:
+                held = chunk
+            else:
+                cut = _after_line(chunk.data, chunk.lines - whole)
+                held = Chunk(chunk.file, chunk.first_line + whole, chunk.data[cut:], chunk.lines - whole)
+                yield Chunk(chunk.file, chunk.first_line, chunk.data[:cut], whole)
+    if held is not None:
+        yield held
+
+
+def _after_line(data: bytes, last: int) -> int:
+    """The offset just past the newline that ends all but the ``last`` lines of ``data`` (which
+    ends with a newline): found from the end, ``last`` searches, fewer than a batch's lines."""
+    end = len(data) - 1
+    for _ in range(last):
+        end = data.rfind(b"\n", 0, end)
+    return end + 1
+
+
 async def feed_queue(
     files: Sequence[str],
     queue: asyncio.Queue,
@@ -188,8 +229,11 @@ async def feed_queue(
     pipe_command: str | None = None,
     epochs: int = 1,
     max_line_bytes: int = MAX_LINE_BYTES,
+    batch_lines: int | None = None,
 ) -> None:
     """Put every chunk of ``files`` (``epochs`` passes, in order) into ``queue``, then ``None``.
+    With ``batch_lines``, each file's chunks hold whole batches of that many lines but the last
+    (:func:`whole_batches`).
 
     ``queue`` must be bounded: ``put`` then waits while the consumer is behind, so memory holds at
     most ``maxsize`` chunks however fast the disk is. Errors do not vanish with the producer task:
@@ -205,6 +249,8 @@ async def feed_queue(
         for _ in range(epochs):
             for path in files:
                 chunks = read_chunks(path, chunk_bytes, pipe_command, max_line_bytes=max_line_bytes)
+                if batch_lines is not None:
+                    chunks = whole_batches(chunks, batch_lines)
                 async with aclosing(chunks):
                     async for chunk in chunks:
                         await queue.put(chunk)

@@ -148,7 +148,8 @@ class Worker:
         so async mode can prefetch the next batch's rows)."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.spec.queue_chunks)
         producer = asyncio.ensure_future(
-            feed_queue(files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command)
+            feed_queue(files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command,
+                       batch_lines=self.model.lines_per_batch())
         )
         try:
             current: Batch | None = None

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aps.errors import ConfigError, DataError
-from aps.trainer.reader import Chunk, feed_queue, iter_queue, read_chunks
+from aps.trainer.reader import Chunk, feed_queue, iter_queue, read_chunks, whole_batches
 from tests.conftest import eventually
 
 
@@ -64,6 +64,56 @@ async def test_line_numbers_across_chunks(tmp_path):
     for c in chunks:
         first = c.data.split(b"\n")[0]
         assert first == b"line %d" % c.first_line  # the number in the text is the line number
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_lines=st.integers(0, 120), chunk_bytes=st.integers(1, 200), batch=st.integers(1, 40))
+def test_whole_batches_recut_every_chunk_but_the_last(tmp_path_factory, n_lines, chunk_bytes, batch):
+    """Chunks of whole batches: the same lines in the same order, numbered exactly, every chunk
+    but the last a multiple of the batch, so cutting each into batches leaves one short batch."""
+    path = tmp_path_factory.mktemp("w") / "data"
+    raw = b"".join(b"line %d\n" % k for k in range(1, n_lines + 1))
+    path.write_bytes(raw)
+
+    async def recut() -> list[Chunk]:
+        return [c async for c in whole_batches(read_chunks(str(path), chunk_bytes), batch)]
+
+    chunks = asyncio.run(recut())
+    check_chunks(chunks, str(path))
+    assert b"".join(c.data for c in chunks) == raw
+    assert all(c.lines % batch == 0 for c in chunks[:-1])
+    assert sum(-(-c.lines // batch) for c in chunks) == -(-n_lines // batch)  # batches as if one chunk
+    for c in chunks:
+        assert c.data.split(b"\n")[0] == b"line %d" % c.first_line
+
+
+async def test_whole_batches_number_held_lines_exactly(tmp_path):
+    """Lines held over from one read to the next keep their own line numbers (what a parse
+    error names): each chunk's first_line plus the line's place in it is its line in the file."""
+    path = tmp_path / "f"
+    path.write_bytes(b"".join(b"%d\n" % k for k in range(1, 31)))
+    chunks = [c async for c in whole_batches(read_chunks(str(path), 16), 7)]
+    assert len(chunks) > 1 and all(c.lines % 7 == 0 for c in chunks[:-1])
+    line_of = {int(line): c.first_line + i for c in chunks for i, line in enumerate(c.data.split(b"\n")[:-1])}
+    assert line_of == {k: k for k in range(1, 31)}
+
+
+async def test_feed_queue_hands_over_whole_batches_per_file(tmp_path):
+    """batch_lines re-cuts each file on its own: a file's last batch is short, never one that
+    spans files."""
+    files = []
+    for name, n in (("a", 25), ("b", 13)):
+        path = tmp_path / name
+        path.write_bytes(b"".join(b"%s%d\n" % (name.encode(), k) for k in range(n)))
+        files.append(str(path))
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2)
+    producer = asyncio.ensure_future(feed_queue(files, queue, chunk_bytes=20, batch_lines=10))
+    chunks = [c async for c in iter_queue(queue)]
+    await producer
+    per_file = {f: [c.lines for c in chunks if c.file == f] for f in files}
+    assert sum(per_file[files[0]]) == 25 and sum(per_file[files[1]]) == 13
+    for counts in per_file.values():
+        assert all(k % 10 == 0 for k in counts[:-1])
 
 
 async def test_file_without_trailing_newline_gets_one(tmp_path):
