@@ -193,23 +193,33 @@ async def whole_batches(chunks: AsyncIterator[Chunk], lines: int) -> AsyncIterat
     ``chunks``."""
     if lines < 1:
         raise ConfigError(f"lines a batch must be >= 1, got {lines}")
-    held: Chunk | None = None
+    held: list[Chunk] = []  # joined once a batch is complete: a batch of many reads costs O(n)
+    held_lines = 0
     async with aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
-            if held is not None:
-                chunk = Chunk(chunk.file, held.first_line, held.data + chunk.data, held.lines + chunk.lines)
-            whole = chunk.lines - chunk.lines % lines
-            if whole == chunk.lines:
-                held = None
-                yield chunk
-            elif whole == 0:
-                held = chunk
-            else:
-                cut = _after_line(chunk.data, chunk.lines - whole)
-                held = Chunk(chunk.file, chunk.first_line + whole, chunk.data[cut:], chunk.lines - whole)
-                yield Chunk(chunk.file, chunk.first_line, chunk.data[:cut], whole)
-    if held is not None:
-        yield held
+            held.append(chunk)
+            held_lines += chunk.lines
+            if held_lines < lines:
+                continue
+            merged = _joined(held, held_lines)
+            whole = held_lines - held_lines % lines
+            if whole == held_lines:
+                held, held_lines = [], 0
+                yield merged
+                continue
+            cut = _after_line(merged.data, held_lines - whole)
+            held = [Chunk(merged.file, merged.first_line + whole, merged.data[cut:], held_lines - whole)]
+            held_lines -= whole
+            yield Chunk(merged.file, merged.first_line, merged.data[:cut], whole)
+    if held:
+        yield _joined(held, held_lines)
+
+
+def _joined(parts: list[Chunk], lines: int) -> Chunk:
+    """Consecutive chunks of one file as one."""
+    if len(parts) == 1:
+        return parts[0]
+    return Chunk(parts[0].file, parts[0].first_line, b"".join(p.data for p in parts), lines)
 
 
 def _after_line(data: bytes, last: int) -> int:
