@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -76,8 +77,9 @@ def exit_at_once(code: int) -> NoReturn:
     finalizing modules, about 0.9 s once torch is imported and 0.3 s for numba and aps alone, on the
     path from the end of training to the launcher's exit. Not for aps-server (its disk tables'
     files are removed by finalizers) nor for ``main()`` called from Python."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, or a stream already closed
+            stream.flush()
     os._exit(code)
 
 
