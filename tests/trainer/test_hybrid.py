@@ -72,6 +72,12 @@ async def test_hybrid_dense_update_equals_synchronous_optimizer(tmp_path: Path, 
     got, results = await run_cluster(model, [str(f) for f in files], strategy, trainers=2)
     assert [r.epochs[0]["mode"] for r in results] == ["hybrid", "hybrid"]
 
+    assert_synchronous_optimizer(got, files, lr, adam)
+
+
+def assert_synchronous_optimizer(got: dict[str, np.ndarray], files: list[Path], lr: float, adam: bool) -> None:
+    """``got`` is where numpy's SGD / Adam ends when step s is one update with the mean of every
+    file's s-th batch gradient, all computed at the same parameters."""
     ref = Reference({"w": np.zeros(FEATURES), "b": np.zeros(1)}, set(), lr, "row" if adam else None)
     per_file = [read_batches(f) for f in files]
     for step in range(LINES // BATCH):
@@ -83,6 +89,32 @@ async def test_hybrid_dense_update_equals_synchronous_optimizer(tmp_path: Path, 
     assert np.abs(ref.p["w"]).max() > 0.1  # the steps moved the parameters
     np.testing.assert_allclose(got["w"], ref.p["w"], rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(got["b"], ref.p["b"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "sync"])
+async def test_one_trainer_steps_without_a_vote_and_equals_the_synchronous_optimizer(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 trainer x 2 workers: no round asks the pservers for a vote (its only trainer has data
+    for as long as it steps), and each step is still one update with the two workers' mean."""
+    from aps.client.psclient import PSClient
+
+    barriers: list[str] = []
+    real_barrier = PSClient.barrier
+
+    async def counted(self: PSClient, name: str, *args: object, **kwargs: object) -> int:
+        barriers.append(name)
+        return await real_barrier(self, name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PSClient, "barrier", counted)
+    make_data(tmp_path, files=2, lines_per_file=LINES, features=FEATURES, seed=7)
+    files = sorted(tmp_path.glob("part-*"))
+    model = DenseLinReg(FEATURES, BATCH, aps.SGD(lr=0.2))
+    got, results = await run_cluster(model, [str(f) for f in files], Strategy(mode=mode, workers=2), trainers=1)
+    assert results[0].epochs[0]["mode"] == mode
+    assert not [b for b in barriers if b.startswith("aps.sync.")], barriers
+
+    assert_synchronous_optimizer(got, files, 0.2, adam=False)
 
 
 def computes(log_dir: Path) -> list[tuple[int, int, int, int]]:

@@ -11,7 +11,7 @@ only the sparse part runs ahead, as Persia does:
   in its batch, their dense gradients are averaged and pushed with the SYNC flag (each pserver
   applies one update per step, the average over every trainer) and the dense parameters are
   pulled. Trainers vote each step whether anyone still has data, as in sync mode, so unequal
-  data never hangs a dense round. With ``dense_lag`` 0 (the default) the workers are released
+  data never hangs a dense round (one trainer alone skips the vote). With ``dense_lag`` 0 (the default) the workers are released
   only then: a worker computing step s+1 sees the dense update of step s (dense staleness 0).
   With 1 they are released as soon as round s-1 is complete and compute step s+1 with its
   parameters while round s runs (dense staleness 1: one-step delayed synchronous SGD, the round

@@ -92,7 +92,7 @@ class StepGroup(Mode):
         try:
             if self._average:
                 acc.scale(1.0 / acc.batches)
-            if self.across_trainers:
+            if self._votes:
                 await self._vote(has_data=True)
             await self.link.push(acc, sync=self.across_trainers)
         finally:
@@ -122,7 +122,7 @@ class StepGroup(Mode):
 
     async def end_epoch(self) -> None:
         await self._finish_round()
-        if self.across_trainers:
+        if self._votes:
             await self._idle_rounds()
         if self._lag:  # no worker computes: both buffers get the newest values for the next epoch
             newest = self.link.dense_buffers[self._latest]
@@ -134,6 +134,12 @@ class StepGroup(Mode):
             self._running.cancel()
             await asyncio.gather(self._running, return_exceptions=True)
             self._running = None
+
+    @property
+    def _votes(self) -> bool:
+        """Whether the rounds need the trainers' vote: across several trainers only (one trainer
+        has data for as long as it steps; its barrier was a round trip per step, ~4% of a round)."""
+        return self.across_trainers and self.link.num_trainers > 1
 
     async def _vote(self, has_data: bool) -> int:
         """Every trainer says whether it still has data this round (a summed barrier)."""
