@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,9 @@ def model_args(meta: str, seed: int, *extra: str) -> list[str]:
     return [f"meta={meta}", f"seed={seed}", *extra]
 
 
-def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict:
-    """aps-local 1x1 with the model's defaults; the test set scored from its last checkpoint."""
+def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path, extra: Sequence[str] = ()) -> dict:
+    """aps-local 1x1 with the model's defaults, and ``extra`` aps-trainer arguments after them
+    (``--aps-args``); the test set scored from its last checkpoint."""
     from aps.models import build_model
     from aps.models.ctr_eval import load_params, predict
     from aps.trainer.model import WorkerContext
@@ -65,7 +69,7 @@ def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict:
     meta = str(data / "meta.json")
     args = ["--model", name, *(a for arg in model_args(meta, seed) for a in ("--model-arg", arg)),
             "--data", str(data / "train_data"), "--epochs", str(epochs), "--workers", str(THREADS),
-            "--save-dir", str(work / "model"), "--print-period", "0"]
+            "--save-dir", str(work / "model"), "--print-period", "0", *extra]
     cluster = aps.LocalCluster(1, 1, args, log_dir=work / "log", cwd=work)
     with CpuMeter() as meter:
         result = cluster.run()
@@ -74,7 +78,8 @@ def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path) -> dict:
         raise RuntimeError(f"aps failed: {role.name}:\n" + "\n".join(role.log_tail(30)))
     records = [json.loads(line) for line in (work / "log" / "trainer.0.metrics.jsonl").read_text().splitlines()]
     epochs_done = [r for r in records if r.get("event") == "epoch"]
-    model = build_model(name, model_args(meta, seed))
+    extra_model_args = [value for flag, value in zip(extra, extra[1:]) if flag == "--model-arg"]
+    model = build_model(name, model_args(meta, seed, *extra_model_args))
     params = load_params(model, epochs_done[-1].get("saved") or str(work / "model" / f"epoch_{epochs - 1}"))
     ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
 
@@ -254,7 +259,10 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="profile one worker's step of each model instead")
     p.add_argument("--numba", action="store_true",
                    help=f"also run the numba twins of {', '.join(NUMBA_TWIN)} through aps ({', '.join(NUMBA_TWIN.values())})")
+    p.add_argument("--aps-args", default="", metavar="ARGS",
+                   help="more aps-trainer arguments for aps's runs, one string (e.g. '--max-staleness 0')")
     args = p.parse_args()
+    run_aps_with = functools.partial(run_aps, extra=shlex.split(args.aps_args))
     if args.profile:
         profiles = [profile_step(name, data.resolve()) for data in args.data for name in args.models]
         print("| data | model | batch | step ms | network forward ms | backward ms | aps around them ms | aps share | examples/s, one thread |")
@@ -269,9 +277,9 @@ def main() -> int:
     for data in args.data:
         for name in args.models:
             row: dict[str, Any] = {"data": data.name, "model": name, "epochs": args.epochs, "aps": [], "torch": [], "numba": []}
-            systems = [("torch", name, run_torch), ("aps", name, run_aps)]
+            systems = [("torch", name, run_torch), ("aps", name, run_aps_with)]
             if args.numba and name in NUMBA_TWIN:
-                systems.append(("numba", NUMBA_TWIN[name], run_aps))
+                systems.append(("numba", NUMBA_TWIN[name], run_aps_with))
             for seed in args.seeds:
                 with tempfile.TemporaryDirectory(prefix="aps-torch-bench-") as tmp:
                     for system, model, run in systems:
