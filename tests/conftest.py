@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,9 +22,39 @@ BIN = ROOT / "bin"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port that a process started next may listen on: one nothing holds now, drawn below the
+    kernel's ephemeral range. A port the kernel handed out for port 0 came from that range, where
+    a connection or a port-0 listener of the other xdist worker's test could take it before our
+    process binds it (a pserver once failed with "address already in use" that way)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found in 10000..{low - 1}")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports from :func:`free_port` (two draws may meet: ~20,000 ports to draw from)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return max(low, 10_001)
 
 
 def wait_port_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> int:
@@ -69,7 +100,7 @@ class Processes:
 
     def start_servers(self, n: int, trainers: int, *extra: str) -> list[str]:
         """n pservers on free ports; returns their addresses in index order."""
-        ports = [free_port() for _ in range(n)]
+        ports = free_ports(n)
         addresses = [f"127.0.0.1:{p}" for p in ports]
         files = []
         for k, port in enumerate(ports):

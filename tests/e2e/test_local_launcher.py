@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from aps.cli.local import Board, Launcher, parse_args
-from tests.conftest import BIN, ROOT
 from examples.linreg.model import make_data
+from tests.conftest import BIN, ROOT, free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -557,9 +557,7 @@ def test_metrics_ports_go_to_every_role_and_into_the_layout(tmp_path: Path) -> N
 def free_port_run(n: int) -> int:
     """A base port with n free ports from it (checked by binding; another process may still race)."""
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+        base = free_port()  # below the ephemeral range, where port-0 binds of other tests do not land
         if base + n > 65536:
             continue
         held = []

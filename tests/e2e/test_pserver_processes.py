@@ -110,9 +110,9 @@ def test_two_pservers_then_warm_start_three(processes, tmp_path) -> None:
 
 
 def _start(processes, tmp_path, n: int, *extra: str) -> list[str]:
-    from tests.conftest import free_port, wait_port_file
+    from tests.conftest import free_ports, wait_port_file
 
-    ports = [free_port() for _ in range(n)]
+    ports = free_ports(n)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     started = []
     for k, port in enumerate(ports):

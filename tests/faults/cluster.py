@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from aps.checkpoints.shards import load_shards
-from tests.conftest import ROOT, Processes, free_port, wait_port_file
+from tests.conftest import ROOT, Processes, free_ports, wait_port_file
 
 MODEL = "tests.faults.models:PacedLinReg"
 
@@ -35,7 +35,7 @@ class Cluster:
         self.trainers = trainers
         self.server_args = list(server_args)
         self.trainers_started: list[subprocess.Popen] = []
-        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
+        self.addresses = [f"127.0.0.1:{port}" for port in free_ports(servers)]
         self.servers: list[subprocess.Popen] = [self.start_server(k) for k in range(servers)]
         for k, proc in enumerate(self.servers):
             wait_port_file(self.port_file(k), proc)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BIN, ROOT, free_port
+from tests.conftest import BIN, ROOT, free_port, free_ports
 from tests.fleet.conftest import run
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,7 +113,7 @@ def test_aps_launch_runs_ctr_dnn_and_the_first_worker_saves(tmp_path: Path, data
 
 @pytest.mark.slow
 def test_local_cluster_sh_runs_the_program_it_is_given(tmp_path: Path, data: Path) -> None:
-    ports = f"{free_port()},{free_port()}"
+    ports = ",".join(map(str, free_ports(2)))
     program = " ".join([str(WIDE_DEEP), *script_args(data, "sync", 0.01)])
     done = run(["bash", str(EXAMPLES / "local_cluster.sh")], tmp_path,
                env={"PROGRAM": program, "PYTHON": sys.executable, "PSERVER_PORTS": ports, "TRAINERS": "2"})
