@@ -18,7 +18,7 @@ import aps
 from aps.storage.hash.index import MAX_LOAD, PREPARE_LOAD, HashIndex
 from aps.storage.hash.slab import MAP_AHEAD_BYTES, MAP_AHEAD_PUSHES
 from aps.storage.hash.store import HashSparseStore
-from aps.storage.pages import fault_in_zeros
+from aps.storage.pages import fault_in_zeros, lazy_zeros
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) as Linux has it")
 
@@ -40,9 +40,9 @@ def resident_share(arr: np.ndarray) -> float:
 
 
 def test_fault_in_zeros_maps_every_page_and_leaves_zeros() -> None:
-    # 64 MiB: past glibc's largest mmap threshold (32 MiB), so a fresh mapping even in a process
-    # that freed big blocks before (a 16 MiB calloc may come from the heap, cleared and resident)
-    arr = np.zeros((1 << 22, 2), np.int64)
+    # a mapping of its own, as the slab's arrays are: np.zeros even of 64 MiB came back cleared
+    # and resident once in a full suite run (glibc served it from memory freed before)
+    arr = lazy_zeros((1 << 22, 2), np.int64)
     assert resident_share(arr) < 0.2
     fault_in_zeros(arr[1000:])
     assert resident_share(arr[1000:]) == 1.0
