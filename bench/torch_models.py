@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ctr_vs_torch import CpuMeter, data_files, parse_batches, test_metrics  # bench/ctr_vs_torch.py
+from ctr_vs_torch import CHUNK_BYTES, CpuMeter, data_files, test_metrics  # bench/ctr_vs_torch.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -94,29 +94,45 @@ def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path, extra: Se
             "command": "aps-local 1x1 -- " + " ".join(args)}
 
 
+def plain_batches(model: Any, files: Sequence[str]) -> list:
+    """The batches aps's workers cut from ``files`` (1 MiB chunks re-cut into whole batches, the
+    model's batcher), as :class:`aps.torch.Features` for the plain network: ``model`` is built on
+    fixed tables, so each key is an id modulo the data's buckets, a row of the plain tables."""
+    from aps.torch.plain import plain_features
+    from aps.trainer.model import WorkerContext
+    from aps.trainer.reader import read_chunks, whole_batches
+
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
+
+    async def cut(path: str) -> list:
+        return [b async for chunk in whole_batches(read_chunks(path, CHUNK_BYTES), model.batch_size)
+                for b in model.batches(chunk, ctx)]
+
+    return [plain_features(model, batch) for path in files for batch in asyncio.run(cut(path))]
+
+
 def torch_child(config: str) -> int:
-    """The PyTorch process: build, train, score; its wall time is PyTorch's whole run."""
+    """The PyTorch process: build, train, score; its wall time is PyTorch's whole run. The loss is
+    aps's: binary cross-entropy summed over the batch's examples and tasks, over its examples."""
     t0 = time.perf_counter()
     cfg = json.loads(Path(config).read_text())
     import torch
     import torch.nn.functional as F
 
     from aps.models import build_model
-    from aps.torch import Features
     from aps.torch.plain import plain_network, plain_optimizers
 
     torch.set_num_threads(THREADS)
-    model = build_model(cfg["model"], model_args(cfg["meta"], cfg["seed"]))
+    model = build_model(cfg["model"], model_args(cfg["meta"], cfg["seed"], "table=fixed"))
     gen = torch.Generator().manual_seed(cfg["seed"])
-    net = plain_network(model.network, model.format.buckets, generator=gen)
+    net = plain_network(model.network, model.format.buckets, generator=gen, padding=bool(model.meta.lists))
     opts = plain_optimizers(net, model.optimizer.lr)
-    train = [(torch.from_numpy(i), torch.from_numpy(d), torch.from_numpy(y))
-             for i, d, y in parse_batches(cfg["train"], cfg["meta"], model.batch_size)]
-    test = parse_batches(cfg["test"], cfg["meta"], 4096)
+    train = plain_batches(model, cfg["train"])
+    test = plain_batches(model, cfg["test"])
     t_loop = time.perf_counter()
     for _ in range(cfg["epochs"]):
-        for ids, dense, labels in train:
-            loss = F.binary_cross_entropy_with_logits(net(Features(ids, dense, labels)), labels)
+        for f in train:
+            loss = F.binary_cross_entropy_with_logits(net(f), f.labels, reduction="sum") / f.batch_size
             for o in opts:
                 o.zero_grad(set_to_none=True)
             loss.backward()
@@ -124,11 +140,11 @@ def torch_child(config: str) -> int:
                 o.step()
     loop_s = time.perf_counter() - t_loop
     with torch.no_grad():
-        probs = np.concatenate([torch.sigmoid(net(Features(torch.from_numpy(i), torch.from_numpy(d), torch.from_numpy(y)))).numpy()
-                                for i, d, y in test])
-    labels = np.concatenate([y for _, _, y in test])
+        logits = [net(f) for f in test]
+        probs = np.concatenate([torch.sigmoid(z if z.ndim == 1 else z[:, 0]).numpy() for z in logits])
+    labels = np.concatenate([(f.labels if f.labels.ndim == 1 else f.labels[:, 0]).numpy() for f in test])
     np.save(cfg["out"], np.stack([probs, labels]))
-    seen = sum(len(y) for _, _, y in train) * cfg["epochs"]
+    seen = sum(f.batch_size for f in train) * cfg["epochs"]
     print(json.dumps({"loop_examples_per_s": seen / loop_s, "seen": seen, "process_s": time.perf_counter() - t0}))
     return 0
 

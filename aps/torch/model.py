@@ -160,7 +160,7 @@ class TorchModel(Model):
     def _loss(self, batch: Batch, params: Params, grads: Grads | None, by_position: bool = False) -> torch.Tensor:
         """Bind the batch's rows and the dense replica, run the network: the summed binary
         cross-entropy over examples and tasks (batch.data.probs filled with the first task's)."""
-        features = self._features(batch)
+        features = self.features(batch)
         self._bind(batch, params, grads, by_position or self.hashed)
         try:
             logits = self.network(features)
@@ -185,7 +185,9 @@ class TorchModel(Model):
             batch.data.probs[:] = torch.sigmoid(first).numpy()
         return F.binary_cross_entropy_with_logits(logits, features.labels, reduction="sum")
 
-    def _features(self, batch: Batch) -> Features:
+    def features(self, batch: Batch) -> Features:
+        """The batch as the network's ``forward`` sees it: slots and list values as positions
+        among the batch's keys (``batch.sparse_ids``), lists padded one past the last of them."""
         data: CtrBatch | TabularBatch = batch.data
         n = batch.examples
         if isinstance(data, CtrBatch):

@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from ..specs import Constant, Initializer, Normal, Uniform
+from ..trainer.model import Batch
 from .embedding import Embedding, pooled
-from .features import ListFeature
+from .features import Features, ListFeature
+from .model import TorchModel
 
 
 class PlainEmbedding(torch.nn.Embedding):
@@ -48,6 +50,17 @@ def plain_network(network: torch.nn.Module, buckets: int, rows: Mapping[str, np.
                     weight = torch.cat([weight, weight.new_zeros(1, weight.shape[1])])
                 setattr(module, child_name, PlainEmbedding.from_pretrained(weight, freeze=False, sparse=True, padding_idx=pad))
     return plain
+
+
+def plain_features(model: TorchModel, batch: Batch) -> Features:
+    """``batch`` (cut by ``model`` on fixed tables) for :func:`plain_network`'s copy: each
+    position among the batch's keys mapped back to its id, which is the key's row in the plain
+    tables, and list padding to the padding row (``buckets``)."""
+    f = model.features(batch)
+    ids = next(iter(batch.sparse_ids.values()))  # one key set for every Embedding table
+    rows = torch.from_numpy(np.append(ids, model.format.buckets))
+    lists = {name: ListFeature(rows[values.ids], values.mask, values.lengths) for name, values in f.lists.items()}
+    return Features(rows[f.slots], f.dense, f.labels, lists)
 
 
 def draw(init: Initializer, shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:

@@ -8,17 +8,18 @@ created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAd
 embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest. Every table
 (dense, and every touched row) ends equal to float32 tolerance.
 
-Three networks: an MLP over the slots' embeddings (CTR-DNN's shape) and the zoo's DeepFM on the
-Criteo layout (one label, single-valued slots), and one on a wide layout (two labels, a
-behaviour sequence sharing a slot's ids with attention over it, a multi-valued column pooled by
-mean), the last read by :mod:`aps.models.tabular` and padded to a zero row.
+Four networks: an MLP over the slots' embeddings (CTR-DNN's shape) and the zoo's DeepFM on the
+Criteo layout (one label, single-valued slots), the same DeepFM on hash tables (its rows keyed by
+64-bit keys, the plain table's row i being the run's i-th smallest key), and one on a wide layout
+(two labels, a behaviour sequence sharing a slot's ids with attention over it, a multi-valued
+column pooled by mean), the last read by :mod:`aps.models.tabular` and padded to a zero row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 
 import aps
 import aps.torch as at
-from aps.torch.plain import plain_network, plain_optimizers
+from aps.torch.plain import plain_features, plain_network, plain_optimizers
 from aps.torch.zoo.deepfm import DeepFM
 from aps.trainer.model import Batch
 from aps.trainer.stepwise import StepTrainer
@@ -93,40 +94,52 @@ def wide_lines(seed: int) -> list[str]:
     return out
 
 
-def criteo_features(batch: Batch) -> at.Features:
-    d = batch.data
-    return at.Features(torch.from_numpy(d.ids), torch.from_numpy(d.dense), torch.from_numpy(d.labels))
+class HashKeys:
+    """The keys of a run on hash tables, in one sorted array: the plain network's embedding row
+    ``i`` is key ``keys[i]``'s row (every keyed table of these networks sees the same keys)."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.keys = np.unique(np.concatenate([k for b in batches for k in b.sparse_ids.values()]))
+
+    def pull(self, servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
+        """Every dense table and the keys' rows of every hash table, as the pservers hold them."""
+        async def pull() -> dict[str, np.ndarray]:
+            async with aps.connect(servers) as ps:
+                out = {t.name: await ps.pull_sparse(t.name, self.keys) for t in model.sparse_tables()}
+                for t in model.dense_tables():
+                    out[t.name] = await ps.pull_dense(t.name)
+            return out
+        return asyncio.run(pull())
+
+    def features(self, batch: Batch) -> at.Features:
+        """The batch for plain PyTorch: each slot's position among the batch's keys mapped to
+        the key's row in the plain table."""
+        d = batch.data
+        (keys,) = {k.tobytes(): k for k in batch.sparse_ids.values()}.values()
+        rows = np.searchsorted(self.keys, keys[d.ids])
+        return at.Features(torch.from_numpy(rows), torch.from_numpy(d.dense), torch.from_numpy(d.labels))
 
 
-def wide_features(batch: Batch) -> at.Features:
-    """The batch with global rows for plain PyTorch: positions mapped back to keys, padding to
-    the plain table's padding row (``BUCKETS``)."""
-    d = batch.data
-    keys = np.append(batch.sparse_ids["emb"], BUCKETS)  # position len(keys) -> the padding row
-    lists = {}
-    for name, ids, lengths in zip(("hist", "tags"), d.lists, d.lengths.T):
-        t = torch.from_numpy(keys[ids])
-        lengths = torch.from_numpy(np.ascontiguousarray(lengths))
-        lists[name] = at.ListFeature(t, torch.arange(t.shape[1]) < lengths.unsqueeze(1), lengths)
-    return at.Features(torch.from_numpy(keys[d.slots]), torch.from_numpy(d.dense), torch.from_numpy(d.labels), lists)
-
-
-def train_both(network_cls, optimizer: str, meta: str, lines: list[str], features: Callable[[Batch], at.Features],
-               processes: Processes):
+def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_tables: bool, processes: Processes):
+    """Plain PyTorch is fed each batch by :func:`~aps.torch.plain.plain_features` (fixed tables:
+    keys are rows) or :class:`HashKeys`."""
     lr = 0.05 if optimizer == "adam" else 0.5
     opt = aps.Adam(lr, bias_correction="step") if optimizer == "adam" else aps.SGD(lr)
     model = at.TorchModel(network_cls, meta=meta, optimizer=opt, batch_size=BATCH)
     servers = processes.start_servers(1, trainers=1)
     st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
     try:
-        initial = asyncio.run(pull_all(servers, model))
-        ref = plain_network(model.network, BUCKETS, initial, padding=bool(model.meta.lists))
+        batches = list(st.batches(lines))
+        hashed = HashKeys(batches) if hash_tables else None
+        features = functools.partial(plain_features, model) if hashed is None else hashed.features
+        initial = asyncio.run(pull_all(servers, model)) if hashed is None else hashed.pull(servers, model)
+        rows = len(hashed.keys) if hashed is not None else BUCKETS
+        ref = plain_network(model.network, rows, initial, padding=bool(model.meta.lists))
         with torch.no_grad():
             for name, param in ref.named_parameters():
                 if name in initial:  # the dense tables (the embeddings' weights are named by module path)
                     param.copy_(torch.from_numpy(initial[name]).view(param.shape))
         opts = plain_optimizers(ref, lr) if optimizer == "adam" else [torch.optim.SGD(ref.parameters(), lr=lr)]
-        batches = list(st.batches(lines))
         assert [b.examples for b in batches] == [BATCH] * STEPS
         aps_losses, ref_losses = [], []
         for batch in batches:
@@ -139,12 +152,17 @@ def train_both(network_cls, optimizer: str, meta: str, lines: list[str], feature
             for o in opts:
                 o.step()
             ref_losses.append(float(loss.detach()))
-        final = finish(st, servers, model)
+        if hashed is None:
+            final = finish(st, servers, model)
+        else:
+            st.end_epoch()
+            final = hashed.pull(servers, model)
+            st.stop()
     finally:
         if not st._stopped:
             st.close()
     assert processes.procs[0].wait(timeout=15) == 0
-    want = {name: p.detach().numpy()[:BUCKETS] for name, p in ref.named_parameters()}
+    want = {name: p.detach().numpy()[:rows] for name, p in ref.named_parameters()}
     for path in _embedding_paths(model.network):
         want[model.network.get_submodule(path).table_name] = want.pop(f"{path}.weight")
     return initial, final, want, aps_losses, ref_losses
@@ -159,10 +177,16 @@ def small_deepfm(meta: at.Meta) -> torch.nn.Module:
     return DeepFM(meta.slots, meta.dense, dim=3, hidden=(5, 4), kind="fixed")
 
 
+def small_deepfm_on_hash_tables(meta: at.Meta) -> torch.nn.Module:
+    """The same DeepFM with its rows in hash tables: keys, not positions in a fixed array."""
+    return DeepFM(meta.slots, meta.dense, dim=3, hidden=(5, 4), kind="hash")
+
+
 LAYOUTS = {
-    "criteo": (SmallDnn, write_meta, lambda: make_lines(3), criteo_features),
-    "deepfm": (small_deepfm, write_meta, lambda: make_lines(3), criteo_features),
-    "two labels and lists": (TwoTasks, wide_meta, lambda: wide_lines(3), wide_features),
+    "criteo": (SmallDnn, write_meta, lambda: make_lines(3), False),
+    "deepfm": (small_deepfm, write_meta, lambda: make_lines(3), False),
+    "deepfm on hash tables": (small_deepfm_on_hash_tables, write_meta, lambda: make_lines(3), True),
+    "two labels and lists": (TwoTasks, wide_meta, lambda: wide_lines(3), False),
 }
 
 
@@ -170,9 +194,9 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(layout: str, optimizer: str, tmp_path: Path,
                                                                        processes: Processes) -> None:
-    network, meta, lines, features = LAYOUTS[layout]
+    network, meta, lines, hash_tables = LAYOUTS[layout]
     initial, final, want, aps_losses, ref_losses = train_both(
-        network, optimizer, meta(tmp_path / "meta.json"), lines(), features, processes)
+        network, optimizer, meta(tmp_path / "meta.json"), lines(), hash_tables, processes)
     np.testing.assert_allclose(aps_losses, ref_losses, rtol=1e-4)
     moved = max(float(np.abs(final[k] - initial[k]).max()) for k in final)
     assert moved > 1e-2
