@@ -12,8 +12,9 @@ write them) and seed:
 * **PyTorch**: the same module in one process with 2 threads (:func:`aps.torch.plain.plain_network`:
   each ``aps.torch.Embedding`` a ``torch.nn.Embedding(buckets, dim, sparse=True)`` over ids hashed
   modulo the data's buckets, drawn from the same init; ``SparseAdam`` + ``Adam`` at the same lr),
-  fed the batches aps's workers cut (1 MiB chunks, ``batch_size`` lines within a chunk), the same
-  epochs; its loop over pre-parsed batches is timed alone.
+  fed the batches aps's workers cut (1 MiB chunks re-cut into whole batches, the model's own
+  batcher, so any layout the zoo reads: the Criteo one, or several labels and list columns for
+  DIN and MMoE), aps's loss, the same epochs; its loop over pre-parsed batches is timed alone.
 
 With ``--numba``, ``torch_ctr_dnn`` and ``torch_wide_deep`` are also compared with their numba twins
 (``ctr_dnn``, ``wide_deep``) run through aps the same way with their own defaults: the torch port's
