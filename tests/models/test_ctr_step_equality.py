@@ -109,20 +109,22 @@ class Reference:
 # ------------------------------------------------------------ the runs
 
 
-async def pull_all(servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
+async def pull_all(servers: list[str], model: aps.Model, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every dense table, and every row of each sparse table (``keys``: those keys' rows, a hash table's)."""
     async with aps.connect(servers) as ps:
-        out = {t.name: await ps.pull_sparse(t.name, np.arange(t.rows, dtype=np.int64)) for t in model.sparse_tables()}
+        out = {t.name: await ps.pull_sparse(t.name, np.arange(t.rows, dtype=np.int64) if keys is None else keys)
+               for t in model.sparse_tables()}
         for t in model.dense_tables():
             out[t.name] = await ps.pull_dense(t.name)
     return out
 
 
-def finish(st: StepTrainer, servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
+def finish(st: StepTrainer, servers: list[str], model: aps.Model, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """End the run and return every table as the pservers hold it. The epoch's end flushes what is
     in flight first: with dense_lag=1 the last step's dense round runs in the background after its
     step returned, and a pull made before it lands misses it."""
     st.end_epoch()
-    final = asyncio.run(pull_all(servers, model))
+    final = asyncio.run(pull_all(servers, model, keys))
     st.stop()
     return final
 

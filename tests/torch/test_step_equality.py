@@ -101,23 +101,11 @@ class HashKeys:
     def __init__(self, batches: list[Batch]) -> None:
         self.keys = np.unique(np.concatenate([k for b in batches for k in b.sparse_ids.values()]))
 
-    def pull(self, servers: list[str], model: aps.Model) -> dict[str, np.ndarray]:
-        """Every dense table and the keys' rows of every hash table, as the pservers hold them."""
-        async def pull() -> dict[str, np.ndarray]:
-            async with aps.connect(servers) as ps:
-                out = {t.name: await ps.pull_sparse(t.name, self.keys) for t in model.sparse_tables()}
-                for t in model.dense_tables():
-                    out[t.name] = await ps.pull_dense(t.name)
-            return out
-        return asyncio.run(pull())
-
-    def features(self, batch: Batch) -> at.Features:
-        """The batch for plain PyTorch: each slot's position among the batch's keys mapped to
-        the key's row in the plain table."""
-        d = batch.data
-        (keys,) = {k.tobytes(): k for k in batch.sparse_ids.values()}.values()
-        rows = np.searchsorted(self.keys, keys[d.ids])
-        return at.Features(torch.from_numpy(rows), torch.from_numpy(d.dense), torch.from_numpy(d.labels))
+    def features(self, model: at.TorchModel, batch: Batch) -> at.Features:
+        """The batch for plain PyTorch: each slot's key (:func:`plain_features`) as its row in
+        the plain table."""
+        f = plain_features(model, batch)
+        return at.Features(torch.from_numpy(np.searchsorted(self.keys, f.slots.numpy())), f.dense, f.labels)
 
 
 def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_tables: bool, processes: Processes):
@@ -131,9 +119,10 @@ def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_ta
     try:
         batches = list(st.batches(lines))
         hashed = HashKeys(batches) if hash_tables else None
-        features = functools.partial(plain_features, model) if hashed is None else hashed.features
-        initial = asyncio.run(pull_all(servers, model)) if hashed is None else hashed.pull(servers, model)
-        rows = len(hashed.keys) if hashed is not None else BUCKETS
+        features = functools.partial(plain_features if hashed is None else hashed.features, model)
+        keys = None if hashed is None else hashed.keys
+        initial = asyncio.run(pull_all(servers, model, keys))
+        rows = BUCKETS if keys is None else len(keys)
         ref = plain_network(model.network, rows, initial, padding=bool(model.meta.lists))
         with torch.no_grad():
             for name, param in ref.named_parameters():
@@ -152,12 +141,7 @@ def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_ta
             for o in opts:
                 o.step()
             ref_losses.append(float(loss.detach()))
-        if hashed is None:
-            final = finish(st, servers, model)
-        else:
-            st.end_epoch()
-            final = hashed.pull(servers, model)
-            st.stop()
+        final = finish(st, servers, model, keys)
     finally:
         if not st._stopped:
             st.close()
