@@ -46,7 +46,9 @@ class TorchModel(Model):
     ``meta``: the data set's ``meta.json`` (the Criteo layout's fields), found relative to the
     working directory or else to the file that calls this. ``optimizer``: every table's unless an
     :class:`~aps.torch.Embedding` names its own (default Adam, lr 0.001, as the built-in CTR
-    models). ``batch_size``: lines a step (default 1000, and 32 in online passes, as those). ``init``: initialisers by parameter
+    models). ``batch_size``: lines an update (default 1000, and 32 in online passes, as those):
+    in sync, half_async and hybrid mode, whose workers' gradients are averaged into one update, each
+    worker cuts batches of its share (:meth:`share_batch`). ``init``: initialisers by parameter
     name, for parameters whose distribution aps cannot read from their layer
     (:mod:`aps.torch.dense`). ``name``: the model's name in logs and metrics.
 
@@ -68,6 +70,8 @@ class TorchModel(Model):
         #: the user's batch_size, None when not given (then it depends on the run: begin_online)
         self.batch_size_arg = batch_size_arg(self.name, batch_size)
         self.batch_size = OFFLINE_BATCH if self.batch_size_arg is None else self.batch_size_arg
+        #: the workers that share each update's batch_size lines (:meth:`share_batch`)
+        self.sharing_workers = 1
         self.seed = positive_int(self.name, "seed", seed, low=0)
         self.optimizer = Adam() if optimizer is None else optimizer
         if not isinstance(network, torch.nn.Module):
@@ -100,11 +104,21 @@ class TorchModel(Model):
         if self.batch_size_arg is None:
             self.batch_size = ONLINE_BATCH
 
+    def share_batch(self, workers: int) -> None:
+        """Each of ``workers`` cuts batches of ``batch_size / workers`` lines (rounded up), so an
+        averaged update holds ``batch_size`` lines, as one PyTorch process's threads share one
+        batch. Why: with whole batches each, 2 workers make half the updates an epoch, which
+        cost 0.006 test AUC against plain PyTorch in runs that stop before they converge (DIN
+        and MMoE on generated data, Adult cut into two files; bench/README.md, "torch_models.py")."""
+        self.sharing_workers = positive_int(self.name, "workers", workers)
+        self.__dict__.get("_process_local", {}).pop("batcher", None)  # one cut for the old share
+
     def lines_per_batch(self) -> int:
-        return self.batch_size  # a batch is batch_size lines: the readers hand over whole batches
+        # a batch is this worker's share of batch_size lines: the readers hand over whole batches
+        return -(-self.batch_size // self.sharing_workers)
 
     def max_batch_ids(self, table: str) -> int:
-        most = self.batch_size * (self.format.slots + sum(c.max_len for c in self.format.lists))
+        most = self.lines_per_batch() * (self.format.slots + sum(c.max_len for c in self.format.lists))
         return most if self.hashed else min(most, self.format.buckets)
 
     def describe(self) -> dict[str, Any]:
@@ -123,8 +137,8 @@ class TorchModel(Model):
         """The CTR models' batcher for the Criteo layout (one label, no lists), else the tabular one."""
         tables = tuple(self.embeddings)
         if self.format.is_criteo:
-            return CtrBatcher(self.format.base, self.batch_size, tables, self.hashed)
-        return TabularBatcher(self.format, self.batch_size, tables, self.hashed)
+            return CtrBatcher(self.format.base, self.lines_per_batch(), tables, self.hashed)
+        return TabularBatcher(self.format, self.lines_per_batch(), tables, self.hashed)
 
     def warm_up(self, ctx: WorkerContext, local_sgd: bool) -> None:
         """One torch thread per compute worker process: the worker pool is the parallelism."""

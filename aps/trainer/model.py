@@ -100,6 +100,9 @@ class ModeRules(Protocol):
     name: str
     #: workers train with SGD on their local replica (geo)
     local_sgd: bool
+    #: the trainer's workers step together, their gradients averaged into one update (sync,
+    #: half_async, hybrid's dense part)
+    averages_workers: bool
 
     def table_problem(self, spec: TableSpec) -> str | None:
         """Why a table like ``spec`` cannot train in this mode, or None."""
@@ -128,6 +131,14 @@ class Model(ABC):
         batches (:func:`aps.trainer.reader.whole_batches`), so only a file's last batch is short.
         None (the default): batches are not counted in lines (word2vec's are word pairs)."""
         return None
+
+    def share_batch(self, workers: int) -> None:
+        """Called by every trainer before its workers start, with how many of them share each
+        update: in a mode whose workers' gradients are averaged into one update (sync,
+        half_async, hybrid), the workers that have data; else 1. A model whose batch size counts
+        the lines of one update cuts each worker's batches to its share, so that the update holds
+        that many lines however many workers compute it. The default keeps batches per worker
+        (the built-in numba models: their defaults were measured that way)."""
 
     @abstractmethod
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:

@@ -223,6 +223,7 @@ class TrainerRuntime(Generic[W]):
                 port_file=options.metrics_port_file,
             ).start()
         kind = mode_class(self.strategy.mode)
+        self.model.share_batch(self._sharing_workers() if kind.averages_workers else 1)  # before anything is sized
         cache_rows = kind.cache_rows(self.model, self.strategy, self.cluster.num_servers)
         self.shared = SharedArrays(
             self.model,
@@ -251,12 +252,19 @@ class TrainerRuntime(Generic[W]):
         self.probe.comm = self.comm
         await workers.watch(self.comm.start())
         await workers.ready()
-        log.info("workers ready", workers=self.num_workers, seconds=round(time.monotonic() - started, 2))
+        log.info("workers ready", workers=self.num_workers, seconds=round(time.monotonic() - started, 2),
+                 batch_lines=self.model.lines_per_batch())  # each worker's (Model.share_batch)
         # every process the arrays were made for has mapped them: nothing is left in /dev/shm
         # from here on, even if this process is killed
         self.shared.close()
         self.monitor = make_monitor(options, attached, self.trainer_id, self._line, ps, self.comm)
         self.probe.monitor = self.monitor
+
+    def _sharing_workers(self) -> int:
+        """The workers whose gradients make each update: those with files, when the files are
+        dealt once for every epoch; else (each epoch or pass names its own) every worker."""
+        with_files = sum(1 for files in self.files if files)
+        return with_files or self.num_workers
 
     def _spec(self, w: int, local_sgd: bool, prefetch: bool) -> WorkerSpec:
         assert self.shared is not None

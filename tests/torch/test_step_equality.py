@@ -8,6 +8,10 @@ created, fed the same batches. SGD on everything; Adam as ``torch.optim.SparseAd
 embeddings (aps's ``bias_correction="step"``) and ``torch.optim.Adam`` on the rest. Every table
 (dense, and every touched row) ends equal to float32 tolerance.
 
+Two workers: 1 trainer x 2 worker processes in sync mode, each worker reading one of two files,
+cut each step's ``batch_size`` lines in halves (:meth:`~aps.torch.TorchModel.share_batch`):
+every update then equals plain PyTorch's step on both halves as one batch.
+
 Four networks: an MLP over the slots' embeddings (CTR-DNN's shape) and the zoo's DeepFM on the
 Criteo layout (one label, single-valued slots), the same DeepFM on hash tables (its rows keyed by
 64-bit keys, the plain table's row i being the run's i-th smallest key), and one on a wide layout
@@ -30,7 +34,10 @@ import aps
 import aps.torch as at
 from aps.torch.plain import plain_features, plain_network, plain_optimizers
 from aps.torch.zoo.deepfm import DeepFM
-from aps.trainer.model import Batch
+from aps.trainer import Strategy, Trainer, TrainOptions
+from aps.trainer.model import Batch, WorkerContext
+from aps.trainer.reader import Chunk
+from aps.trainer.runtime import create_tables
 from aps.trainer.stepwise import StepTrainer
 from tests.conftest import Processes
 from tests.models.test_ctr_step_equality import BATCH, BUCKETS, STEPS, finish, make_lines, pull_all, write_meta
@@ -108,11 +115,56 @@ class HashKeys:
         return at.Features(torch.from_numpy(np.searchsorted(self.keys, f.slots.numpy())), f.dense, f.labels)
 
 
+def aps_optimizer(optimizer: str) -> tuple[float, aps.Optimizer]:
+    """The learning rate and aps's optimizer of each test: SGD, or Adam as SparseAdam corrects it."""
+    lr = 0.05 if optimizer == "adam" else 0.5
+    return lr, aps.Adam(lr, bias_correction="step") if optimizer == "adam" else aps.SGD(lr)
+
+
+def plain_twin(model: at.TorchModel, rows: int, initial: dict[str, np.ndarray], optimizer: str, lr: float):
+    """Plain PyTorch's copy of ``model``'s network, started from the tables the pserver created,
+    and its optimizers."""
+    ref = plain_network(model.network, rows, initial, padding=bool(model.meta.lists))
+    with torch.no_grad():
+        for name, param in ref.named_parameters():
+            if name in initial:  # the dense tables (the embeddings' weights are named by module path)
+                param.copy_(torch.from_numpy(initial[name]).view(param.shape))
+    opts = plain_optimizers(ref, lr) if optimizer == "adam" else [torch.optim.SGD(ref.parameters(), lr=lr)]
+    return ref, opts
+
+
+def plain_step(ref: torch.nn.Module, opts: list[torch.optim.Optimizer], f: at.Features) -> float:
+    """One step of plain PyTorch on ``f``: aps's loss (summed, over the batch's examples)."""
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(f), f.labels, reduction="sum") / BATCH
+    for o in opts:
+        o.zero_grad()
+    loss.backward()
+    for o in opts:
+        o.step()
+    return float(loss.detach())
+
+
+def plain_tables(model: at.TorchModel, ref: torch.nn.Module, rows: int) -> dict[str, np.ndarray]:
+    """The plain network's parameters under aps's table names."""
+    want = {name: p.detach().numpy()[:rows] for name, p in ref.named_parameters()}
+    for path in _embedding_paths(model.network):
+        want[model.network.get_submodule(path).table_name] = want.pop(f"{path}.weight")
+    return want
+
+
+def assert_same_tables(initial: dict[str, np.ndarray], final: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    """Every table moved, and ended where plain PyTorch's ended, to float32 tolerance."""
+    moved = max(float(np.abs(final[k] - initial[k]).max()) for k in final)
+    assert moved > 1e-2
+    assert set(final) == set(want)
+    for name in final:
+        np.testing.assert_allclose(final[name], want[name].reshape(final[name].shape), rtol=2e-5, atol=2e-6, err_msg=name)
+
+
 def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_tables: bool, processes: Processes):
     """Plain PyTorch is fed each batch by :func:`~aps.torch.plain.plain_features` (fixed tables:
     keys are rows) or :class:`HashKeys`."""
-    lr = 0.05 if optimizer == "adam" else 0.5
-    opt = aps.Adam(lr, bias_correction="step") if optimizer == "adam" else aps.SGD(lr)
+    lr, opt = aps_optimizer(optimizer)
     model = at.TorchModel(network_cls, meta=meta, optimizer=opt, batch_size=BATCH)
     servers = processes.start_servers(1, trainers=1)
     st = StepTrainer(model, aps.Strategy(mode="sync"), aps.ClusterSpec(servers, 1), 0).start()
@@ -123,33 +175,18 @@ def train_both(network_cls, optimizer: str, meta: str, lines: list[str], hash_ta
         keys = None if hashed is None else hashed.keys
         initial = asyncio.run(pull_all(servers, model, keys))
         rows = BUCKETS if keys is None else len(keys)
-        ref = plain_network(model.network, rows, initial, padding=bool(model.meta.lists))
-        with torch.no_grad():
-            for name, param in ref.named_parameters():
-                if name in initial:  # the dense tables (the embeddings' weights are named by module path)
-                    param.copy_(torch.from_numpy(initial[name]).view(param.shape))
-        opts = plain_optimizers(ref, lr) if optimizer == "adam" else [torch.optim.SGD(ref.parameters(), lr=lr)]
+        ref, opts = plain_twin(model, rows, initial, optimizer, lr)
         assert [b.examples for b in batches] == [BATCH] * STEPS
         aps_losses, ref_losses = [], []
         for batch in batches:
             aps_losses.append(st.step(batch))
-            f = features(batch)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(f), f.labels, reduction="sum") / BATCH
-            for o in opts:
-                o.zero_grad()
-            loss.backward()
-            for o in opts:
-                o.step()
-            ref_losses.append(float(loss.detach()))
+            ref_losses.append(plain_step(ref, opts, features(batch)))
         final = finish(st, servers, model, keys)
     finally:
         if not st._stopped:
             st.close()
     assert processes.procs[0].wait(timeout=15) == 0
-    want = {name: p.detach().numpy()[:rows] for name, p in ref.named_parameters()}
-    for path in _embedding_paths(model.network):
-        want[model.network.get_submodule(path).table_name] = want.pop(f"{path}.weight")
-    return initial, final, want, aps_losses, ref_losses
+    return initial, final, plain_tables(model, ref, rows), aps_losses, ref_losses
 
 
 def _embedding_paths(network: torch.nn.Module) -> set[str]:
@@ -182,8 +219,42 @@ def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(layout: 
     initial, final, want, aps_losses, ref_losses = train_both(
         network, optimizer, meta(tmp_path / "meta.json"), lines(), hash_tables, processes)
     np.testing.assert_allclose(aps_losses, ref_losses, rtol=1e-4)
-    moved = max(float(np.abs(final[k] - initial[k]).max()) for k in final)
-    assert moved > 1e-2
-    assert set(final) == set(want)
-    for name in final:
-        np.testing.assert_allclose(final[name], want[name].reshape(final[name].shape), rtol=2e-5, atol=2e-6, err_msg=name)
+    assert_same_tables(initial, final, want)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+async def test_two_workers_share_each_step_and_equal_plain_pytorch_on_the_whole_batch(optimizer: str,
+                                                                                  tmp_path: Path) -> None:
+    """sync, 1 trainer x 2 workers, batch_size BATCH: worker k trains file k in batches of
+    BATCH / 2 lines, and update s (their mean) equals plain PyTorch's step on the s-th half of
+    both files as one batch of BATCH lines."""
+    lr, opt = aps_optimizer(optimizer)
+    meta = write_meta(tmp_path / "meta.json")
+    model = at.TorchModel(SmallDnn, meta=meta, optimizer=opt, batch_size=BATCH)
+    lines = make_lines(3)
+    halves = [lines[: len(lines) // 2], lines[len(lines) // 2 :]]
+    files = [tmp_path / f"part-{k}" for k in range(2)]
+    for path, part in zip(files, halves):
+        path.write_text("\n".join(part) + "\n")
+    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
+    try:
+        async with aps.connect([server.address]) as ps:
+            await create_tables(ps, model)
+        initial = await pull_all([server.address], model)
+        options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+        result = await Trainer(model, Strategy(mode="sync", workers=2), aps.ClusterSpec([server.address], 1), 0,
+                               options).atrain([str(f) for f in files])
+        final = await pull_all([server.address], model)
+    finally:
+        await server.aclose()
+    assert result.epochs[0]["steps"] == 2 * STEPS  # every worker's half batches
+
+    whole = at.TorchModel(SmallDnn, meta=meta, optimizer=opt, batch_size=BATCH)  # never shared: whole batches
+    ref, opts = plain_twin(whole, BUCKETS, initial, optimizer, lr)
+    ctx = WorkerContext(0, 0, 1, 1, np.random.default_rng(0))
+    half = BATCH // 2
+    for s in range(STEPS):
+        step = halves[0][s * half : (s + 1) * half] + halves[1][s * half : (s + 1) * half]
+        (batch,) = whole.batches(Chunk("step", 1, ("\n".join(step) + "\n").encode(), BATCH), ctx)
+        plain_step(ref, opts, plain_features(whole, batch))
+    assert_same_tables(initial, final, plain_tables(whole, ref, BUCKETS))

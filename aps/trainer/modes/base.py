@@ -203,6 +203,9 @@ class Mode:
     resumes_one_shard: ClassVar[bool] = True
     #: the dense lag a strategy naming none gets (:meth:`dense_lag`); None: the mode has none
     default_dense_lag: ClassVar[int | None] = None
+    #: the trainer's workers step together and their gradients are averaged into one update
+    #: (a model may then split each step's batch among them: Model.share_batch)
+    averages_workers: ClassVar[bool] = False
 
     @classmethod
     def table_problem(cls, spec: TableSpec) -> str | None:

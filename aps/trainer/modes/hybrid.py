@@ -36,6 +36,8 @@ class HybridRounds(AsyncSender):
     #: 0: the one-step delay costs test AUC on short runs (docs/modes.md, "hybrid") and bought
     #: about 2% of throughput on 2 cores
     default_dense_lag = 0
+    #: the dense part steps as sync mode's
+    averages_workers = True
 
     def __init__(self, link: Link) -> None:
         super().__init__(link, dense=False)

@@ -31,6 +31,7 @@ class StepGroup(Mode):
 
     #: trainers wait for each other each step (sync) or not (half_async)
     across_trainers: ClassVar[bool] = False
+    averages_workers = True
 
     def __init__(self, link: Link, sparse: bool = True, lag: int = 0) -> None:
         """``sparse=False``: the steps carry the dense gradients only (hybrid mode pushes the
