@@ -222,6 +222,32 @@ def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(layout: 
     assert_same_tables(initial, final, want)
 
 
+async def train_on_a_pserver(model: at.TorchModel, files: list[Path], strategy: Strategy):
+    """One epoch of one trainer of worker processes on a pserver in this loop: the tables as
+    created, as trained, and the run's result."""
+    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
+    try:
+        async with aps.connect([server.address]) as ps:
+            await create_tables(ps, model)
+        initial = await pull_all([server.address], model)
+        options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+        result = await Trainer(model, strategy, aps.ClusterSpec([server.address], 1), 0, options).atrain(
+            [str(f) for f in files])
+        return initial, await pull_all([server.address], model), result
+    finally:
+        await server.aclose()
+
+
+async def test_the_one_worker_with_files_takes_whole_batches(tmp_path: Path) -> None:
+    """hybrid (the default), 2 workers, one file: one worker has data, and it alone makes each
+    update, of batch_size lines."""
+    model = at.TorchModel(SmallDnn, meta=write_meta(tmp_path / "meta.json"), batch_size=BATCH)
+    (tmp_path / "part-0").write_text("\n".join(make_lines(3)) + "\n")
+    _, _, result = await train_on_a_pserver(model, [tmp_path / "part-0"], Strategy(workers=2))
+    assert result.epochs[0]["steps"] == STEPS
+    assert result.epochs[0]["examples"] == STEPS * BATCH
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 async def test_two_workers_share_each_step_and_equal_plain_pytorch_on_the_whole_batch(optimizer: str,
                                                                                   tmp_path: Path) -> None:
@@ -236,17 +262,7 @@ async def test_two_workers_share_each_step_and_equal_plain_pytorch_on_the_whole_
     files = [tmp_path / f"part-{k}" for k in range(2)]
     for path, part in zip(files, halves):
         path.write_text("\n".join(part) + "\n")
-    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
-    try:
-        async with aps.connect([server.address]) as ps:
-            await create_tables(ps, model)
-        initial = await pull_all([server.address], model)
-        options = TrainOptions(save_dir=None, print_period=60, live_line=False)
-        result = await Trainer(model, Strategy(mode="sync", workers=2), aps.ClusterSpec([server.address], 1), 0,
-                               options).atrain([str(f) for f in files])
-        final = await pull_all([server.address], model)
-    finally:
-        await server.aclose()
+    initial, final, result = await train_on_a_pserver(model, files, Strategy(mode="sync", workers=2))
     assert result.epochs[0]["steps"] == 2 * STEPS  # every worker's half batches
 
     whole = at.TorchModel(SmallDnn, meta=meta, optimizer=opt, batch_size=BATCH)  # never shared: whole batches
