@@ -12,9 +12,10 @@ write them) and seed:
 * **PyTorch**: the same module in one process with 2 threads (:func:`aps.torch.plain.plain_network`:
   each ``aps.torch.Embedding`` a ``torch.nn.Embedding(buckets, dim, sparse=True)`` over ids hashed
   modulo the data's buckets, drawn from the same init; ``SparseAdam`` + ``Adam`` at the same lr),
-  fed the batches aps's workers cut (1 MiB chunks re-cut into whole batches, the model's own
-  batcher, so any layout the zoo reads: the Criteo one, or several labels and list columns for
-  DIN and MMoE), aps's loss, the same epochs; its loop over pre-parsed batches is timed alone.
+  fed batches of the model's ``batch_size`` lines, the lines of one aps update (1 MiB chunks re-cut
+  into whole batches, the model's own batcher, so any layout the zoo reads: the Criteo one, or
+  several labels and list columns for DIN and MMoE; aps's 2 workers each cut half of that in
+  hybrid mode), aps's loss, the same epochs; its loop over pre-parsed batches is timed alone.
 
 With ``--numba``, ``torch_ctr_dnn`` and ``torch_wide_deep`` are also compared with their numba twins
 (``ctr_dnn``, ``wide_deep``) run through aps the same way with their own defaults: the torch port's
@@ -96,9 +97,10 @@ def run_aps(name: str, data: Path, seed: int, epochs: int, work: Path, extra: Se
 
 
 def plain_batches(model: Any, files: Sequence[str]) -> list:
-    """The batches aps's workers cut from ``files`` (1 MiB chunks re-cut into whole batches, the
-    model's batcher), as :class:`aps.torch.Features` for the plain network: ``model`` is built on
-    fixed tables, so each key is an id modulo the data's buckets, a row of the plain tables."""
+    """Batches of ``model.batch_size`` lines from ``files``, one aps update's (1 MiB chunks re-cut
+    into whole batches, the model's batcher; ``model`` never shares its batch), as
+    :class:`aps.torch.Features` for the plain network: ``model`` is built on fixed tables, so each
+    key is an id modulo the data's buckets, a row of the plain tables."""
     from aps.torch.plain import plain_features
     from aps.trainer.model import WorkerContext
     from aps.trainer.reader import read_chunks, whole_batches
