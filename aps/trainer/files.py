@@ -5,6 +5,15 @@ given the same file list, and each one computes its own share from its id. That 
 trainers compute the same split, so :func:`split_files` sorts first — a list built with
 ``os.listdir`` on two machines may come in different orders, and the reference's unsorted split
 then silently gives some files to two trainers and others to none.
+
+Whole files leave trainers and workers idle when there are fewer files than them, and real data
+often comes as one file (a day of logs, Criteo's ``train.txt``, a census table): one worker of
+two then trains while the other waits, at half the machine's speed. So with fewer files than
+takers, :func:`share_files` cuts the files' bytes, read as one run end to end, into as many
+spans as there are takers, each cut moved to just past the end of a line (:class:`FilePart`):
+every line is read by exactly one taker, and each span has nearly the same bytes. A worker
+reads a part from its first byte; the line numbers its errors name are the file's own
+(:func:`lines_before`).
 """
 
 from __future__ import annotations
@@ -12,8 +21,13 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+
+#: how much a cut reads at a time while it looks for the end of a line
+_SCAN_BYTES = 1 << 16
 
 
 def split_files(files: Sequence[str], trainer_id: int, num_trainers: int) -> list[str]:
@@ -107,3 +121,104 @@ def expand_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
         else:
             raise ConfigError(f"input path {path!r} does not exist")
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    """The whole lines of ``path`` between byte ``start`` and byte ``stop`` (``start`` is 0 or
+    just past a newline, ``stop`` just past a newline or the file's end)."""
+
+    path: str
+    start: int
+    stop: int
+
+    def __str__(self) -> str:
+        return f"{self.path}[{self.start}:{self.stop}]"
+
+
+def _line_end_at_or_after(f: BinaryIO, offset: int, size: int) -> int:
+    """The offset just past the first newline at or after ``offset`` in the open file ``f``,
+    or ``size`` (where the scan stops) when none comes before it."""
+    f.seek(offset)
+    at = offset
+    while at < size:
+        block = f.read(_SCAN_BYTES)
+        if not block:
+            break
+        found = block.find(b"\n")
+        if found >= 0:
+            return at + found + 1
+        at += len(block)
+    return size
+
+
+def _as_part(item: str | FilePart) -> FilePart:
+    """A whole file as the part that is all of it."""
+    if isinstance(item, FilePart):
+        return item
+    try:
+        return FilePart(item, 0, os.path.getsize(item))
+    except OSError as exc:
+        raise DataError(f"cannot open input: {exc.strerror or exc}", item) from exc
+
+
+def cut_parts(inputs: Sequence[str | FilePart], takers: int) -> list[list[FilePart]]:
+    """``inputs`` (files, or parts of them) read end to end, cut into ``takers`` spans of nearly
+    equal bytes, each cut moved past the end of the line it falls in: taker ``k`` gets the parts
+    of span ``k`` in input order (a span may cover the end of one file and the start of the
+    next). A span can be empty when the data has fewer lines than takers; empty inputs give no
+    part."""
+    if takers < 1:
+        raise ConfigError(f"takers must be >= 1, got {takers}")
+    parts = [_as_part(item) for item in inputs]
+    total = sum(p.stop - p.start for p in parts)
+    out: list[list[FilePart]] = [[] for _ in range(takers)]
+    base = 0  # bytes of the inputs before this one
+    for part in parts:
+        size = part.stop - part.start
+        if size <= 0:
+            continue
+        # the line-aligned cuts inside this input, in order; one at its start or end needs no scan
+        with open(part.path, "rb") as f:
+            cuts = [part.start]
+            for k in range(1, takers):
+                wanted = part.start + total * k // takers - base  # where span k starts, in the file
+                if wanted <= part.start:
+                    cuts.append(part.start)
+                elif wanted >= part.stop:
+                    cuts.append(part.stop)
+                else:  # the span starts with the line after the one that byte ``wanted - 1`` is in
+                    cuts.append(max(cuts[-1], _line_end_at_or_after(f, wanted - 1, part.stop)))
+            cuts.append(part.stop)
+        for k in range(takers):
+            if cuts[k + 1] > cuts[k]:
+                out[k].append(FilePart(part.path, cuts[k], cuts[k + 1]))
+        base += size
+    return out
+
+
+def share_files(files: Sequence[str | FilePart], takers: int, whole: bool = False) -> list[list[str | FilePart]]:
+    """Each of ``takers``' inputs: whole files dealt round-robin (:func:`assign_to_workers`) when
+    there are at least as many files as takers or ``whole`` is asked for (a pipe command reads
+    whole files); otherwise line-aligned parts of them (:func:`cut_parts`), so no taker idles
+    while there are more lines than takers."""
+    if whole or len(files) >= takers:
+        return [list(share) for share in assign_to_workers(files, takers)]
+    return [list(share) for share in cut_parts(files, takers)]
+
+
+def lines_before(part: FilePart) -> int:
+    """How many lines of its file come before ``part``: the number its first line's error
+    messages start from, minus one. Reads the file up to the part, once per part and reader."""
+    if part.start == 0:
+        return 0
+    count = 0
+    with open(part.path, "rb") as f:
+        left = part.start
+        while left > 0:
+            block = f.read(min(left, 1 << 22))
+            if not block:
+                break
+            count += block.count(b"\n")
+            left -= len(block)
+    return count

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import aiofiles
 
 from ..errors import ConfigError, DataError
+from .files import FilePart, lines_before
 
 #: longest line a reader accepts; a longer one is almost surely a binary or mis-split file
 MAX_LINE_BYTES = 64 << 20
@@ -45,14 +46,20 @@ class Chunk:
     lines: int
 
 
-async def _file_blocks(path: str, block: int) -> AsyncIterator[bytes]:
+async def _file_blocks(path: str, block: int, start: int = 0, stop: int | None = None) -> AsyncIterator[bytes]:
+    """The file's bytes ``[start, stop)`` (``stop`` None: to its end), ``block`` at a time."""
     try:
         f = await aiofiles.open(path, "rb")
     except OSError as exc:
         raise DataError(f"cannot open input: {exc.strerror or exc}", path) from exc
     try:
-        while data := await f.read(block):
+        if start:
+            await f.seek(start)
+        left = -1 if stop is None else stop - start
+        while left != 0 and (data := await f.read(block if left < 0 else min(block, left))):
             yield data
+            if left > 0:
+                left -= len(data)
     finally:
         await f.close()
 
@@ -134,8 +141,12 @@ async def read_chunks(
     pipe_command: str | None = None,
     *,
     max_line_bytes: int = MAX_LINE_BYTES,
+    part: FilePart | None = None,
+    first_line: int = 1,
 ) -> AsyncIterator[Chunk]:
-    """Yield the file (or ``cat path | pipe_command``'s output) as line-aligned chunks.
+    """Yield the file (or ``cat path | pipe_command``'s output) as line-aligned chunks; with
+    ``part`` (of ``path``, no pipe command) only its bytes, whose first line is line
+    ``first_line`` of the file (:func:`~aps.trainer.files.lines_before` + 1).
 
     Each read takes ``chunk_bytes``; the bytes up to its last newline become a chunk (together
     with the line carried over from the previous read), the rest is carried to the next. A final
@@ -153,10 +164,17 @@ async def read_chunks(
         # then every line longer than the limit spans reads and the check below is exact
         raise ConfigError(f"max_line_bytes ({max_line_bytes}) must be >= chunk_bytes ({chunk_bytes})")
     path = os.fspath(path)
-    blocks = _pipe_blocks(path, pipe_command, chunk_bytes) if pipe_command else _file_blocks(path, chunk_bytes)
+    if part is not None and pipe_command:
+        raise ConfigError("a pipe command reads whole files, not parts of one")
+    if pipe_command:
+        blocks = _pipe_blocks(path, pipe_command, chunk_bytes)
+    elif part is not None:
+        blocks = _file_blocks(path, chunk_bytes, part.start, part.stop)
+    else:
+        blocks = _file_blocks(path, chunk_bytes)
     carry: list[bytes] = []  # pieces of the unfinished line; joined once, so long lines cost O(n)
     carry_len = 0
-    line_no = 1
+    line_no = first_line
     async with aclosing(blocks):
         async for block in blocks:
             end = block.rfind(b"\n")
@@ -232,7 +250,7 @@ def _after_line(data: bytes, last: int) -> int:
 
 
 async def feed_queue(
-    files: Sequence[str],
+    files: Sequence[str | FilePart],
     queue: asyncio.Queue,
     *,
     chunk_bytes: int = 1 << 20,
@@ -240,10 +258,13 @@ async def feed_queue(
     epochs: int = 1,
     max_line_bytes: int = MAX_LINE_BYTES,
     batch_lines: int | None = None,
+    lines_known: dict[FilePart, int] | None = None,
 ) -> None:
     """Put every chunk of ``files`` (``epochs`` passes, in order) into ``queue``, then ``None``.
     With ``batch_lines``, each file's chunks hold whole batches of that many lines but the last
-    (:func:`whole_batches`).
+    (:func:`whole_batches`). A :class:`~aps.trainer.files.FilePart` is read from its first byte;
+    the lines of its file before it are counted once (in a thread) and kept in ``lines_known``
+    for the next epochs, so its errors name the file's own line numbers.
 
     ``queue`` must be bounded: ``put`` then waits while the consumer is behind, so memory holds at
     most ``maxsize`` chunks however fast the disk is. Errors do not vanish with the producer task:
@@ -256,9 +277,16 @@ async def feed_queue(
             raise ConfigError("feed_queue needs a bounded queue (maxsize > 0) for backpressure")
         if epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}")
+        known = {} if lines_known is None else lines_known
         for _ in range(epochs):
-            for path in files:
-                chunks = read_chunks(path, chunk_bytes, pipe_command, max_line_bytes=max_line_bytes)
+            for item in files:
+                if isinstance(item, FilePart):
+                    if item not in known:
+                        known[item] = await asyncio.to_thread(lines_before, item)
+                    chunks = read_chunks(item.path, chunk_bytes, pipe_command, max_line_bytes=max_line_bytes,
+                                         part=item, first_line=known[item] + 1)
+                else:
+                    chunks = read_chunks(item, chunk_bytes, pipe_command, max_line_bytes=max_line_bytes)
                 if batch_lines is not None:
                     chunks = whole_batches(chunks, batch_lines)
                 async with aclosing(chunks):

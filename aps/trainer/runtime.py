@@ -37,6 +37,7 @@ from ..cluster import ClusterSpec
 from ..telemetry import MetricsEndpoint
 from .collector import TrainerProbe
 from .communicator import Communicator
+from .files import FilePart
 from .ipc import Record
 from .model import Model
 from .modes import mode_class
@@ -160,7 +161,7 @@ class TrainerRuntime(Generic[W]):
         registry: CollectorRegistry,
         make_workers: Callable[[list[WorkerSpec], OnRecord], W],
         *,
-        files: list[list[str]] | None = None,
+        files: list[list[str | FilePart]] | None = None,
         check_save_dir: str | None = None,
         line: TextIO | None = None,
         prepare: Prepare | None = None,

@@ -19,7 +19,7 @@ from ..cluster import ClusterSpec
 from ..errors import ConfigError
 from ..telemetry import MetricsEndpoint
 from .collector import TrainerProbe, trainer_registry
-from .files import assign_to_workers, expand_inputs, split_files
+from .files import FilePart, cut_parts, expand_inputs, share_files, split_files
 from .model import Model
 from .monitor import terminal
 from .online import ONLINE_WORKERS, OnlineOptions, OnlineResult, train_passes
@@ -86,13 +86,10 @@ class Trainer:
             raise ConfigError(f"epochs must be >= 1, got {epochs}")
         self.model.begin_run(epochs)  # before the model is sent to any worker
         start_fork_server(type(self.model).__module__)  # imports in the background from now on
-        mine = split_files(expand_inputs(files), self.trainer_id, self.cluster.num_trainers)
         assert self.strategy.workers is not None
-        per_worker = assign_to_workers(mine, self.strategy.workers)
-        if len(mine) < self.strategy.workers:
-            log.warning(
-                "fewer files than workers: some workers will idle", files=len(mine), workers=self.strategy.workers
-            )
+        mine, per_worker = self._share(expand_inputs(files))
+        if sum(1 for share in per_worker if share) < self.strategy.workers:
+            log.warning("fewer lines than workers: some workers will idle", files=len(mine), workers=self.strategy.workers)
         if not mine:
             log.warning("this trainer got no files", trainer=self.trainer_id)
         log.info(
@@ -106,6 +103,22 @@ class Trainer:
             **self.model.describe(),
         )
         return await self._run(mine, per_worker, epochs)
+
+    def _share(self, found: list[str]) -> tuple[list[str], list[list[str | FilePart]]]:
+        """This trainer's files and each worker's inputs. With at least as many files as
+        trainers, whole files as Paddle splits them (:func:`split_files`); with fewer, each
+        trainer a span of their bytes. A trainer with fewer files than workers gives each worker
+        a span of its own (:func:`share_files`); a pipe command reads whole files only."""
+        whole = self.options.pipe_command is not None
+        trainers, workers = self.cluster.num_trainers, self.strategy.workers
+        assert workers is not None
+        if whole or len(found) >= trainers:
+            mine: list[str | FilePart] = list(split_files(found, self.trainer_id, trainers))
+        else:
+            mine = list(cut_parts(split_files(found, 0, 1), trainers)[self.trainer_id])
+        per_worker = share_files(mine, workers, whole=whole)
+        names = list(dict.fromkeys(item.path if isinstance(item, FilePart) else item for item in mine))
+        return names, per_worker
 
     def train_passes(self, source: Source, online: OnlineOptions | None = None) -> OnlineResult:
         """Blocking wrapper around :meth:`atrain_passes` (call it under ``if __name__ == "__main__":``)."""
@@ -130,7 +143,7 @@ class Trainer:
         self.probe.workers = ONLINE_WORKERS
 
     def runtime(
-        self, files: list[list[str]] | None = None, prepare: Prepare | None = None
+        self, files: list[list[str | FilePart]] | None = None, prepare: Prepare | None = None
     ) -> TrainerRuntime[WorkerPool]:
         """This trainer's runtime with worker processes (not started: ``async with`` it);
         ``files``: each worker's files of every epoch (None: each epoch names its own).
@@ -163,7 +176,7 @@ class Trainer:
         """The bound port of the metrics endpoint (served while :meth:`atrain` runs), or None."""
         return self.metrics.port if self.metrics is not None else None
 
-    async def _run(self, mine: list[str], per_worker: list[list[str]], epochs: int) -> TrainResult:
+    async def _run(self, mine: list[str], per_worker: list[list[str | FilePart]], epochs: int) -> TrainResult:
         result = TrainResult(files=mine)
         async with self.runtime(per_worker) as rt:
             for epoch in range(epochs):

@@ -22,7 +22,7 @@ import asyncio
 import os
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 from ..errors import ApsError, DataError
 from ..metrics import Auc
 from ..specs import SGD
+from .files import FilePart
 from .ipc import Kind, Record
 from .kernels import add_changes, add_counts, gather_rows, sgd_rows
 from .model import Batch, Grads, Model, Params, WorkerContext
@@ -51,7 +52,7 @@ class WorkerSpec:
     num_workers: int
     #: train with SGD on the replica and keep the gradients (geo), instead of handing them over
     local_sgd: bool
-    files: list[str]
+    files: list[str | FilePart]
     layout: SharedLayout
     model: Model
     chunk_bytes: int = 1 << 20
@@ -123,6 +124,8 @@ class Worker:
         self._told = 0
         self.fused_sgd = type(self.model).local_sgd is not Model.local_sgd
         self._lrs: dict[str, float] | None = None
+        #: lines of a file before each part this worker reads, counted in its first epoch
+        self._lines_known: dict[FilePart, int] = {}
         self._lrs_step = 0
 
     # ----------------------------------------------------------------- main loop
@@ -143,13 +146,13 @@ class Worker:
             elif rec.kind == Kind.SCORE:
                 self.conn.send_bytes(self._score_pass(rec.epoch, _listed(rec.text)).encode())
 
-    async def _read(self, files: list[str], step: Callable[[Batch, Batch | None], object]) -> None:
+    async def _read(self, files: Sequence[str | FilePart], step: Callable[[Batch, Batch | None], object]) -> None:
         """Run ``step(batch, next_batch)`` over every batch of ``files`` (one batch of look-ahead,
         so async mode can prefetch the next batch's rows)."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.spec.queue_chunks)
         producer = asyncio.ensure_future(
             feed_queue(files, queue, chunk_bytes=self.spec.chunk_bytes, pipe_command=self.spec.pipe_command,
-                       batch_lines=self.model.lines_per_batch())
+                       batch_lines=self.model.lines_per_batch(), lines_known=self._lines_known)
         )
         try:
             current: Batch | None = None

@@ -222,7 +222,7 @@ def test_a_torch_network_through_aps_equals_plain_pytorch_step_for_step(layout: 
     assert_same_tables(initial, final, want)
 
 
-async def train_on_a_pserver(model: at.TorchModel, files: list[Path], strategy: Strategy):
+async def train_on_a_pserver(model: at.TorchModel, files: list[Path], strategy: Strategy, pipe_command: str | None = None):
     """One epoch of one trainer of worker processes on a pserver in this loop: the tables as
     created, as trained, and the run's result."""
     server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
@@ -230,7 +230,7 @@ async def train_on_a_pserver(model: at.TorchModel, files: list[Path], strategy: 
         async with aps.connect([server.address]) as ps:
             await create_tables(ps, model)
         initial = await pull_all([server.address], model)
-        options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+        options = TrainOptions(save_dir=None, print_period=60, live_line=False, pipe_command=pipe_command)
         result = await Trainer(model, strategy, aps.ClusterSpec([server.address], 1), 0, options).atrain(
             [str(f) for f in files])
         return initial, await pull_all([server.address], model), result
@@ -238,12 +238,22 @@ async def train_on_a_pserver(model: at.TorchModel, files: list[Path], strategy: 
         await server.aclose()
 
 
-async def test_the_one_worker_with_files_takes_whole_batches(tmp_path: Path) -> None:
-    """hybrid (the default), 2 workers, one file: one worker has data, and it alone makes each
-    update, of batch_size lines."""
+async def test_one_file_is_shared_by_both_workers_in_half_batches(tmp_path: Path) -> None:
+    """hybrid (the default), 2 workers, one file: each worker trains about half of its lines, in
+    batches of batch_size / 2 lines, so each update still averages batch_size lines."""
     model = at.TorchModel(SmallDnn, meta=write_meta(tmp_path / "meta.json"), batch_size=BATCH)
     (tmp_path / "part-0").write_text("\n".join(make_lines(3)) + "\n")
     _, _, result = await train_on_a_pserver(model, [tmp_path / "part-0"], Strategy(workers=2))
+    assert result.epochs[0]["examples"] == STEPS * BATCH  # every line once
+    assert 2 * STEPS <= result.epochs[0]["steps"] <= 2 * STEPS + 2  # half batches: a short one each at most
+
+
+async def test_a_pipe_command_gives_one_file_to_one_worker_in_whole_batches(tmp_path: Path) -> None:
+    """A pipe command reads whole files: with one file, one worker has data, and it alone makes
+    each update, of batch_size lines."""
+    model = at.TorchModel(SmallDnn, meta=write_meta(tmp_path / "meta.json"), batch_size=BATCH)
+    (tmp_path / "part-0").write_text("\n".join(make_lines(3)) + "\n")
+    _, _, result = await train_on_a_pserver(model, [tmp_path / "part-0"], Strategy(workers=2), pipe_command="cat")
     assert result.epochs[0]["steps"] == STEPS
     assert result.epochs[0]["examples"] == STEPS * BATCH
 

@@ -1,15 +1,16 @@
-"""File distribution: split_files (across trainers), assign_to_workers, expand_inputs."""
+"""File distribution: split_files (across trainers), assign_to_workers, parts of files, expand_inputs."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aps.errors import ConfigError
-from aps.trainer.files import assign_to_workers, expand_inputs, split_files
+from aps.errors import ConfigError, DataError
+from aps.trainer.files import FilePart, assign_to_workers, cut_parts, expand_inputs, lines_before, share_files, split_files
 
 
 def test_split_files_matches_paddle_blocks():
@@ -104,3 +105,80 @@ def test_expand_inputs_errors_name_the_path(tmp_path):
         expand_inputs([str(empty)])
     with pytest.raises(ConfigError):
         expand_inputs(str(tmp_path))
+
+
+# ---------------------------------------------------------------- parts of files
+
+
+def write_lines(path: Path, lines: list[bytes], trailing_newline: bool = True) -> bytes:
+    raw = b"\n".join(lines) + (b"\n" if lines and trailing_newline else b"")
+    path.write_bytes(raw)
+    return raw
+
+
+def part_bytes(part: FilePart) -> bytes:
+    with open(part.path, "rb") as f:
+        f.seek(part.start)
+        return f.read(part.stop - part.start)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    files=st.lists(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=25), min_size=1, max_size=3),
+    trailing=st.booleans(),
+    takers=st.integers(1, 7),
+)
+def test_parts_cover_every_byte_once_in_order_and_cut_only_after_a_line(tmp_path_factory, files, trailing, takers):
+    root = tmp_path_factory.mktemp("parts")
+    paths, raws = [], []
+    for k, lines in enumerate(files):
+        paths.append(str(root / f"f{k}"))
+        raws.append(write_lines(Path(paths[-1]), lines, trailing))
+    shares = cut_parts(paths, takers)
+    assert len(shares) == takers
+    flat = [p for share in shares for p in share]
+    # the parts, taker after taker, are every file's bytes in order: nothing lost, nothing twice
+    assert b"".join(part_bytes(p) for p in flat) == b"".join(raws)
+    for p in flat:
+        assert p.stop > p.start
+        raw = Path(p.path).read_bytes()
+        assert p.start == 0 or raw[p.start - 1 : p.start] == b"\n"  # a part starts on a line
+        assert p.stop == len(raw) or raw[p.stop - 1 : p.stop] == b"\n"  # and ends with one
+    # each span is within one line of an equal share of the bytes
+    total, longest = sum(len(r) for r in raws), max((len(line) + 1 for lines in files for line in lines), default=0)
+    for share in shares:
+        assert sum(p.stop - p.start for p in share) <= total // takers + longest + 1
+
+
+def test_one_file_is_cut_in_near_halves_after_lines(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    write_lines(path, [b"%05d" % k for k in range(100)])  # 6 bytes a line
+    (first,), (second,) = cut_parts([str(path)], 2)
+    assert (first.start, first.stop, second.start, second.stop) == (0, 300, 300, 600)
+    assert lines_before(second) == 50 and lines_before(first) == 0
+
+
+def test_fewer_lines_than_takers_leaves_the_rest_empty(tmp_path: Path) -> None:
+    path = tmp_path / "two"
+    write_lines(path, [b"a" * 10, b"b" * 10])
+    shares = cut_parts([str(path)], 5)
+    assert sum(1 for share in shares if share) == 2
+    assert b"".join(part_bytes(p) for share in shares for p in share) == path.read_bytes()
+    (tmp_path / "empty").write_bytes(b"")
+    assert cut_parts([str(tmp_path / "empty")], 3) == [[], [], []]
+
+
+def test_share_files_keeps_whole_files_when_there_are_enough_or_a_pipe_reads_them(tmp_path: Path) -> None:
+    names = []
+    for k in range(3):
+        names.append(str(tmp_path / f"f{k}"))
+        write_lines(Path(names[-1]), [b"x %d" % i for i in range(10)])
+    assert share_files(names, 2) == [[names[0], names[2]], [names[1]]]
+    assert share_files(names[:1], 2, whole=True) == [[names[0]], []]
+    halves = share_files(names[:1], 2)
+    assert all(len(share) == 1 and isinstance(share[0], FilePart) for share in halves)
+    # parts can be cut again: a trainer's span shared among its workers
+    quarters = [q for half in halves for q in share_files(half, 2)]
+    assert b"".join(part_bytes(p) for share in quarters for p in share) == Path(names[0]).read_bytes()
+    with pytest.raises(DataError, match="missing"):
+        cut_parts([str(tmp_path / "missing")], 2)

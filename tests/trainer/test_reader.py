@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aps.errors import ConfigError, DataError
+from aps.trainer.files import FilePart
 from aps.trainer.reader import Chunk, feed_queue, iter_queue, read_chunks, whole_batches
 from tests.conftest import eventually
 
@@ -262,3 +263,30 @@ async def test_cancelled_producer_kills_its_pipe_command(tmp_path):
         await producer
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+async def test_a_part_is_read_alone_and_numbers_its_lines_as_the_file_does(tmp_path):
+    path = tmp_path / "numbers"
+    path.write_bytes(b"".join(b"line %03d\n" % k for k in range(1, 101)))  # 9 bytes a line
+    part = FilePart(str(path), 9 * 40, 9 * 70)  # lines 41..70
+    chunks = await collect(path, 50, part=part, first_line=41)
+    assert b"".join(c.data for c in chunks) == b"".join(b"line %03d\n" % k for k in range(41, 71))
+    for c in chunks:
+        assert c.data.startswith(b"line %03d\n" % c.first_line)
+    with pytest.raises(ConfigError, match="whole files"):
+        await collect(path, 50, pipe_command="cat", part=part)
+
+
+async def test_feed_queue_counts_the_lines_before_a_part_once(tmp_path):
+    path = tmp_path / "data"
+    path.write_bytes(b"".join(b"%04d\n" % k for k in range(1, 201)))  # 5 bytes a line
+    parts = [FilePart(str(path), 0, 500), FilePart(str(path), 500, 1000)]
+    known: dict[FilePart, int] = {}
+    queue: asyncio.Queue = asyncio.Queue(maxsize=64)
+    await feed_queue(parts[::-1], queue, chunk_bytes=128, epochs=2, lines_known=known)
+    got = [c async for c in iter_queue(queue)]
+    assert b"".join(c.data for c in got) == (path.read_bytes()[500:] + path.read_bytes()[:500]) * 2
+    assert got[0].first_line == 101 and known == {parts[0]: 0, parts[1]: 100}
+    known[parts[1]] = 7  # a later epoch takes the count it kept, it does not read the file again
+    await feed_queue(parts[1:], queue, chunk_bytes=1000, lines_known=known)
+    assert [c.first_line async for c in iter_queue(queue)] == [8]
