@@ -38,7 +38,6 @@ from .hash_files import (
     _check_entries,
     _logical_files,
     _restore_clocks,
-    _write_npz,
 )
 
 
@@ -112,7 +111,7 @@ def write_disk_snapshot(directory: Path, prefix: str, store: DiskHashStore) -> d
     keys, rows, in_cold, dirty = store.hot_rows()
     pending_keys, pending_counts = hot.pending_items()
     files = {"hot_file": f"{prefix}.hot.npz", "rows_dir": f"{prefix}.rows"}
-    _write_npz(directory / files["hot_file"], {"keys": keys, **rows, "in_cold": in_cold, "dirty": dirty,
+    npyio.write_npz(directory / files["hot_file"], {"keys": keys, **rows, "in_cold": in_cold, "dirty": dirty,
                                                 "pending_keys": pending_keys, "pending_counts": pending_counts})
     store.cold.snapshot(directory / files["rows_dir"])
     return {

@@ -42,7 +42,6 @@ fsync per file: 1024 fsyncs took seconds for a small table).
 
 from __future__ import annotations
 
-import io
 import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -90,15 +89,6 @@ def _by_logical(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     by_key = np.argsort(keys)
     order = by_key[np.argsort(logical[by_key].astype(np.uint16), kind="stable")]
     return order, np.searchsorted(logical[order], np.arange(LOGICAL_SHARDS + 1))
-
-
-def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """One logical shard's file, built in memory and written at once: zipfile writing into the
-    file itself seeks back to every member's header, a system call each."""
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    with open(path, "wb") as f:
-        f.write(buffer.getbuffer())
 
 
 def write_hash_table(
@@ -163,7 +153,7 @@ class LogicalFiles:
             self.deleted_counts[str(shard)] = int(arrays["deleted_keys"].shape[0])
         self.files[str(shard)] = f"{self.prefix}.l{shard:04d}.npz"
         self.counts[str(shard)] = int(keys.shape[0])
-        _write_npz(self.directory / self.files[str(shard)], arrays)
+        npyio.write_npz(self.directory / self.files[str(shard)], arrays)
 
     def entry(self, spec: HashTable) -> dict[str, Any]:
         """The manifest entry of the table (``spec``) once every file is written."""
