@@ -181,7 +181,8 @@ class Monitor:
     def _between(self, start: Snapshot, now: Snapshot, event: str, epoch: int) -> dict[str, Any]:
         examples = now.examples - start.examples
         elapsed = max(1e-9, now.time - start.time)
-        busy = (now.compute_s - start.compute_s) or 1e-9
+        busy = now.compute_s - start.compute_s
+        waited = now.wait_s - start.wait_s
         return {
             "event": event,
             "trainer": self.trainer_id,
@@ -191,7 +192,10 @@ class Monitor:
             "examples": int(examples) if event == "epoch" else int(now.examples),
             "loss": (now.loss_sum - start.loss_sum) / examples if examples else None,
             "examples_per_s": examples / elapsed,
-            "wait_share": (now.wait_s - start.wait_s) / busy,
+            # a step adds its wait before its whole time: read in between, the wait can run ahead
+            # (the first record of a run: 6.8 million), so the share is capped at 1 and is 0 until
+            # a step ends
+            "wait_share": min(1.0, waited / busy) if busy > 0 else 0.0,
             **_staleness(start, now),
             **_mode_counts(start, now, event),
             **self._auc(),
