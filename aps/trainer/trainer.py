@@ -88,8 +88,9 @@ class Trainer:
         start_fork_server(type(self.model).__module__)  # imports in the background from now on
         assert self.strategy.workers is not None
         mine, per_worker = self._share(expand_inputs(files))
-        if sum(1 for share in per_worker if share) < self.strategy.workers:
-            log.warning("fewer lines than workers: some workers will idle", files=len(mine), workers=self.strategy.workers)
+        idle = sum(1 for share in per_worker if not share)  # fewer lines, or whole files for a pipe command
+        if idle:
+            log.warning("some workers have nothing to read and will idle", idle=idle, files=len(mine), workers=self.strategy.workers)
         if not mine:
             log.warning("this trainer got no files", trainer=self.trainer_id)
         log.info(
