@@ -122,6 +122,8 @@ class SharedLayout:
 
 
 _OWNER_LOCK = ".owner"
+#: where a trainer's directory is made and locked before it takes its ``aps-PID-`` name
+_STAGING = ".aps-new-"
 _ATTACHED = ".attached-"
 _DIR_NAME = re.compile(r"aps-(\d+)-")
 #: a directory without an owner lock (written before locks existed) is removed only when its
@@ -209,10 +211,15 @@ class SharedArrays:
     ) -> None:
         base = shm_base()
         remove_orphans(base)
-        self.root = tempfile.mkdtemp(prefix=f"aps-{os.getpid()}-", dir=base)
+        # made and locked under a name remove_orphans() skips, then renamed: under its own name
+        # a directory always has its lock held. (Made under that name, a second trainer starting
+        # at the same moment found it unlocked and removed it before its owner could lock it.)
+        staging = tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=base)
         # held until close() or death: the next trainer's remove_orphans() reads it
-        self._lock: int | None = os.open(os.path.join(self.root, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock: int | None = os.open(os.path.join(staging, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.root = tempfile.mkdtemp(prefix=f"aps-{os.getpid()}-", dir=base)  # its name, empty: never removed
+        os.rename(staging, self.root)  # replaces the empty directory at once
         self._arrays: dict[str, np.ndarray] = {}
         params = {}
         dirty = {}

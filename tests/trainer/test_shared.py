@@ -7,6 +7,7 @@ the owner's flock. Real processes and real SIGKILLs throughout.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -46,6 +47,30 @@ def test_the_last_attach_removes_the_files_and_the_mappings_stay_shared() -> Non
     finally:
         shared.close()
     shared.close()  # idempotent
+
+
+def test_a_trainer_starting_beside_another_never_removes_its_directory_before_it_is_locked(monkeypatch) -> None:
+    """Two trainers start at once: the second's sweep runs between the first's making its
+    directory and locking it (forced here, by sweeping inside the first's lock call). The sweep
+    must not take it: in a 2x2 aps-local run it did, and the first trainer failed to create its
+    arrays (FileNotFoundError in /dev/shm)."""
+    real_flock = fcntl.flock
+    swept: list[list[str]] = []
+
+    def sweep_then_lock(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX and not swept:  # the owner's blocking lock, the first time
+            swept.append(remove_orphans())
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", sweep_then_lock)
+    shared = SharedArrays(LinReg(features=20), 1, with_mailboxes=False)
+    try:
+        assert swept == [[]] and os.path.isdir(shared.root)
+        assert os.path.basename(shared.root).startswith(f"aps-{os.getpid()}-")
+        assert shared.root not in remove_orphans()  # locked under its own name
+        Attached(shared.layout)
+    finally:
+        shared.close()
 
 
 HOLDER = textwrap.dedent(
