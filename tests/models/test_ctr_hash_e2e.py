@@ -34,9 +34,10 @@ pytestmark = pytest.mark.timeout(300)
 TRAIN_LINES = 100_000
 TEST_LINES = 20_000
 AUC_TOLERANCE = 0.005
-#: the least test AUC of the asynchronous modes on disk tables (measured 0.7750 async, 0.7888
-#: half_async; the hybrid runs above 0.791)
-MODE_AUC = 0.76
+#: the least test AUC of the asynchronous modes on disk tables: async's two workers run ahead
+#: of each other, and five runs on 2026-11-29 (this code and the code of a day before alike)
+#: made 0.7596-0.7675 (0.7750 once, earlier), half_async 0.7834; the hybrid runs above 0.791
+MODE_AUC = 0.75
 ARGS = ["lr=0.001", "init_range=0.05"]
 
 
