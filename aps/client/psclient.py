@@ -420,15 +420,23 @@ class PSClient:
 
     # ----------------------------------------------------------------- dense
 
-    async def pull_dense(self, table: str, timeout: Timeout = True, *, with_version: bool = False) -> Any:
+    async def pull_dense(
+        self, table: str, timeout: Timeout = True, *, with_version: bool = False, out: np.ndarray | None = None
+    ) -> Any:
         """The whole dense table as float32 with the table's shape; ``with_version=True``:
-        ``(values, model version)`` as for :meth:`pull_sparse`."""
+        ``(values, model version)`` as for :meth:`pull_sparse`. ``out``: a C-contiguous float32
+        array of the table's shape that the values are written into as the servers' replies
+        come (returned; none allocated): a trainer's parameter buffer, so that its megabytes
+        are not copied twice a round. Its contents are undefined if the pull fails."""
         spec = await self._dense_spec(table)
+        if out is not None and (out.dtype != np.float32 or out.shape != spec.shape or not out.flags.c_contiguous):
+            raise ConfigError(f"pull_dense {table!r}: out must be C-contiguous float32 of shape {list(spec.shape)}, "
+                              f"got {out.dtype} {list(out.shape)}")
         if with_version:
-            return await self._budget(self._one_version(lambda: self._pull_dense(spec)), timeout)
-        return (await self._budget(self._pull_dense(spec), timeout))[0]
+            return await self._budget(self._one_version(lambda: self._pull_dense(spec, out)), timeout)
+        return (await self._budget(self._pull_dense(spec, out), timeout))[0]
 
-    async def _pull_dense(self, spec: DenseTable) -> tuple[np.ndarray, set[int | None]]:
+    async def _pull_dense(self, spec: DenseTable, into: np.ndarray | None = None) -> tuple[np.ndarray, set[int | None]]:
         table = spec.name
         parts = dense_parts(spec, self.num_servers, self.ports, self._rows_per_frame(4))
         calls = [
@@ -439,10 +447,10 @@ class PSClient:
         ]
         replies = await gather(calls)
         self._versions.note(table, [(p.block.server, p.block.index) for p in parts], replies)
-        out = np.empty(spec.size, dtype=np.float32)
+        out = np.empty(spec.size, dtype=np.float32) if into is None else into.reshape(-1)
         for p, reply in zip(parts, replies):
             out[p.start : p.start + p.count] = reply.values  # type: ignore[attr-defined]
-        return out.reshape(spec.shape), self._model_versions(replies)
+        return out.reshape(spec.shape) if into is None else into, self._model_versions(replies)
 
     async def _push_dense(self, table: str, values: Any, delta: bool, flags: int, timeout: Timeout) -> None:
         spec = await self._dense_spec(table)

@@ -184,10 +184,13 @@ class SyncRounds:
             rnd = self._rounds[key] = _Round()
         if part is None:
             part = rnd.parts[client_id] = _Part()
+        # kept as they are: they are views of the request's own payload (never of a reused
+        # receive buffer, aps.wire.frame), and nothing else writes them; a copy of each was a
+        # dense round's largest cost after the optimizer (fresh pages for megabytes each round)
         if ids is not None:
-            part.ids.append(np.array(ids, copy=True))
-        part.values.append(np.array(values, copy=True))
-        part.nbytes += part.values[-1].nbytes + (part.ids[-1].nbytes if ids is not None else 0)
+            part.ids.append(ids)
+        part.values.append(values)
+        part.nbytes += values.nbytes + (ids.nbytes if ids is not None else 0)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         part.waiters.append(waiter)
         if final:
@@ -250,7 +253,10 @@ def _release(waiters: list[asyncio.Future[Any]], applied: asyncio.Future[Any] | 
 
 
 def _sum_dense(values: list[np.ndarray]) -> np.ndarray:
-    """Dense sync pushes cover the same range; their sum is the round's gradient."""
+    """Dense sync pushes cover the same range; their sum is the round's gradient (one trainer's
+    push as it is, float32 as every dense push is checked to be)."""
+    if len(values) == 1:
+        return values[0]
     total = np.array(values[0], dtype=np.float32, copy=True)
     for v in values[1:]:
         if v.shape != total.shape:

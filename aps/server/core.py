@@ -346,7 +346,7 @@ class ServerCore:
         final = bool(flags & _FINAL)
         if flags & _SYNC:
             scale = 1.0 / self.config.num_trainers
-            kept = replace(push, ids=None, values=_NO_VALUES)  # the round keeps its own copy of the values
+            kept = replace(push, ids=None, values=_NO_VALUES)  # the round keeps the values themselves
 
             def applied(counts: bool) -> None:
                 if counts:

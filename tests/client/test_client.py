@@ -172,6 +172,20 @@ async def test_server_max_frame_smaller_than_client_s() -> None:
         np.testing.assert_allclose(await ps.pull_dense("big"), dense + 1, rtol=1e-6)
 
 
+async def test_pull_dense_into_an_array_of_the_callers() -> None:
+    """``out=``: the values land in the caller's array (split over 2 servers and many frames),
+    which is returned; an array of another shape or dtype is refused before any request."""
+    async with cluster(2, max_frame=8192) as servers, aps.connect(addrs(servers)) as ps:
+        await ps.create_table(BIG_DENSE)
+        out = np.full(BIG_DENSE.shape, np.nan, np.float32)
+        assert await ps.pull_dense("big", out=out) is out
+        np.testing.assert_array_equal(out, await ps.pull_dense("big"))
+        for bad in (np.zeros(BIG_DENSE.shape, np.float64), np.zeros((1, *BIG_DENSE.shape), np.float32),
+                    np.zeros(BIG_DENSE.shape[::-1], np.float32).T):
+            with pytest.raises(aps.ConfigError, match="out must be C-contiguous float32"):
+                await ps.pull_dense("big", out=bad)
+
+
 # ---------------------------------------------------------------- tables
 
 

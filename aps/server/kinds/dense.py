@@ -40,7 +40,7 @@ class DenseKind(TableKind):
             )
         # the range too: a push that waits for its sync round, or is dropped as lagged, is refused all the same
         store.check_range(msg.block, msg.offset, len(msg.values))
-        # not msg: a sync round keeps its own copy of the values
+        # not msg: a sync round keeps the values alone
         return Accepted(None, msg.values, True, msg.block, (msg.table, msg.block, msg.offset), {"offset": msg.offset})
 
     def apply_grad(self, store: DenseShard, push: Accepted, advance_step: bool, client: int) -> None:

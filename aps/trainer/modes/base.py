@@ -172,8 +172,8 @@ class Link:
         into = self.dense_buffers if buffer is None else [self.dense_buffers[buffer]]
 
         async def one(t: DenseTable) -> None:
-            value = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout)
-            for params in into:
+            value = await self.ps.pull_dense(t.name, timeout=self.strategy.rpc_timeout, out=into[0][t.name])
+            for params in into[1:]:
                 params[t.name][...] = value
 
         await asyncio.gather(*(one(t) for t in self.dense_tables))
