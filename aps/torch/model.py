@@ -113,6 +113,9 @@ class TorchModel(Model):
         self.sharing_workers = positive_int(self.name, "workers", workers)
         self.__dict__.get("_process_local", {}).pop("batcher", None)  # one cut for the old share
 
+    def update_shares(self) -> int:
+        return self.sharing_workers
+
     def lines_per_batch(self) -> int:
         # a batch is this worker's share of batch_size lines: the readers hand over whole batches
         return -(-self.batch_size // self.sharing_workers)

@@ -140,6 +140,11 @@ class Model(ABC):
         that many lines however many workers compute it. The default keeps batches per worker
         (the built-in numba models: their defaults were measured that way)."""
 
+    def update_shares(self) -> int:
+        """How many workers' batches make one update since :meth:`share_batch` (1: each
+        worker's batch is a whole update, the default)."""
+        return 1
+
     @abstractmethod
     def compute(self, batch: Batch, params: Params, grads: Grads) -> float:
         """Fill ``grads`` for ``batch`` and return the batch's summed loss (for monitoring)."""

@@ -284,3 +284,37 @@ async def test_two_workers_share_each_step_and_equal_plain_pytorch_on_the_whole_
         (batch,) = whole.batches(Chunk("step", 1, ("\n".join(step) + "\n").encode(), BATCH), ctx)
         plain_step(ref, opts, plain_features(whole, batch))
     assert_same_tables(initial, final, plain_tables(whole, ref, BUCKETS))
+
+
+@pytest.mark.parametrize("queue", [None, 1])
+async def test_hybrid_pushes_each_updates_sparse_gradients_once_after_its_round(queue: int | None, tmp_path: Path) -> None:
+    """hybrid (the default), 1 trainer x 2 workers sharing each update's batch: the two shares'
+    sparse gradients reach the pserver merged, in one push per update (not one per worker's
+    share), and the embeddings train. A send queue of one batch cannot hold both shares: the
+    second worker's merge then lets the first share go, rather than wait for a round that waits
+    for it."""
+    model = at.TorchModel(SmallDnn, meta=write_meta(tmp_path / "meta.json"), batch_size=BATCH)
+    lines = make_lines(3)
+    files = [tmp_path / f"part-{k}" for k in range(2)]
+    for k, path in enumerate(files):
+        path.write_text("\n".join(lines[k * len(lines) // 2 : (k + 1) * len(lines) // 2]) + "\n")
+    server = await aps.serve(port=0, num_trainers=1, exit_when_done=False)
+    try:
+        async with aps.connect([server.address]) as ps:
+            await create_tables(ps, model)
+            initial = await ps.pull_sparse("emb", np.arange(BUCKETS, dtype=np.int64))
+            options = TrainOptions(save_dir=None, print_period=60, live_line=False)
+            strategy = Strategy(workers=2, send_queue_size=queue)
+            result = await Trainer(model, strategy, aps.ClusterSpec([server.address], 1), 0, options).atrain(
+                [str(f) for f in files])
+            ops = (await ps.stats())[server.address]["ops"]
+            trained = await ps.pull_sparse("emb", np.arange(BUCKETS, dtype=np.int64))
+    finally:
+        await server.aclose()
+    assert result.epochs[0]["steps"] == 2 * STEPS  # each worker's half batches
+    if queue is None:
+        assert ops["PushSparseGrad"]["count"] == STEPS  # one push per update
+    else:
+        assert STEPS < ops["PushSparseGrad"]["count"] <= 2 * STEPS
+    assert ops["PushDenseGrad"]["count"] == STEPS * len(model.dense_tables())
+    assert np.abs(trained - initial).max() > 1e-3

@@ -45,6 +45,8 @@ class AsyncSender(Mode):
         self._ready: deque[GradAccumulator] = deque()  # oldest first; the newest may still fill
         self._waiting = 0  # batches merged and not yet taken by the sender
         self._sending = False
+        self._gated = False  # pushes start only when the gate opens (gate_sends)
+        self._open = 0  # accumulators the gate let through that the sender has not taken yet
         self._changed = asyncio.Condition()
         self._sender: asyncio.Task[None] | None = None
 
@@ -100,14 +102,30 @@ class AsyncSender(Mode):
                 acc = self._target(ids)
                 if acc is not None:
                     break
+                self._open = len(self._ready)  # a closed gate never holds a worker back
+                self._changed.notify_all()
                 await self._changed.wait()  # bounded: while nothing fits, the worker waits
             self.link.take(acc, worker, rec.counts, rec.step, rec.examples)
             self._waiting += 1
             self._changed.notify_all()
 
+    def gate_sends(self) -> None:
+        """From now on the sender waits for :meth:`open_gate` (or a worker that would wait for
+        room, or a flush) before it pushes what was merged: batches merged meanwhile go in one
+        push, and the pserver is left to the requests sent before."""
+        self._gated = True
+
+    async def open_gate(self) -> None:
+        """Let the sender push every accumulator merged so far."""
+        async with self._changed:
+            self._open = len(self._ready)
+            self._changed.notify_all()
+
     async def flush(self) -> None:
         """Wait until every merged batch was pushed."""
         async with self._changed:
+            self._open = len(self._ready)
+            self._changed.notify_all()
             await self._changed.wait_for(lambda: self.failure is not None or (not self._ready and not self._sending))
         self.check_failure()
 
@@ -119,8 +137,9 @@ class AsyncSender(Mode):
         try:
             while True:
                 async with self._changed:
-                    await self._changed.wait_for(lambda: bool(self._ready))
+                    await self._changed.wait_for(lambda: bool(self._ready) and (not self._gated or self._open > 0))
                     acc = self._ready.popleft()
+                    self._open = max(0, self._open - 1)
                     self._waiting -= acc.batches
                     self._sending = True
                     self._changed.notify_all()

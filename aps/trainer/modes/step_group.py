@@ -19,6 +19,7 @@ workers do not read, and the reply names the one they do).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
 from ..accumulator import GradAccumulator
@@ -33,11 +34,16 @@ class StepGroup(Mode):
     across_trainers: ClassVar[bool] = False
     averages_workers = True
 
-    def __init__(self, link: Link, sparse: bool = True, lag: int = 0) -> None:
+    def __init__(
+        self, link: Link, sparse: bool = True, lag: int = 0, after_round: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """``sparse=False``: the steps carry the dense gradients only (hybrid mode pushes the
         sparse ones as async does). ``lag`` 1: each step's round runs while the next computes
-        (see the module; the shared arrays must have two dense buffers)."""
+        (see the module; the shared arrays must have two dense buffers). ``after_round`` is
+        awaited once a round's pull is done, before the workers hear of it (hybrid mode's sparse
+        pushes wait for it)."""
         super().__init__(link)
+        self._after_round = after_round
         assert link.strategy.workers is not None
         assert not lag or len(link.dense_buffers) == 2, "a dense lag needs two parameter buffers"
         self._lag = lag
@@ -100,6 +106,8 @@ class StepGroup(Mode):
             acc.clear()
         await self.link.pull_dense(buffer)
         self._latest = buffer
+        if self._after_round is not None:
+            await self._after_round()
 
     def _round_done(self, task: asyncio.Task[None]) -> None:
         """A background round's failure is the mode's (the trainer sees it through check())."""
