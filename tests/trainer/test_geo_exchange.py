@@ -57,8 +57,11 @@ class FakePServers:
     async def pull_sparse(self, name: str, ids: np.ndarray, timeout: float | None = None) -> np.ndarray:
         return np.zeros((len(ids), 1), np.float32)
 
-    async def pull_dense(self, name: str, timeout: float | None = None) -> np.ndarray:
-        return self.dense[name].copy()
+    async def pull_dense(self, name: str, timeout: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return self.dense[name].copy()
+        out[...] = self.dense[name]
+        return out
 
     async def push_sparse_delta(self, name: str, ids: np.ndarray, deltas: np.ndarray, **kwargs: object) -> None:
         if self.gate is not None:
