@@ -425,9 +425,9 @@ class PSClient:
     ) -> Any:
         """The whole dense table as float32 with the table's shape; ``with_version=True``:
         ``(values, model version)`` as for :meth:`pull_sparse`. ``out``: a C-contiguous float32
-        array of the table's shape that the values are written into as the servers' replies
-        come (returned; none allocated): a trainer's parameter buffer, so that its megabytes
-        are not copied twice a round. Its contents are undefined if the pull fails."""
+        array of the table's shape that the values are written into once every server's reply
+        is in (returned; none allocated): a trainer's parameter buffer, so that its megabytes
+        are not copied twice a round. A failed pull leaves it as it was."""
         spec = await self._dense_spec(table)
         if out is not None and (out.dtype != np.float32 or out.shape != spec.shape or not out.flags.c_contiguous):
             raise ConfigError(f"pull_dense {table!r}: out must be C-contiguous float32 of shape {list(spec.shape)}, "

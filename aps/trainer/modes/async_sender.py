@@ -102,8 +102,7 @@ class AsyncSender(Mode):
                 acc = self._target(ids)
                 if acc is not None:
                     break
-                self._open = len(self._ready)  # a closed gate never holds a worker back
-                self._changed.notify_all()
+                self._let_through()  # a closed gate never holds a worker back
                 await self._changed.wait()  # bounded: while nothing fits, the worker waits
             self.link.take(acc, worker, rec.counts, rec.step, rec.examples)
             self._waiting += 1
@@ -118,14 +117,17 @@ class AsyncSender(Mode):
     async def open_gate(self) -> None:
         """Let the sender push every accumulator merged so far."""
         async with self._changed:
-            self._open = len(self._ready)
-            self._changed.notify_all()
+            self._let_through()
+
+    def _let_through(self) -> None:
+        """Open the gate for what is merged now (the caller holds the condition's lock)."""
+        self._open = len(self._ready)
+        self._changed.notify_all()
 
     async def flush(self) -> None:
         """Wait until every merged batch was pushed."""
         async with self._changed:
-            self._open = len(self._ready)
-            self._changed.notify_all()
+            self._let_through()
             await self._changed.wait_for(lambda: self.failure is not None or (not self._ready and not self._sending))
         self.check_failure()
 
